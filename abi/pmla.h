@@ -1,0 +1,270 @@
+/* pmla.h - the pmla plugin ABI: MLA decode attention backends behind a
+ * versioned C vtable, loaded with dlopen.
+ *
+ * Versioning (negotiated, Vulkan loader style)
+ *   A version is PMLA_VERSION(major, minor). The host calls the plugin's one
+ *   exported symbol, PMLA_ENTRY_SYMBOL, offering the range of versions it
+ *   speaks; the plugin answers the highest version inside that range that it
+ *   implements, or refuses with PMLA_ERR_VERSION (no common major). Minor
+ *   versions only append: new struct members and new vtable slots go at the
+ *   end, never in the middle, and the offsets of 1.0 are frozen by the static
+ *   asserts at the bottom of this file.
+ *
+ * struct_size (PJRT style)
+ *   Every struct that crosses the ABI starts with `uint32_t struct_size`,
+ *   which the writer sets to sizeof() as it was compiled. A plugin accepts a
+ *   larger struct_size from a newer host (it ignores the tail) and refuses a
+ *   size smaller than its 1.0 prefix with PMLA_ERR_STRUCT_SIZE. A host reads an
+ *   appended vtable slot or member only after PMLA_HAS_MEMBER says it is there.
+ *
+ * Errors
+ *   Every call returns a pmla_status. On error nothing is written to outputs
+ *   and nothing leaks. last_error() gives a message naming the argument, the
+ *   value given and what is accepted. For a failed init_builder (no builder
+ *   exists yet) call last_error(NULL) on the same thread.
+ *
+ * Threading
+ *   Builders are independent: many may live in one process and be used from
+ *   many threads at once. One builder is used by one thread at a time (the
+ *   host serialises calls on it). The plugin has no other global state.
+ *
+ * Plan/run
+ *   build_decode / build_sparse fill the builder's persistent schedule for one
+ *   step and remember the page table (or top-k index) tensors; the host keeps
+ *   those tensors alive and unchanged until the last decode of that step.
+ *   decode may then be called any number of times (once per layer).
+ *   Neither allocates: every buffer is sized and allocated by init_builder.
+ */
+#ifndef PMLA_H
+#define PMLA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PMLA_VERSION(major, minor) ((uint32_t)(((major) << 16) | (minor)))
+#define PMLA_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
+#define PMLA_VERSION_MINOR(v) ((uint32_t)(v) & 0xffffu)
+
+#define PMLA_ABI_MAJOR 1
+#define PMLA_ABI_MINOR 0
+#define PMLA_ABI_VERSION PMLA_VERSION(PMLA_ABI_MAJOR, PMLA_ABI_MINOR)
+
+/* The one symbol a plugin exports; its type is pmla_entry_fn. */
+#define PMLA_ENTRY_SYMBOL "pmla_plugin_entry"
+
+/* True when a struct written with `struct_size` holds `member` entirely. */
+#define PMLA_HAS_MEMBER(ptr, type, member)                                    \
+  ((ptr) != NULL && (size_t)(ptr)->struct_size >=                             \
+                        offsetof(type, member) + sizeof(((type *)0)->member))
+
+typedef enum pmla_status {
+  PMLA_OK = 0,
+  PMLA_ERR_INVALID_ARGUMENT = 1, /* a value outside what is accepted */
+  PMLA_ERR_UNSUPPORTED = 2,      /* well-formed but not served (head count, dtype) */
+  PMLA_ERR_VERSION = 3,          /* no ABI version in common */
+  PMLA_ERR_STRUCT_SIZE = 4,      /* struct_size smaller than the 1.0 prefix */
+  PMLA_ERR_CAPACITY = 5,         /* beyond the limits fixed at init_builder */
+  PMLA_ERR_NO_DEVICE = 6,        /* no GPU, or no GPU support built */
+  PMLA_ERR_OUT_OF_MEMORY = 7,    /* only init_builder allocates */
+  PMLA_ERR_DEVICE = 8,           /* the GPU runtime reported an error */
+  PMLA_ERR_BAD_STATE = 9,        /* e.g. decode before any build */
+  PMLA_ERR_DEVICE_INPUT = 10,    /* kernels flagged bad device-side input */
+  PMLA_ERR_INTERNAL = 11
+} pmla_status;
+
+typedef enum pmla_dtype {
+  PMLA_DTYPE_BF16 = 1,
+  PMLA_DTYPE_FP8_E4M3 = 2 /* reserved for the KV cache; not served in 1.0 */
+} pmla_dtype;
+
+/* How build_decode receives the paged KV layout. */
+typedef enum pmla_kv_layout {
+  PMLA_KV_BLOCK_TABLE = 1, /* vLLM: block_table[batch][pages] + kv_lens[batch] */
+  PMLA_KV_CSR = 2          /* AITER/FlashInfer: kv_indptr, kv_indices, kv_last_page_len */
+} pmla_kv_layout;
+
+/* Bits of the device error word (see check_device_error). Kernels that meet
+ * bad device-side input skip it (never fault) and OR a bit in. */
+enum pmla_device_error_bits {
+  PMLA_DEVERR_KV_LEN = 1u << 0,      /* negative, or beyond the pages given */
+  PMLA_DEVERR_PAGE_INDEX = 1u << 1,  /* page index outside the KV cache */
+  PMLA_DEVERR_SLOT_INDEX = 1u << 2,  /* sparse slot outside the KV cache */
+  PMLA_DEVERR_QO_INDPTR = 1u << 3,   /* qo_indptr not monotone / rows > max_q_len */
+  PMLA_DEVERR_LAST_PAGE = 1u << 4    /* kv_last_page_len outside 1..page_size */
+};
+
+/* The persistent buffers a builder holds, in query order.
+ * With R = max_batch * max_q_len (requests: dense uses max_batch of them,
+ * sparse schedules each query token as its own request), N = the builder's
+ * scheduling units (query: sched_units), all int32 unless noted:
+ *   work_meta_data     PMLA_META_WORDS            counts, mode, error word
+ *   work_indptr        N + 1                      work items of unit n
+ *   work_info_set      (R + N) * PMLA_WORK_INFO_WORDS
+ *   reduce_indptr      R + 1                      partials of reduce entry k
+ *   reduce_final_map   R                          request of reduce entry k
+ *   reduce_partial_map 2 * N                      partial slot ids
+ *   partial_out  fp32  2 * N * max_q_len * heads * 512
+ *   partial_lse  fp32  2 * N * max_q_len * heads
+ * A request split into k pieces uses k partial slots; the planner proves at
+ * most 2N slots and R + N work items exist for any batch within the limits. */
+typedef enum pmla_buffer {
+  PMLA_BUF_WORK_META_DATA = 0,
+  PMLA_BUF_WORK_INDPTR = 1,
+  PMLA_BUF_WORK_INFO_SET = 2,
+  PMLA_BUF_REDUCE_INDPTR = 3,
+  PMLA_BUF_REDUCE_FINAL_MAP = 4,
+  PMLA_BUF_REDUCE_PARTIAL_MAP = 5,
+  PMLA_BUF_PARTIAL_OUT = 6,
+  PMLA_BUF_PARTIAL_LSE = 7,
+  PMLA_BUF_COUNT = 8
+} pmla_buffer;
+
+typedef struct pmla_builder pmla_builder; /* opaque, one per host context */
+
+typedef struct pmla_builder_config {
+  uint32_t struct_size;
+  uint32_t num_heads;     /* query heads: 16, 32, 64 or 128 */
+  uint32_t kv_lora_rank;  /* latent dim, 512 */
+  uint32_t rope_dim;      /* 64 */
+  uint32_t q_dtype;       /* pmla_dtype; bf16 */
+  uint32_t kv_dtype;      /* pmla_dtype; bf16 (fp8 reserved) */
+  uint32_t out_dtype;     /* pmla_dtype; bf16 */
+  uint32_t page_size;     /* power of two, 1..256 */
+  uint32_t max_batch;     /* requests per step, 1..65536 */
+  uint32_t max_q_len;     /* query tokens per request, 1..8 (MTP), causal */
+  uint32_t topk;          /* sparse top-k; 0 = dense only, else 1..65536 */
+  float softmax_scale;    /* > 0 and finite; usually 576^-0.5 */
+  int32_t device;         /* GPU ordinal; must be 0 for pmla-cpu */
+  uint32_t cu_count;      /* 0 = all CUs / online CPUs; else 1..1024 */
+} pmla_builder_config;
+
+typedef struct pmla_builder_info {
+  uint32_t struct_size;
+  uint32_t cu_count;      /* CUs (GPU) or worker threads (CPU) */
+  uint32_t sched_units;   /* N: planner units (GPU: CUs / head tiles) */
+  uint32_t split_cap;     /* per-request split cap of the last build (0 = uncapped) */
+  uint32_t max_requests;  /* R */
+  uint32_t max_work_items;
+  uint32_t max_partial_slots;
+  uint32_t reserved;
+  uint64_t buffer_bytes[PMLA_BUF_COUNT];
+  uint64_t total_bytes;   /* everything the builder holds */
+} pmla_builder_info;
+
+/* Dense step. All tensors int32, on the backend's device, contiguous. */
+typedef struct pmla_decode_batch {
+  uint32_t struct_size;
+  uint32_t kv_layout;                 /* pmla_kv_layout */
+  const DLTensor *qo_indptr;          /* [batch + 1], rows of q per request */
+  const DLTensor *block_table;        /* BLOCK_TABLE: [batch, max_pages] */
+  const DLTensor *kv_lens;            /* BLOCK_TABLE: [batch] tokens */
+  const DLTensor *kv_indptr;          /* CSR: [batch + 1] into kv_indices */
+  const DLTensor *kv_indices;         /* CSR: [nnz_pages] */
+  const DLTensor *kv_last_page_len;   /* CSR: [batch], 1..page_size (or 0 pages) */
+  void *stream;                       /* cudaStream_t / hipStream_t; CPU: NULL */
+} pmla_decode_batch;
+
+/* Sparse (DSA) step: each query token attends its own top-k KV slots. */
+/* pmla_sparse_batch.flags */
+enum pmla_sparse_flags {
+  PMLA_SPARSE_NO_SPLIT_CAP = 1u << 0 /* schedule uncapped, over every CU (for measuring the cap) */
+};
+
+typedef struct pmla_sparse_batch {
+  uint32_t struct_size;
+  uint32_t flags;                /* pmla_sparse_flags */
+  const DLTensor *topk_indices;  /* int32 [tokens, topk]: page*page_size+offset, -1 unused */
+  int64_t max_seq_len;           /* host-side max KV length of the step, >= 0 */
+  void *stream;
+} pmla_sparse_batch;
+
+typedef struct pmla_decode_args {
+  uint32_t struct_size;
+  uint32_t reserved;
+  const DLTensor *q;        /* bf16 [tokens, heads, 576] */
+  const DLTensor *kv_cache; /* bf16 [pages, page_size, 576] or [pages, page_size, 1, 576] */
+  DLTensor *out;            /* bf16 [tokens, heads, 512] */
+  DLTensor *lse;            /* optional fp32 [tokens, heads] (natural log); NULL skips */
+  void *stream;
+} pmla_decode_args;
+
+typedef struct pmla_backend {
+  uint32_t struct_size;
+  uint32_t abi_version;     /* highest version this backend implements */
+  const char *name;         /* registry name, e.g. "pmla-cpu" */
+  const char *description;
+
+  /* --- 1.0 --- */
+  pmla_status (*init_builder)(const pmla_builder_config *config, pmla_builder **out);
+  void (*destroy_builder)(pmla_builder *builder); /* NULL-safe */
+  pmla_status (*query_builder)(const pmla_builder *builder, pmla_builder_info *info);
+  pmla_status (*build_decode)(pmla_builder *builder, const pmla_decode_batch *batch);
+  pmla_status (*build_sparse)(pmla_builder *builder, const pmla_sparse_batch *batch);
+  pmla_status (*decode)(pmla_builder *builder, const pmla_decode_args *args);
+  /* Message of the last failed call on builder; NULL builder: the last failed
+   * init_builder on this thread. Never NULL; "" when there is none. */
+  const char *(*last_error)(const pmla_builder *builder);
+  /* Waits for the builder's pending work, reads and clears the device error
+   * word (pmla_device_error_bits). Returns PMLA_ERR_DEVICE_INPUT when set. */
+  pmla_status (*check_device_error)(pmla_builder *builder, uint32_t *flags);
+  /* Copies one persistent buffer to host memory (waits for pending work);
+   * `bytes` must equal buffer_bytes[which]. For tests and debugging. */
+  pmla_status (*copy_buffer)(pmla_builder *builder, pmla_buffer which, void *host_dst,
+                             uint64_t bytes);
+} pmla_backend;
+
+typedef struct pmla_plugin {
+  uint32_t struct_size;
+  uint32_t abi_version;     /* highest version the plugin implements */
+  const char *name;
+  const char *version;      /* the plugin's own release string */
+  uint32_t backend_count;
+  uint32_t reserved;
+  const pmla_backend *const *backends;
+} pmla_plugin;
+
+typedef struct pmla_negotiation {
+  uint32_t struct_size;
+  uint32_t host_min_version;  /* in: lowest version the host speaks */
+  uint32_t host_max_version;  /* in: highest */
+  uint32_t agreed_version;    /* out: the version both will use */
+  const pmla_plugin *plugin;  /* out: valid until dlclose */
+  char message[256];          /* out: why negotiation failed */
+} pmla_negotiation;
+
+typedef pmla_status (*pmla_entry_fn)(pmla_negotiation *negotiation);
+
+/* Work-item and metadata layouts, shared by every backend (see kernels/). */
+#define PMLA_WORK_INFO_WORDS 8
+#define PMLA_META_WORDS 8
+
+/* Frozen 1.0 layout (LP64). Appending is fine; moving anything is not. */
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L && defined(__LP64__)
+_Static_assert(offsetof(pmla_negotiation, plugin) == 16, "1.0 layout");
+_Static_assert(offsetof(pmla_negotiation, message) == 24, "1.0 layout");
+_Static_assert(offsetof(pmla_plugin, backends) == 32, "1.0 layout");
+_Static_assert(offsetof(pmla_backend, init_builder) == 24, "1.0 layout");
+_Static_assert(offsetof(pmla_backend, copy_buffer) == 88, "1.0 layout");
+_Static_assert(sizeof(pmla_backend) == 96, "1.0 layout");
+_Static_assert(offsetof(pmla_builder_config, softmax_scale) == 44, "1.0 layout");
+_Static_assert(sizeof(pmla_builder_config) == 56, "1.0 layout");
+_Static_assert(offsetof(pmla_builder_info, buffer_bytes) == 32, "1.0 layout");
+_Static_assert(sizeof(pmla_builder_info) == 104, "1.0 layout");
+_Static_assert(offsetof(pmla_decode_batch, stream) == 56, "1.0 layout");
+_Static_assert(sizeof(pmla_decode_batch) == 64, "1.0 layout");
+_Static_assert(offsetof(pmla_sparse_batch, max_seq_len) == 16, "1.0 layout");
+_Static_assert(sizeof(pmla_sparse_batch) == 32, "1.0 layout");
+_Static_assert(offsetof(pmla_decode_args, stream) == 40, "1.0 layout");
+_Static_assert(sizeof(pmla_decode_args) == 48, "1.0 layout");
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PMLA_H */

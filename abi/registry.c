@@ -1,0 +1,277 @@
+/* registry.c - host-side plugin discovery: scan the search path, dlopen,
+ * negotiate, index backends by name (first on the path wins). */
+#define _DEFAULT_SOURCE
+#include "pmla_registry.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+typedef struct entry {
+  const pmla_backend *backend;
+  char *path;
+  uint32_t version;
+} entry;
+
+struct pmla_registry {
+  void **handles;
+  size_t num_handles, cap_handles;
+  entry *entries;
+  size_t num_entries, cap_entries;
+  char *diag;
+  size_t diag_len, diag_cap;
+};
+
+const char *pmla_status_name(pmla_status s) {
+  static const char *const names[] = {
+      "PMLA_OK", "PMLA_ERR_INVALID_ARGUMENT", "PMLA_ERR_UNSUPPORTED", "PMLA_ERR_VERSION",
+      "PMLA_ERR_STRUCT_SIZE", "PMLA_ERR_CAPACITY", "PMLA_ERR_NO_DEVICE",
+      "PMLA_ERR_OUT_OF_MEMORY", "PMLA_ERR_DEVICE", "PMLA_ERR_BAD_STATE",
+      "PMLA_ERR_DEVICE_INPUT", "PMLA_ERR_INTERNAL"};
+  return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "PMLA_ERR_UNKNOWN";
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap)
+    return 1;
+  size_t n = *cap ? *cap * 2 : 8;
+  while (n < need)
+    n *= 2;
+  void *q = realloc(*p, n * elem);
+  if (!q)
+    return 0;
+  *p = q;
+  *cap = n;
+  return 1;
+}
+
+static void diag(pmla_registry *r, const char *fmt, ...) {
+  char line[768];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0)
+    return;
+  if ((size_t)n > sizeof line - 2)
+    n = (int)sizeof line - 2;
+  line[n++] = '\n';
+  if (!grow((void **)&r->diag, &r->diag_cap, r->diag_len + (size_t)n + 1, 1))
+    return;
+  memcpy(r->diag + r->diag_len, line, (size_t)n);
+  r->diag_len += (size_t)n;
+  r->diag[r->diag_len] = '\0';
+}
+
+pmla_status pmla_negotiate(pmla_entry_fn fn, uint32_t lo, uint32_t hi, const pmla_plugin **plugin,
+                           uint32_t *agreed, char *message, size_t message_size) {
+  pmla_negotiation n;
+  memset(&n, 0, sizeof n);
+  n.struct_size = sizeof n;
+  n.host_min_version = lo;
+  n.host_max_version = hi;
+  pmla_status st = fn(&n);
+  if (message && message_size) {
+    snprintf(message, message_size, "%s", n.message);
+  }
+  if (st != PMLA_OK)
+    return st;
+  if (!n.plugin || n.agreed_version < lo || n.agreed_version > hi) {
+    if (message && message_size)
+      snprintf(message, message_size, "plugin answered version %u.%u outside %u.%u..%u.%u",
+               PMLA_VERSION_MAJOR(n.agreed_version), PMLA_VERSION_MINOR(n.agreed_version),
+               PMLA_VERSION_MAJOR(lo), PMLA_VERSION_MINOR(lo), PMLA_VERSION_MAJOR(hi),
+               PMLA_VERSION_MINOR(hi));
+    return PMLA_ERR_VERSION;
+  }
+  *plugin = n.plugin;
+  *agreed = n.agreed_version;
+  return PMLA_OK;
+}
+
+static const pmla_backend *find(const pmla_registry *r, const char *name, size_t *index) {
+  for (size_t i = 0; i < r->num_entries; i++)
+    if (strcmp(r->entries[i].backend->name, name) == 0) {
+      if (index)
+        *index = i;
+      return r->entries[i].backend;
+    }
+  return NULL;
+}
+
+static void load_file(pmla_registry *r, const char *path) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *why = dlerror();
+    diag(r, "skipped %s: not loadable: %s", path, why ? why : "unknown");
+    return;
+  }
+  void *sym = dlsym(h, PMLA_ENTRY_SYMBOL);
+  if (!sym) {
+    diag(r, "skipped %s: not a pmla plugin (no %s symbol)", path, PMLA_ENTRY_SYMBOL);
+    dlclose(h);
+    return;
+  }
+  pmla_entry_fn fn;
+  memcpy(&fn, &sym, sizeof fn);
+  const pmla_plugin *plugin = NULL;
+  uint32_t agreed = 0;
+  char msg[256];
+  pmla_status st = pmla_negotiate(fn, PMLA_VERSION(PMLA_ABI_MAJOR, 0), PMLA_ABI_VERSION, &plugin,
+                                  &agreed, msg, sizeof msg);
+  if (st != PMLA_OK) {
+    diag(r, "skipped %s: negotiation failed (%s): %s", path, pmla_status_name(st), msg);
+    dlclose(h);
+    return;
+  }
+  if (plugin->struct_size < sizeof(pmla_plugin) || (plugin->backend_count && !plugin->backends)) {
+    diag(r, "skipped %s: plugin descriptor truncated (struct_size %u < %zu)", path,
+         plugin->struct_size, sizeof(pmla_plugin));
+    dlclose(h);
+    return;
+  }
+  size_t added = 0;
+  for (uint32_t i = 0; i < plugin->backend_count; i++) {
+    const pmla_backend *b = plugin->backends[i];
+    if (!b || b->struct_size < sizeof(pmla_backend) || !b->name) {
+      diag(r, "skipped backend %u of %s: vtable truncated (struct_size %u < %zu)", i, path,
+           b ? b->struct_size : 0, sizeof(pmla_backend));
+      continue;
+    }
+    size_t prior;
+    if (find(r, b->name, &prior)) {
+      diag(r, "ignored backend %s from %s: already provided by %s", b->name, path,
+           r->entries[prior].path);
+      continue;
+    }
+    char *p = strdup(path);
+    if (!p || !grow((void **)&r->entries, &r->cap_entries, r->num_entries + 1, sizeof(entry))) {
+      free(p);
+      diag(r, "skipped backend %s of %s: out of memory", b->name, path);
+      continue;
+    }
+    r->entries[r->num_entries++] = (entry){b, p, agreed};
+    added++;
+  }
+  if (!added || !grow((void **)&r->handles, &r->cap_handles, r->num_handles + 1, sizeof(void *))) {
+    if (added) { /* cannot track the handle: drop its entries again */
+      while (added--)
+        free(r->entries[--r->num_entries].path);
+    }
+    dlclose(h);
+    return;
+  }
+  r->handles[r->num_handles++] = h;
+}
+
+static int by_name(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void load_dir(pmla_registry *r, const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) {
+    diag(r, "skipped %s: cannot open directory", dir);
+    return;
+  }
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t len = strlen(e->d_name);
+    if (len < 4 || strcmp(e->d_name + len - 3, ".so") != 0)
+      continue;
+    char *full = malloc(strlen(dir) + len + 2);
+    if (!full || !grow((void **)&names, &cap, n + 1, sizeof *names)) {
+      free(full);
+      break;
+    }
+    sprintf(full, "%s/%s", dir, e->d_name);
+    names[n++] = full;
+  }
+  closedir(d);
+  qsort(names, n, sizeof *names, by_name);
+  for (size_t i = 0; i < n; i++) {
+    load_file(r, names[i]);
+    free(names[i]);
+  }
+  free(names);
+}
+
+static void scan(pmla_registry *r, const char *path) {
+  if (!path)
+    return;
+  const char *p = path;
+  while (*p) {
+    const char *end = strchr(p, ':');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len) {
+      char *item = strndup(p, len);
+      if (!item)
+        return;
+      struct stat st;
+      if (stat(item, &st) != 0)
+        diag(r, "skipped %s: no such file or directory", item);
+      else if (S_ISDIR(st.st_mode))
+        load_dir(r, item);
+      else
+        load_file(r, item);
+      free(item);
+    }
+    if (!end)
+      break;
+    p = end + 1;
+  }
+}
+
+pmla_status pmla_registry_open(const char *search_path, pmla_registry **out) {
+  if (!out)
+    return PMLA_ERR_INVALID_ARGUMENT;
+  *out = NULL;
+  pmla_registry *r = calloc(1, sizeof *r);
+  if (!r)
+    return PMLA_ERR_OUT_OF_MEMORY;
+  scan(r, search_path);
+  scan(r, getenv(PMLA_PLUGIN_PATH_ENV));
+  *out = r;
+  return PMLA_OK;
+}
+
+void pmla_registry_close(pmla_registry *r) {
+  if (!r)
+    return;
+  for (size_t i = 0; i < r->num_entries; i++)
+    free(r->entries[i].path);
+  for (size_t i = r->num_handles; i-- > 0;)
+    dlclose(r->handles[i]);
+  free(r->entries);
+  free(r->handles);
+  free(r->diag);
+  free(r);
+}
+
+size_t pmla_registry_count(const pmla_registry *r) { return r ? r->num_entries : 0; }
+
+const pmla_backend *pmla_registry_backend(const pmla_registry *r, size_t i) {
+  return r && i < r->num_entries ? r->entries[i].backend : NULL;
+}
+
+const char *pmla_registry_backend_path(const pmla_registry *r, size_t i) {
+  return r && i < r->num_entries ? r->entries[i].path : NULL;
+}
+
+uint32_t pmla_registry_backend_version(const pmla_registry *r, size_t i) {
+  return r && i < r->num_entries ? r->entries[i].version : 0;
+}
+
+const pmla_backend *pmla_registry_find(const pmla_registry *r, const char *name) {
+  return r && name ? find(r, name, NULL) : NULL;
+}
+
+const char *pmla_registry_diagnostics(const pmla_registry *r) {
+  return r && r->diag ? r->diag : "";
+}

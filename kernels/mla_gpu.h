@@ -1,0 +1,56 @@
+/* mla_gpu.h - host-callable launchers of the GPU kernels (HIP source in
+ * kernels/gpu/, built by hipcc for AMD or nvcc for NVIDIA). C linkage and
+ * plain device pointers only: the plugin owns allocation and streams.
+ * Every launcher is asynchronous on `stream`, allocates nothing, never
+ * synchronises, and returns 0 or the runtime's error code. */
+#ifndef PMLA_MLA_GPU_H
+#define PMLA_MLA_GPU_H
+
+#include <stdint.h>
+
+#include "mla_types.h"
+#include "planner.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pmla_gpu_problem {
+  int32_t num_heads;
+  int32_t max_q_len;          /* rows per partial slot */
+  float softmax_scale;
+  int32_t num_units;          /* N: planner units = persistent work-groups per head tile */
+  const uint16_t *q;          /* bf16 [num_tokens, heads, 576] */
+  int64_t num_tokens;
+  const uint16_t *kv;         /* bf16 [num_slots, 576] */
+  pmla_kv_map map;
+  const int32_t *qo_indptr;   /* dense: [R+1]; sparse: NULL (request r = row r) */
+  uint16_t *out;              /* bf16 [num_tokens, heads, 512] */
+  float *lse;                 /* fp32 [num_tokens, heads] or NULL */
+  float *partial_out;         /* fp32 [2N, max_q_len, heads, 512] */
+  float *partial_lse;         /* fp32 [2N, max_q_len, heads] */
+  int32_t *work_meta_data;    /* [PMLA_META_WORDS_]; error word at PMLA_META_ERROR */
+  const int32_t *work_indptr; /* [N+1] */
+  const int32_t *work_info_set;
+  const int32_t *reduce_indptr;
+  const int32_t *reduce_final_map;
+  const int32_t *reduce_partial_map;
+} pmla_gpu_problem;
+
+/* Planner units for a device with cu_count CUs/SMs and this head count
+ * (a head tile may take several CUs per unit). */
+int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len);
+
+/* Runs pmla_plan on the device. `in` holds device pointers (qo_indptr,
+ * kv_lens, ...); `out` device buffers. */
+int pmla_gpu_plan(const pmla_plan_input *in, const pmla_plan_output *out, void *stream);
+
+/* The persistent decode kernel followed by the reduce of split requests. */
+int pmla_gpu_decode(const pmla_gpu_problem *problem, void *stream);
+
+const char *pmla_gpu_error_string(int code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,333 @@
+/* backend_cpu.c - `pmla-cpu`: the persistent schedule walked by worker
+ * threads, one per scheduling unit. All data is host memory (kDLCPU), so
+ * every device-side check of the GPU backend is done here up front, with a
+ * message, before anything is written. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backends.h"
+#include "builder.h"
+#include "mla_cpu.h"
+#include "planner.h"
+#include "workers.h"
+
+typedef struct cpu_state {
+  pmla_workers *workers;
+  float *scratch;        /* one slice per worker */
+  size_t scratch_floats; /* per worker */
+  int32_t *errors;       /* per worker, device-error bits */
+  pmla_cpu_problem pb;   /* the decode in flight */
+} cpu_state;
+
+static void *alloc_zero(uint64_t bytes) {
+  size_t size = (size_t)((bytes + 63) / 64 * 64);
+  void *p = aligned_alloc(64, size ? size : 64);
+  if (p)
+    memset(p, 0, size ? size : 64);
+  return p;
+}
+
+static void cpu_destroy(pmla_builder *b) {
+  if (!b)
+    return;
+  cpu_state *s = b->impl;
+  if (s) {
+    pmla_workers_stop(s->workers);
+    free(s->scratch);
+    free(s->errors);
+    free(s);
+  }
+  for (int i = 0; i < PMLA_BUF_COUNT; i++)
+    free(b->buf[i]);
+  free(b);
+}
+
+static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **out) {
+  pmla_builder_config cfg;
+  pmla_status st;
+  pmla_clear_error(NULL);
+  if (!out)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: out is NULL");
+  *out = NULL;
+  if ((st = pmla_validate_config(config, &cfg)))
+    return st;
+  if (cfg.device != 0)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.device = %d; accepted for pmla-cpu: 0", cfg.device);
+  uint32_t cus = cfg.cu_count;
+  if (!cus) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    cus = online < 1 ? 1 : online > 1024 ? 1024 : (uint32_t)online;
+  }
+  pmla_builder *b = calloc(1, sizeof *b);
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: out of host memory");
+  b->backend = &pmla_cpu_backend;
+  b->cfg = cfg;
+  pmla_size_buffers(b, cus, cus);
+  cpu_state *s = calloc(1, sizeof *s);
+  b->impl = s;
+  int ok = s != NULL;
+  for (int i = 0; ok && i < PMLA_BUF_COUNT; i++)
+    ok = (b->buf[i] = alloc_zero(b->info.buffer_bytes[i])) != NULL;
+  if (ok) {
+    s->scratch_floats = (pmla_cpu_scratch_floats((int32_t)cfg.num_heads, (int32_t)cfg.max_q_len) +
+                         15) / 16 * 16;
+    ok = (s->scratch = alloc_zero((uint64_t)s->scratch_floats * cus * 4)) != NULL &&
+         (s->errors = calloc(cus, sizeof *s->errors)) != NULL;
+  }
+  if (!ok) {
+    cpu_destroy(b);
+    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
+                     "init_builder: out of host memory for %u workers' buffers", cus);
+  }
+  b->info.total_bytes += (uint64_t)s->scratch_floats * cus * 4;
+  if (!(s->workers = pmla_workers_start(cus))) {
+    cpu_destroy(b);
+    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: cannot start %u threads", cus);
+  }
+  *out = b;
+  return PMLA_OK;
+}
+
+static pmla_plan_output plan_output(pmla_builder *b) {
+  pmla_plan_output o = {b->buf[PMLA_BUF_WORK_META_DATA], b->buf[PMLA_BUF_WORK_INDPTR],
+                        b->buf[PMLA_BUF_WORK_INFO_SET], b->buf[PMLA_BUF_REDUCE_INDPTR],
+                        b->buf[PMLA_BUF_REDUCE_FINAL_MAP], b->buf[PMLA_BUF_REDUCE_PARTIAL_MAP]};
+  return o;
+}
+
+/* Host-side twin of the planner's device checks, with messages. */
+static pmla_status validate_dense_step(pmla_builder *b) {
+  const pmla_step *s = &b->step;
+  const int32_t R = s->num_requests, P = (int32_t)b->cfg.page_size;
+  for (int32_t r = 0; r < R; r++) {
+    int32_t q0 = s->qo_indptr[r], q1 = s->qo_indptr[r + 1];
+    if (q0 < 0 || q1 < q0 || q1 - q0 > (int32_t)b->cfg.max_q_len)
+      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                       "build_decode: qo_indptr[%d..%d] = %d, %d gives %d query rows; accepted: "
+                       "non-decreasing from >= 0, 0..%u rows (config.max_q_len)",
+                       r, r + 1, q0, q1, q1 - q0, b->cfg.max_q_len);
+    if (s->kv_layout == PMLA_KV_BLOCK_TABLE) {
+      int64_t cap = (int64_t)s->block_table_stride * P;
+      if (s->kv_lens[r] < 0 || s->kv_lens[r] > cap)
+        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                         "build_decode: kv_lens[%d] = %d; accepted: 0..%lld (block_table width "
+                         "%d pages of %d tokens)",
+                         r, s->kv_lens[r], (long long)cap, s->block_table_stride, P);
+    } else {
+      int32_t p0 = s->kv_indptr[r], p1 = s->kv_indptr[r + 1];
+      if (p0 < 0 || p1 < p0 || p1 > s->num_page_indices)
+        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                         "build_decode: kv_indptr[%d..%d] = %d, %d; accepted: non-decreasing "
+                         "within 0..%lld (kv_indices length)",
+                         r, r + 1, p0, p1, (long long)s->num_page_indices);
+      int32_t last = s->kv_last_page_len[r];
+      if (p1 > p0 && (last < 1 || last > P))
+        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                         "build_decode: kv_last_page_len[%d] = %d; accepted: 1..%d (page_size) "
+                         "for a request with pages",
+                         r, last, P);
+      if ((int64_t)(p1 - p0 - 1) * P + last > INT32_MAX)
+        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                         "build_decode: request %d has %d pages; accepted: < 2^31 tokens", r,
+                         p1 - p0);
+    }
+  }
+  return PMLA_OK;
+}
+
+static pmla_status cpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
+  pmla_decode_batch copy;
+  pmla_status st;
+  if (!b)
+    return PMLA_ERR_INVALID_ARGUMENT;
+  pmla_clear_error(b);
+  b->step.kind = PLAN_NONE;
+  if ((st = pmla_check_decode_batch(b, batch, kDLCPU, &copy)) || (st = validate_dense_step(b)))
+    return st;
+  pmla_step *s = &b->step;
+  s->num_tokens = s->qo_indptr[s->num_requests];
+  pmla_plan_input in;
+  pmla_fill_plan_limits(b, &in);
+  in.num_requests = s->num_requests;
+  in.qo_indptr = s->qo_indptr;
+  in.kv_lens = s->kv_lens;
+  in.max_kv_len = s->block_table_stride * (int32_t)b->cfg.page_size;
+  in.kv_indptr = s->kv_indptr;
+  in.kv_last_page_len = s->kv_last_page_len;
+  in.num_page_indices = (int32_t)s->num_page_indices;
+  pmla_plan_output o = plan_output(b);
+  if (pmla_plan(&in, &o))
+    return pmla_fail(b, PMLA_ERR_INTERNAL, "build_decode: the planner rejected a validated batch");
+  b->info.split_cap = 0;
+  s->kind = PLAN_DENSE;
+  return PMLA_OK;
+}
+
+static pmla_status cpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
+  pmla_sparse_batch copy;
+  pmla_status st;
+  if (!b)
+    return PMLA_ERR_INVALID_ARGUMENT;
+  pmla_clear_error(b);
+  b->step.kind = PLAN_NONE;
+  if ((st = pmla_check_sparse_batch(b, batch, kDLCPU, &copy)))
+    return st;
+  int32_t cap = copy.flags & PMLA_SPARSE_NO_SPLIT_CAP
+                    ? 0
+                    : pmla_sparse_split_cap(copy.max_seq_len, b->cfg.topk, b->info.cu_count);
+  pmla_plan_input in;
+  pmla_fill_plan_limits(b, &in);
+  in.num_requests = b->step.num_requests;
+  in.uniform_len = (int32_t)b->cfg.topk;
+  in.split_cap = cap;
+  pmla_plan_output o = plan_output(b);
+  if (pmla_plan(&in, &o))
+    return pmla_fail(b, PMLA_ERR_INTERNAL, "build_sparse: the planner failed");
+  b->info.split_cap = (uint32_t)cap;
+  b->step.kind = PLAN_SPARSE;
+  return PMLA_OK;
+}
+
+/* The page and slot indices the step will read, checked against the cache. */
+static pmla_status validate_indices(pmla_builder *b, int64_t num_slots) {
+  const pmla_step *s = &b->step;
+  const int64_t P = b->cfg.page_size, pages = num_slots / P;
+  if (s->kind == PLAN_SPARSE) {
+    for (int64_t i = 0; i < (int64_t)s->num_requests * s->topk_stride; i++)
+      if (s->topk[i] < -1 || s->topk[i] >= num_slots)
+        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                         "decode: topk_indices[%lld][%lld] = %d; accepted: -1 or 0..%lld (KV "
+                         "cache slots)",
+                         (long long)(i / s->topk_stride), (long long)(i % s->topk_stride),
+                         s->topk[i], (long long)num_slots - 1);
+    return PMLA_OK;
+  }
+  for (int32_t r = 0; r < s->num_requests; r++) {
+    int32_t used;
+    const int32_t *row;
+    if (s->kv_layout == PMLA_KV_BLOCK_TABLE) {
+      used = (int32_t)((s->kv_lens[r] + P - 1) / P);
+      row = s->block_table + (int64_t)r * s->block_table_stride;
+    } else {
+      used = s->kv_indptr[r + 1] - s->kv_indptr[r];
+      row = s->kv_indices + s->kv_indptr[r];
+    }
+    for (int32_t j = 0; j < used; j++)
+      if (row[j] < 0 || row[j] >= pages)
+        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                         "decode: page %d of request %d is %d (%s); accepted: 0..%lld (KV cache "
+                         "pages)",
+                         j, r, row[j],
+                         s->kv_layout == PMLA_KV_BLOCK_TABLE ? "block_table" : "kv_indices",
+                         (long long)pages - 1);
+  }
+  return PMLA_OK;
+}
+
+static void run_unit(void *arg, uint32_t unit) {
+  pmla_builder *b = arg;
+  cpu_state *s = b->impl;
+  const int32_t *indptr = b->buf[PMLA_BUF_WORK_INDPTR];
+  s->errors[unit] = pmla_cpu_run_items(&s->pb, b->buf[PMLA_BUF_WORK_INFO_SET], indptr[unit],
+                                       indptr[unit + 1],
+                                       s->scratch + (size_t)unit * s->scratch_floats);
+}
+
+static void reduce_unit(void *arg, uint32_t unit) {
+  pmla_builder *b = arg;
+  cpu_state *s = b->impl;
+  const int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];
+  pmla_cpu_reduce(&s->pb, b->buf[PMLA_BUF_REDUCE_INDPTR], b->buf[PMLA_BUF_REDUCE_FINAL_MAP],
+                  b->buf[PMLA_BUF_REDUCE_PARTIAL_MAP], (int32_t)unit, (int32_t)b->info.cu_count,
+                  meta[PMLA_META_NUM_REDUCE]);
+}
+
+static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
+  pmla_decode_args a;
+  int64_t num_slots;
+  pmla_status st;
+  if (!b)
+    return PMLA_ERR_INVALID_ARGUMENT;
+  pmla_clear_error(b);
+  if ((st = pmla_check_decode_args(b, args, kDLCPU, &a, &num_slots)) ||
+      (st = validate_indices(b, num_slots)))
+    return st;
+  cpu_state *s = b->impl;
+  const pmla_step *step = &b->step;
+  pmla_cpu_problem *pb = &s->pb;
+  memset(pb, 0, sizeof *pb);
+  pb->num_heads = (int32_t)b->cfg.num_heads;
+  pb->max_q_len = (int32_t)b->cfg.max_q_len;
+  pb->softmax_scale = b->cfg.softmax_scale;
+  pb->q = pmla_tensor_data(a.q);
+  pb->num_tokens = a.q->shape[0];
+  pb->kv = pmla_tensor_data(a.kv_cache);
+  pb->map.page_size = (int32_t)b->cfg.page_size;
+  pb->map.num_slots = num_slots;
+  pb->map.block_table = step->block_table;
+  pb->map.block_table_stride = step->block_table_stride;
+  pb->map.kv_indptr = step->kv_indptr;
+  pb->map.kv_indices = step->kv_indices;
+  pb->map.topk = step->topk;
+  pb->map.topk_stride = step->topk_stride;
+  pb->qo_indptr = step->kind == PLAN_DENSE ? step->qo_indptr : NULL;
+  pb->out = pmla_tensor_data(a.out);
+  pb->lse = a.lse ? pmla_tensor_data(a.lse) : NULL;
+  pb->partial_out = b->buf[PMLA_BUF_PARTIAL_OUT];
+  pb->partial_lse = b->buf[PMLA_BUF_PARTIAL_LSE];
+  pmla_workers_run(s->workers, run_unit, b);
+  pmla_workers_run(s->workers, reduce_unit, b);
+  int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];
+  for (uint32_t i = 0; i < b->info.cu_count; i++)
+    meta[PMLA_META_ERROR] |= s->errors[i];
+  return PMLA_OK;
+}
+
+static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
+  if (!b)
+    return PMLA_ERR_INVALID_ARGUMENT;
+  int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];
+  uint32_t bits = (uint32_t)meta[PMLA_META_ERROR];
+  meta[PMLA_META_ERROR] = 0;
+  if (flags)
+    *flags = bits;
+  if (bits)
+    return pmla_fail(b, PMLA_ERR_DEVICE_INPUT,
+                     "check_device_error: kernels skipped bad input (bits 0x%x)", bits);
+  return PMLA_OK;
+}
+
+static pmla_status cpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
+  if (!b)
+    return PMLA_ERR_INVALID_ARGUMENT;
+  if ((unsigned)which >= PMLA_BUF_COUNT)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "copy_buffer: which = %d; accepted: 0..%d", (int)which, PMLA_BUF_COUNT - 1);
+  if (!dst || bytes != b->info.buffer_bytes[which])
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "copy_buffer: bytes = %llu, host_dst %s; accepted: bytes = %llu and a "
+                     "non-NULL host_dst",
+                     (unsigned long long)bytes, dst ? "set" : "NULL",
+                     (unsigned long long)b->info.buffer_bytes[which]);
+  memcpy(dst, b->buf[which], (size_t)bytes);
+  return PMLA_OK;
+}
+
+const pmla_backend pmla_cpu_backend = {
+    .struct_size = sizeof(pmla_backend),
+    .abi_version = PMLA_ABI_VERSION,
+    .name = "pmla-cpu",
+    .description = "pmla persistent MLA decode on CPU worker threads (fp32 accumulation)",
+    .init_builder = cpu_init,
+    .destroy_builder = cpu_destroy,
+    .query_builder = pmla_query_builder,
+    .build_decode = cpu_build_decode,
+    .build_sparse = cpu_build_sparse,
+    .decode = cpu_decode,
+    .last_error = pmla_builder_last_error,
+    .check_device_error = cpu_check_device_error,
+    .copy_buffer = cpu_copy_buffer,
+};

@@ -1,0 +1,70 @@
+/* backend_gpu_none.c - `pmla` in a build without HIP: every call answers
+ * PMLA_ERR_NO_DEVICE so hosts can fall back to pmla-cpu. */
+#include "backends.h"
+#include "builder.h"
+
+static pmla_status no_gpu_init(const pmla_builder_config *config, pmla_builder **out) {
+  (void)config;
+  if (out)
+    *out = NULL;
+  return pmla_fail(NULL, PMLA_ERR_NO_DEVICE,
+                   "init_builder: backend pmla: no GPU support built (configure "
+                   "--with-hip=nvidia or --with-hip=amd); use pmla-cpu");
+}
+
+static void no_gpu_destroy(pmla_builder *b) { (void)b; }
+
+static pmla_status no_gpu_query(const pmla_builder *b, pmla_builder_info *info) {
+  (void)b;
+  (void)info;
+  return PMLA_ERR_NO_DEVICE;
+}
+
+static pmla_status no_gpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
+  (void)b;
+  (void)batch;
+  return PMLA_ERR_NO_DEVICE;
+}
+
+static pmla_status no_gpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
+  (void)b;
+  (void)batch;
+  return PMLA_ERR_NO_DEVICE;
+}
+
+static pmla_status no_gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
+  (void)b;
+  (void)args;
+  return PMLA_ERR_NO_DEVICE;
+}
+
+static pmla_status no_gpu_check(pmla_builder *b, uint32_t *flags) {
+  (void)b;
+  if (flags)
+    *flags = 0;
+  return PMLA_ERR_NO_DEVICE;
+}
+
+static pmla_status no_gpu_copy(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
+  (void)b;
+  (void)which;
+  (void)dst;
+  (void)bytes;
+  return PMLA_ERR_NO_DEVICE;
+}
+
+const pmla_backend pmla_gpu_backend = {
+    .struct_size = sizeof(pmla_backend),
+    .abi_version = PMLA_ABI_VERSION,
+    .name = "pmla",
+    .description = "pmla persistent MLA decode on a GPU (not built: no HIP)",
+    .init_builder = no_gpu_init,
+    .destroy_builder = no_gpu_destroy,
+    .query_builder = no_gpu_query,
+    .build_decode = no_gpu_build_decode,
+    .build_sparse = no_gpu_build_sparse,
+    .decode = no_gpu_decode,
+    .last_error = pmla_builder_last_error,
+    .check_device_error = no_gpu_check,
+    .copy_buffer = no_gpu_copy,
+};

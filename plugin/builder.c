@@ -1,0 +1,388 @@
+/* builder.c - config validation, buffer sizing, argument checks and error
+ * messages shared by the CPU and GPU backends. */
+#include "builder.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "mla_cpu.h"
+#include "planner.h"
+
+_Static_assert(PMLA_WI_WORDS == PMLA_WORK_INFO_WORDS, "work item layout matches the ABI");
+_Static_assert(PMLA_META_WORDS_ == PMLA_META_WORDS, "meta layout matches the ABI");
+_Static_assert((int)PMLA_PLAN_ERR_SLOT_INDEX == (int)PMLA_DEVERR_SLOT_INDEX &&
+                   (int)PMLA_PLAN_ERR_LAST_PAGE == (int)PMLA_DEVERR_LAST_PAGE,
+               "error bits match the ABI");
+
+const DLDataType pmla_dl_bf16 = {kDLBfloat, 16, 1};
+const DLDataType pmla_dl_int32 = {kDLInt, 32, 1};
+const DLDataType pmla_dl_fp32 = {kDLFloat, 32, 1};
+
+static _Thread_local char init_error[PMLA_ERROR_SIZE];
+
+pmla_status pmla_fail(pmla_builder *b, pmla_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(b ? b->error : init_error, PMLA_ERROR_SIZE, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+void pmla_clear_error(pmla_builder *b) { (b ? b->error : init_error)[0] = '\0'; }
+
+const char *pmla_builder_last_error(const pmla_builder *b) {
+  return b ? b->error : init_error;
+}
+
+static int is_pow2(uint32_t v) { return v && !(v & (v - 1)); }
+
+static const char *dtype_name(uint32_t d) {
+  switch (d) {
+  case PMLA_DTYPE_BF16: return "bf16";
+  case PMLA_DTYPE_FP8_E4M3: return "fp8_e4m3";
+  default: return "unknown";
+  }
+}
+
+static pmla_status check_dtype(const char *field, uint32_t d) {
+  if (d == PMLA_DTYPE_BF16)
+    return PMLA_OK;
+  if (d == PMLA_DTYPE_FP8_E4M3)
+    return pmla_fail(NULL, PMLA_ERR_UNSUPPORTED,
+                     "init_builder: config.%s = %u (%s) is not served yet; accepted: %u (bf16)",
+                     field, d, dtype_name(d), PMLA_DTYPE_BF16);
+  return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                   "init_builder: config.%s = %u is not a pmla_dtype; accepted: %u (bf16)", field,
+                   d, PMLA_DTYPE_BF16);
+}
+
+pmla_status pmla_validate_config(const pmla_builder_config *cfg, pmla_builder_config *out) {
+  pmla_status st;
+  if (!cfg)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: config is NULL");
+  if (cfg->struct_size < sizeof(pmla_builder_config))
+    return pmla_fail(NULL, PMLA_ERR_STRUCT_SIZE,
+                     "init_builder: config.struct_size = %u is smaller than the ABI 1.0 "
+                     "pmla_builder_config (%zu bytes)",
+                     cfg->struct_size, sizeof(pmla_builder_config));
+  uint32_t h = cfg->num_heads;
+  if (h != 16 && h != 32 && h != 64 && h != 128)
+    return pmla_fail(NULL, PMLA_ERR_UNSUPPORTED,
+                     "init_builder: config.num_heads = %u is not supported; supported head "
+                     "counts: 16, 32, 64, 128",
+                     h);
+  if (cfg->kv_lora_rank != PMLA_V_DIM)
+    return pmla_fail(NULL, PMLA_ERR_UNSUPPORTED,
+                     "init_builder: config.kv_lora_rank = %u; accepted: 512", cfg->kv_lora_rank);
+  if (cfg->rope_dim != PMLA_QK_DIM - PMLA_V_DIM)
+    return pmla_fail(NULL, PMLA_ERR_UNSUPPORTED,
+                     "init_builder: config.rope_dim = %u; accepted: 64", cfg->rope_dim);
+  if ((st = check_dtype("q_dtype", cfg->q_dtype)) || (st = check_dtype("kv_dtype", cfg->kv_dtype)) ||
+      (st = check_dtype("out_dtype", cfg->out_dtype)))
+    return st;
+  if (!is_pow2(cfg->page_size) || cfg->page_size > 256)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.page_size = %u; accepted: a power of two in 1..256",
+                     cfg->page_size);
+  if (cfg->max_batch < 1 || cfg->max_batch > 65536)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.max_batch = %u; accepted: 1..65536", cfg->max_batch);
+  if (cfg->max_q_len < 1 || cfg->max_q_len > 8)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.max_q_len = %u; accepted: 1..8", cfg->max_q_len);
+  if (cfg->topk > 65536)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.topk = %u; accepted: 0 (dense only) or 1..65536",
+                     cfg->topk);
+  if (!(cfg->softmax_scale > 0.f) || !isfinite(cfg->softmax_scale))
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.softmax_scale = %g; accepted: a finite value > 0",
+                     (double)cfg->softmax_scale);
+  if (cfg->cu_count > 1024)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.cu_count = %u; accepted: 0 (all) or 1..1024",
+                     cfg->cu_count);
+  if (cfg->device < 0)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.device = %d; accepted: a device ordinal >= 0",
+                     cfg->device);
+  memcpy(out, cfg, sizeof *out);
+  out->struct_size = sizeof *out;
+  return PMLA_OK;
+}
+
+void pmla_size_buffers(pmla_builder *b, uint32_t cu_count, uint32_t sched_units) {
+  pmla_builder_info *in = &b->info;
+  const uint64_t R = (uint64_t)b->cfg.max_batch * b->cfg.max_q_len, N = sched_units;
+  const uint64_t rows = (uint64_t)b->cfg.max_q_len * b->cfg.num_heads;
+  memset(in, 0, sizeof *in);
+  in->struct_size = sizeof *in;
+  in->cu_count = cu_count;
+  in->sched_units = sched_units;
+  in->max_requests = (uint32_t)R;
+  in->max_work_items = (uint32_t)(R + N);
+  in->max_partial_slots = (uint32_t)(2 * N);
+  in->buffer_bytes[PMLA_BUF_WORK_META_DATA] = PMLA_META_WORDS * 4;
+  in->buffer_bytes[PMLA_BUF_WORK_INDPTR] = (N + 1) * 4;
+  in->buffer_bytes[PMLA_BUF_WORK_INFO_SET] = (R + N) * PMLA_WORK_INFO_WORDS * 4;
+  in->buffer_bytes[PMLA_BUF_REDUCE_INDPTR] = (R + 1) * 4;
+  in->buffer_bytes[PMLA_BUF_REDUCE_FINAL_MAP] = R * 4;
+  in->buffer_bytes[PMLA_BUF_REDUCE_PARTIAL_MAP] = 2 * N * 4;
+  in->buffer_bytes[PMLA_BUF_PARTIAL_OUT] = 2 * N * rows * PMLA_V_DIM * 4;
+  in->buffer_bytes[PMLA_BUF_PARTIAL_LSE] = 2 * N * rows * 4;
+  for (int i = 0; i < PMLA_BUF_COUNT; i++)
+    in->total_bytes += in->buffer_bytes[i];
+}
+
+void pmla_fill_plan_limits(const pmla_builder *b, pmla_plan_input *in) {
+  memset(in, 0, sizeof *in);
+  in->num_units = (int32_t)b->info.sched_units;
+  in->max_q_len = (int32_t)b->cfg.max_q_len;
+  in->page_size = (int32_t)b->cfg.page_size;
+  in->max_items = (int32_t)b->info.max_work_items;
+  in->max_partials = (int32_t)b->info.max_partial_slots;
+}
+
+pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info) {
+  if (!b || !info)
+    return pmla_fail((pmla_builder *)b, PMLA_ERR_INVALID_ARGUMENT,
+                     "query_builder: %s is NULL", b ? "info" : "builder");
+  if (info->struct_size < sizeof *info)
+    return pmla_fail((pmla_builder *)b, PMLA_ERR_STRUCT_SIZE,
+                     "query_builder: info->struct_size = %u is smaller than the ABI 1.0 "
+                     "pmla_builder_info (%zu bytes)",
+                     info->struct_size, sizeof *info);
+  uint32_t size = info->struct_size;
+  memcpy(info, &b->info, sizeof *info);
+  info->struct_size = size < sizeof *info ? size : (uint32_t)sizeof *info;
+  return PMLA_OK;
+}
+
+void *pmla_tensor_data(const DLTensor *t) { return (char *)t->data + t->byte_offset; }
+
+static void dtype_str(DLDataType d, char *s, size_t n) {
+  const char *code = d.code == kDLInt ? "int" : d.code == kDLUInt ? "uint"
+                   : d.code == kDLFloat ? "float" : d.code == kDLBfloat ? "bfloat" : "code?";
+  snprintf(s, n, "%s%u%s", code, d.bits, d.lanes == 1 ? "" : "xN");
+}
+
+static void shape_str(const int64_t *shape, int ndim, char *s, size_t n) {
+  size_t used = 0;
+  used += (size_t)snprintf(s, n, "[");
+  for (int i = 0; i < ndim && used < n; i++) {
+    if (shape[i] < 0)
+      used += (size_t)snprintf(s + used, n - used, "%s*", i ? ", " : "");
+    else
+      used += (size_t)snprintf(s + used, n - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  }
+  if (used < n)
+    snprintf(s + used, n - used, "]");
+}
+
+pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor *t,
+                              DLDataType dtype, int ndim, const int64_t *shape, int device_type,
+                              int device_id) {
+  char want[96], got[96];
+  if (!t)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s is NULL; a DLTensor is required", name);
+  if (t->dtype.code != dtype.code || t->dtype.bits != dtype.bits || t->dtype.lanes != dtype.lanes) {
+    dtype_str(t->dtype, got, sizeof got);
+    dtype_str(dtype, want, sizeof want);
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: dtype %s; accepted: %s", name, got, want);
+  }
+  if (t->ndim != ndim || !t->shape) {
+    shape_str(shape, ndim, want, sizeof want);
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: ndim = %d; accepted: %d, shape %s", name,
+                     t->ndim, ndim, want);
+  }
+  for (int i = 0; i < ndim; i++) {
+    if (t->shape[i] < 0 || (shape[i] >= 0 && t->shape[i] != shape[i])) {
+      shape_str(t->shape, ndim, got, sizeof got);
+      shape_str(shape, ndim, want, sizeof want);
+      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: shape %s (dim %d); accepted: %s", name,
+                       got, i, want);
+    }
+  }
+  if (t->strides) {
+    int64_t expect = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+      if (t->shape[i] != 1 && t->strides[i] != expect)
+        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                         "%s: stride %lld in dim %d; accepted: contiguous row-major (%lld)", name,
+                         (long long)t->strides[i], i, (long long)expect);
+      expect *= t->shape[i];
+    }
+  }
+  int64_t elems = 1;
+  for (int i = 0; i < ndim; i++)
+    elems *= t->shape[i];
+  if (!t->data && elems > 0)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: data is NULL for %lld elements", name,
+                     (long long)elems);
+  if (device_type && (t->device.device_type != (DLDeviceType)device_type ||
+                      t->device.device_id != device_id))
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "%s: device (type %d, id %d); accepted: (type %d, id %d) for backend %s",
+                     name, (int)t->device.device_type, (int)t->device.device_id, device_type,
+                     device_id, b->backend->name);
+  return PMLA_OK;
+}
+
+#define CHECK(expr)                                                                            \
+  do {                                                                                         \
+    pmla_status st_ = (expr);                                                                  \
+    if (st_ != PMLA_OK)                                                                        \
+      return st_;                                                                              \
+  } while (0)
+
+static pmla_status check_struct(pmla_builder *b, const char *what, const void *p, uint32_t size,
+                                size_t need) {
+  if (!p)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+  if (size < need)
+    return pmla_fail(b, PMLA_ERR_STRUCT_SIZE,
+                     "%s->struct_size = %u is smaller than its ABI 1.0 size (%zu bytes)", what,
+                     size, need);
+  return PMLA_OK;
+}
+
+pmla_status pmla_check_decode_batch(pmla_builder *b, const pmla_decode_batch *batch,
+                                    int device_type, pmla_decode_batch *copy) {
+  const int dev = b->cfg.device;
+  CHECK(check_struct(b, "build_decode: batch", batch, batch ? batch->struct_size : 0,
+                     sizeof *batch));
+  *copy = *batch;
+  const int64_t any1[1] = {-1};
+  CHECK(pmla_check_tensor(b, "build_decode: batch->qo_indptr", batch->qo_indptr, pmla_dl_int32,
+                          1, any1, device_type, dev));
+  int64_t R = batch->qo_indptr->shape[0] - 1;
+  if (R < 0)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "build_decode: batch->qo_indptr has 0 entries; accepted: batch + 1 >= 1");
+  if (R > b->cfg.max_batch)
+    return pmla_fail(b, PMLA_ERR_CAPACITY,
+                     "build_decode: batch size %lld (qo_indptr has %lld entries) exceeds "
+                     "config.max_batch = %u",
+                     (long long)R, (long long)R + 1, b->cfg.max_batch);
+  pmla_step *s = &b->step;
+  memset(s, 0, sizeof *s);
+  s->num_requests = (int32_t)R;
+  s->num_tokens = -1;
+  s->kv_layout = batch->kv_layout;
+  s->qo_indptr = pmla_tensor_data(batch->qo_indptr);
+  const int64_t shape_r[1] = {R}, shape_r1[1] = {R + 1}, shape_bt[2] = {R, -1};
+  if (batch->kv_layout == PMLA_KV_BLOCK_TABLE) {
+    CHECK(pmla_check_tensor(b, "build_decode: batch->block_table", batch->block_table,
+                            pmla_dl_int32, 2, shape_bt, device_type, dev));
+    CHECK(pmla_check_tensor(b, "build_decode: batch->kv_lens", batch->kv_lens, pmla_dl_int32, 1,
+                            shape_r, device_type, dev));
+    int64_t width = batch->block_table->shape[1];
+    if (width * (int64_t)b->cfg.page_size > INT32_MAX)
+      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                       "build_decode: batch->block_table has %lld pages per request; accepted: "
+                       "at most %d tokens per request",
+                       (long long)width, INT32_MAX);
+    s->block_table = pmla_tensor_data(batch->block_table);
+    s->block_table_stride = (int32_t)width;
+    s->kv_lens = pmla_tensor_data(batch->kv_lens);
+  } else if (batch->kv_layout == PMLA_KV_CSR) {
+    CHECK(pmla_check_tensor(b, "build_decode: batch->kv_indptr", batch->kv_indptr, pmla_dl_int32,
+                            1, shape_r1, device_type, dev));
+    CHECK(pmla_check_tensor(b, "build_decode: batch->kv_indices", batch->kv_indices,
+                            pmla_dl_int32, 1, any1, device_type, dev));
+    CHECK(pmla_check_tensor(b, "build_decode: batch->kv_last_page_len", batch->kv_last_page_len,
+                            pmla_dl_int32, 1, shape_r, device_type, dev));
+    if (batch->kv_indices->shape[0] > INT32_MAX)
+      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                       "build_decode: batch->kv_indices has %lld entries; accepted: < 2^31",
+                       (long long)batch->kv_indices->shape[0]);
+    s->kv_indptr = pmla_tensor_data(batch->kv_indptr);
+    s->kv_indices = pmla_tensor_data(batch->kv_indices);
+    s->num_page_indices = batch->kv_indices->shape[0];
+    s->kv_last_page_len = pmla_tensor_data(batch->kv_last_page_len);
+  } else {
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "build_decode: batch->kv_layout = %u; accepted: %d (PMLA_KV_BLOCK_TABLE) or "
+                     "%d (PMLA_KV_CSR)",
+                     batch->kv_layout, PMLA_KV_BLOCK_TABLE, PMLA_KV_CSR);
+  }
+  return PMLA_OK;
+}
+
+pmla_status pmla_check_sparse_batch(pmla_builder *b, const pmla_sparse_batch *batch,
+                                    int device_type, pmla_sparse_batch *copy) {
+  CHECK(check_struct(b, "build_sparse: batch", batch, batch ? batch->struct_size : 0,
+                     sizeof *batch));
+  *copy = *batch;
+  if (batch->flags & ~(uint32_t)PMLA_SPARSE_NO_SPLIT_CAP)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "build_sparse: batch->flags = 0x%x; accepted: 0 or PMLA_SPARSE_NO_SPLIT_CAP "
+                     "(0x%x)",
+                     batch->flags, (unsigned)PMLA_SPARSE_NO_SPLIT_CAP);
+  if (b->cfg.topk == 0)
+    return pmla_fail(b, PMLA_ERR_BAD_STATE,
+                     "build_sparse: this builder was made with config.topk = 0 (dense only); "
+                     "make one with topk > 0 for sparse decode");
+  const int64_t shape[2] = {-1, b->cfg.topk};
+  CHECK(pmla_check_tensor(b, "build_sparse: batch->topk_indices", batch->topk_indices,
+                          pmla_dl_int32, 2, shape, device_type, b->cfg.device));
+  int64_t T = batch->topk_indices->shape[0];
+  int64_t R = (int64_t)b->cfg.max_batch * b->cfg.max_q_len;
+  if (T > R)
+    return pmla_fail(b, PMLA_ERR_CAPACITY,
+                     "build_sparse: %lld query tokens exceed config.max_batch * max_q_len = %lld",
+                     (long long)T, (long long)R);
+  if (batch->max_seq_len < 0)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "build_sparse: batch->max_seq_len = %lld; accepted: >= 0",
+                     (long long)batch->max_seq_len);
+  pmla_step *s = &b->step;
+  memset(s, 0, sizeof *s);
+  s->num_requests = (int32_t)T;
+  s->num_tokens = T;
+  s->topk = pmla_tensor_data(batch->topk_indices);
+  s->topk_stride = (int32_t)b->cfg.topk;
+  return PMLA_OK;
+}
+
+pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args,
+                                   int device_type, pmla_decode_args *copy, int64_t *num_slots) {
+  const int dev = b->cfg.device;
+  const int64_t H = b->cfg.num_heads, P = b->cfg.page_size;
+  CHECK(check_struct(b, "decode: args", args, args ? args->struct_size : 0, sizeof *args));
+  *copy = *args;
+  if (b->step.kind == PLAN_NONE)
+    return pmla_fail(b, PMLA_ERR_BAD_STATE,
+                     "decode: no step was built; call build_decode or build_sparse first");
+  const int64_t q_shape[3] = {-1, H, PMLA_QK_DIM};
+  CHECK(pmla_check_tensor(b, "decode: args->q", args->q, pmla_dl_bf16, 3, q_shape, device_type,
+                          dev));
+  int64_t T = args->q->shape[0];
+  if (b->step.num_tokens >= 0 && T != b->step.num_tokens)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "decode: args->q has %lld tokens; the built step has %lld", (long long)T,
+                     (long long)b->step.num_tokens);
+  if (T > (int64_t)b->cfg.max_batch * b->cfg.max_q_len)
+    return pmla_fail(b, PMLA_ERR_CAPACITY,
+                     "decode: args->q has %lld tokens; accepted: <= max_batch * max_q_len = %lld",
+                     (long long)T, (long long)b->cfg.max_batch * b->cfg.max_q_len);
+  const DLTensor *kv = args->kv_cache;
+  if (kv && kv->ndim == 4) {
+    const int64_t kv4[4] = {-1, P, 1, PMLA_QK_DIM};
+    CHECK(pmla_check_tensor(b, "decode: args->kv_cache", kv, pmla_dl_bf16, 4, kv4, device_type,
+                            dev));
+  } else {
+    const int64_t kv3[3] = {-1, P, PMLA_QK_DIM};
+    CHECK(pmla_check_tensor(b, "decode: args->kv_cache", kv, pmla_dl_bf16, 3, kv3, device_type,
+                            dev));
+  }
+  *num_slots = kv->shape[0] * P;
+  const int64_t out_shape[3] = {T, H, PMLA_V_DIM}, lse_shape[2] = {T, H};
+  CHECK(pmla_check_tensor(b, "decode: args->out", args->out, pmla_dl_bf16, 3, out_shape,
+                          device_type, dev));
+  if (args->lse)
+    CHECK(pmla_check_tensor(b, "decode: args->lse", args->lse, pmla_dl_fp32, 2, lse_shape,
+                            device_type, dev));
+  return PMLA_OK;
+}

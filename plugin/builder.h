@@ -1,0 +1,84 @@
+/* builder.h - what every backend's builder shares: the validated config,
+ * buffer sizes, the remembered step plan, and error reporting. */
+#ifndef PMLA_PLUGIN_BUILDER_H
+#define PMLA_PLUGIN_BUILDER_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "pmla.h"
+
+#define PMLA_ERROR_SIZE 512
+
+enum { PLAN_NONE = 0, PLAN_DENSE = 1, PLAN_SPARSE = 2 };
+
+/* The step remembered by build_* for decode: raw pointers into the host's
+ * tensors (device or host memory, as the backend requires). */
+typedef struct pmla_step {
+  int kind;
+  int32_t num_requests;
+  int64_t num_tokens;        /* -1 when only the device knows (GPU dense) */
+  uint32_t kv_layout;
+  const int32_t *qo_indptr;
+  const int32_t *block_table;
+  int32_t block_table_stride;
+  const int32_t *kv_lens;
+  const int32_t *kv_indptr;
+  const int32_t *kv_indices;
+  int64_t num_page_indices;
+  const int32_t *kv_last_page_len;
+  const int32_t *topk;
+  int32_t topk_stride;
+} pmla_step;
+
+struct pmla_builder {
+  const pmla_backend *backend;
+  pmla_builder_config cfg;   /* 1.0 prefix, struct_size normalised */
+  pmla_builder_info info;    /* sizes; split_cap follows the last build */
+  void *buf[PMLA_BUF_COUNT];
+  pmla_step step;
+  void *impl;                /* backend-private state */
+  char error[PMLA_ERROR_SIZE];
+};
+
+/* Formats the builder's message (NULL builder: this thread's init message)
+ * and returns `status`, so error paths read `return pmla_fail(b, ...)`. */
+pmla_status pmla_fail(pmla_builder *b, pmla_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void pmla_clear_error(pmla_builder *b);
+const char *pmla_builder_last_error(const pmla_builder *b);
+
+/* Checks every config field (message names field, value and what is
+ * accepted) and copies the 1.0 prefix into *out. */
+pmla_status pmla_validate_config(const pmla_builder_config *cfg, pmla_builder_config *out);
+
+/* Fills sizes in b->info from cfg, cu_count and sched_units. */
+void pmla_size_buffers(pmla_builder *b, uint32_t cu_count, uint32_t sched_units);
+
+/* Tensor checks. device_type 0 skips the device check. A shape entry of -1
+ * matches anything; the function returns the tensor's dims through dims. */
+pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor *t,
+                              DLDataType dtype, int ndim, const int64_t *shape,
+                              int device_type, int device_id);
+void *pmla_tensor_data(const DLTensor *t);
+
+extern const DLDataType pmla_dl_bf16, pmla_dl_int32, pmla_dl_fp32;
+
+/* Validates a batch / args struct's size and the host-side shape of the
+ * step; on success fills b->step (not its device-side values). */
+pmla_status pmla_check_decode_batch(pmla_builder *b, const pmla_decode_batch *batch,
+                                    int device_type, pmla_decode_batch *copy);
+pmla_status pmla_check_sparse_batch(pmla_builder *b, const pmla_sparse_batch *batch,
+                                    int device_type, pmla_sparse_batch *copy);
+/* Checks q / kv_cache / out / lse; returns num_slots of the cache. */
+pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args,
+                                   int device_type, pmla_decode_args *copy, int64_t *num_slots);
+
+/* Answers the query call from b->info. */
+pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info);
+
+/* Plan input limits common to both backends. */
+struct pmla_plan_input;
+void pmla_fill_plan_limits(const pmla_builder *b, struct pmla_plan_input *in);
+
+#endif

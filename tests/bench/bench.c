@@ -1,0 +1,506 @@
+/* pmla-bench - runs MLA decode steps through the registry on a chosen
+ * backend and prints median time, TFLOP/s, GB/s and the fraction of the copy
+ * bandwidth measured at start; --check compares against the fp64 reference.
+ *
+ *   FLOPs = 2 * h * s_q * sum(L) * (576 + 512)
+ *   bytes = sum(L) * 1152 + q bytes + out bytes
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "devmem.h"
+#include "pmla.h"
+#include "pmla_registry.h"
+#include "reference.h"
+
+#define QK 576
+#define DV 512
+
+typedef struct shape {
+  int b, L, L_max, h, sq; /* L_max > L: lengths uniform in [L, L_max] */
+  int sparse_topk;       /* > 0: sparse, b = tokens, L = KV cache slots */
+} bench_shape;
+
+typedef struct options {
+  const char *backend, *plugin;
+  int iters, warmup, check, json, cu, seed, flush;
+  bench_shape shapes[64];
+  int nshapes;
+} options;
+
+typedef struct result {
+  double us, meta_us, tflops, gbps, copy_frac;
+  int checked, ok, nocap;
+  uint32_t cap;
+  char note[400];
+} result;
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint64_t next_u64(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return rng;
+}
+static float next_unit(void) { return (float)((next_u64() >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f; }
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static DLTensor tensor(void *data, const devmem *m, DLDataType dt, int ndim, int64_t *shape) {
+  DLTensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device.device_type = m->device_type;
+  t.device.device_id = m->device_id;
+  t.ndim = ndim;
+  t.dtype = dt;
+  t.shape = shape;
+  return t;
+}
+
+static void *upload(const devmem *m, const void *host, size_t bytes) {
+  void *d = m->alloc(bytes ? bytes : 1);
+  if (!d || (bytes && host && m->upload(d, host, bytes))) {
+    fprintf(stderr, "pmla-bench: cannot allocate/upload %zu bytes on %s\n", bytes, m->name);
+    exit(2);
+  }
+  return d;
+}
+
+static void die_status(const pmla_backend *be, pmla_builder *b, const char *what, pmla_status st) {
+  fprintf(stderr, "pmla-bench: %s failed: %s: %s\n", what, pmla_status_name(st), be->last_error(b));
+  exit(1);
+}
+
+/* Measures device-to-device copy bandwidth (GB/s, read + write). */
+static double copy_bandwidth(const devmem *m) {
+  size_t bytes = m->device_type == kDLCPU ? (size_t)256 << 20 : (size_t)2 << 30;
+  void *a = m->alloc(bytes), *b = m->alloc(bytes);
+  double t[10], gbps = 0;
+  if (a && b && !m->fill(a, 1, bytes) && !m->fill(b, 2, bytes)) {
+    for (int i = 0; i < 10; i++) {
+      m->timer_start();
+      m->copy(b, a, bytes);
+      t[i] = m->timer_stop_us();
+    }
+    gbps = 2.0 * (double)bytes / (median(t, 10) * 1e3);
+  }
+  m->release(a);
+  m->release(b);
+  return gbps;
+}
+
+typedef struct problem {
+  int tokens, heads;
+  int64_t sum_L;
+  uint16_t *q, *kv;
+  int64_t num_pages, page_size;
+  /* dense */
+  int batch, max_pages;
+  int32_t *qo_indptr, *block_table, *kv_lens;
+  /* sparse */
+  int topk;
+  int32_t *topk_idx;
+  int64_t max_seq_len;
+} problem;
+
+static void make_problem(const bench_shape *s, int page_size, int poison, problem *p) {
+  memset(p, 0, sizeof *p);
+  p->heads = s->h;
+  p->page_size = page_size;
+  if (s->sparse_topk) {
+    p->tokens = s->b * s->sq;
+    p->topk = s->sparse_topk;
+    p->num_pages = (s->L + page_size - 1) / page_size;
+    p->max_seq_len = s->L;
+    p->topk_idx = malloc(sizeof(int32_t) * (size_t)p->tokens * (size_t)p->topk);
+    for (int64_t i = 0; i < (int64_t)p->tokens * p->topk; i++)
+      p->topk_idx[i] = (int32_t)(next_u64() % (uint64_t)s->L);
+    p->sum_L = (int64_t)p->tokens * p->topk;
+  } else {
+    p->batch = s->b;
+    p->tokens = s->b * s->sq;
+    p->qo_indptr = malloc(sizeof(int32_t) * (size_t)(s->b + 1));
+    p->kv_lens = malloc(sizeof(int32_t) * (size_t)s->b);
+    int Lmax = s->L_max > s->L ? s->L_max : s->L;
+    p->max_pages = (Lmax + page_size - 1) / page_size;
+    for (int r = 0; r < s->b; r++) {
+      p->qo_indptr[r] = r * s->sq;
+      p->kv_lens[r] = s->L_max > s->L ? s->L + (int)(next_u64() % (uint64_t)(s->L_max - s->L + 1)) : s->L;
+      p->num_pages += (p->kv_lens[r] + page_size - 1) / page_size;
+      p->sum_L += p->kv_lens[r];
+    }
+    p->qo_indptr[s->b] = s->b * s->sq;
+    /* pages in random order: a shuffled permutation dealt out to requests */
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)(p->num_pages ? p->num_pages : 1));
+    for (int64_t i = 0; i < p->num_pages; i++)
+      perm[i] = (int32_t)i;
+    for (int64_t i = p->num_pages - 1; i > 0; i--) {
+      int64_t j = (int64_t)(next_u64() % (uint64_t)(i + 1));
+      int32_t t = perm[i];
+      perm[i] = perm[j];
+      perm[j] = t;
+    }
+    p->block_table = calloc((size_t)s->b * (size_t)p->max_pages, sizeof(int32_t));
+    int64_t next = 0;
+    for (int r = 0; r < s->b; r++)
+      for (int j = 0; j < (p->kv_lens[r] + page_size - 1) / page_size; j++)
+        p->block_table[(int64_t)r * p->max_pages + j] = perm[next++];
+    free(perm);
+  }
+  size_t slots = (size_t)p->num_pages * (size_t)page_size;
+  p->kv = malloc(sizeof(uint16_t) * slots * QK);
+  p->q = malloc(sizeof(uint16_t) * (size_t)p->tokens * (size_t)p->heads * QK);
+  for (size_t i = 0; i < slots * QK; i++)
+    p->kv[i] = ref_float_to_bf16(next_unit());
+  for (size_t i = 0; i < (size_t)p->tokens * (size_t)p->heads * QK; i++)
+    p->q[i] = ref_float_to_bf16(next_unit());
+  if (poison && !s->sparse_topk) { /* NaN in every slot past a request's length */
+    for (int r = 0; r < p->batch; r++) {
+      int used = (p->kv_lens[r] + page_size - 1) / page_size;
+      if (!used)
+        continue;
+      int64_t page = p->block_table[(int64_t)r * p->max_pages + used - 1];
+      for (int64_t o = p->kv_lens[r] - (int64_t)(used - 1) * page_size; o < page_size; o++)
+        for (int d = 0; d < QK; d++)
+          p->kv[(page * page_size + o) * QK + d] = REF_BF16_NAN;
+    }
+  }
+}
+
+static void free_problem(problem *p) {
+  free(p->q);
+  free(p->kv);
+  free(p->qo_indptr);
+  free(p->block_table);
+  free(p->kv_lens);
+  free(p->topk_idx);
+}
+
+static int check_against_reference(const problem *p, const uint16_t *out, const float *lse,
+                                   float scale, char *note, size_t note_size) {
+  ref_slot_lists lists;
+  int rc = p->topk ? ref_slots_from_topk(p->tokens, p->topk, p->topk_idx, &lists)
+                   : ref_slots_from_block_table(p->batch, p->qo_indptr, p->block_table,
+                                                p->max_pages, p->kv_lens, (int32_t)p->page_size,
+                                                &lists);
+  if (rc) {
+    snprintf(note, note_size, "reference rejected the problem");
+    return 0;
+  }
+  size_t n = (size_t)p->tokens * (size_t)p->heads;
+  double *ref = malloc(sizeof(double) * n * DV), *ref_lse = malloc(sizeof(double) * n);
+  float *got = malloc(sizeof(float) * n * DV);
+  ref_problem rp = {p->tokens, p->heads, p->q, p->kv, p->num_pages * p->page_size, &lists, scale};
+  ref_mla_decode(&rp, ref, ref_lse);
+  for (size_t i = 0; i < n * DV; i++)
+    got[i] = ref_bf16_to_float(out[i]);
+  ref_report o = ref_check_output(ref, got, n * DV), l = ref_check_lse(ref_lse, lse, n);
+  snprintf(note, note_size, "max|err| %.2e cos %.9f lse %s%s%s", o.max_abs_err, o.cosine,
+           l.ok ? "ok" : "BAD", o.ok ? "" : " out: ", o.ok ? "" : o.message);
+  free(ref);
+  free(ref_lse);
+  free(got);
+  ref_slot_lists_free(&lists);
+  return o.ok && l.ok;
+}
+
+static result run_shape(const options *o, const pmla_backend *be, const devmem *m, const bench_shape *s,
+                        double copy_gbps, int nocap) {
+  result res;
+  memset(&res, 0, sizeof res);
+  problem p;
+  make_problem(s, 64, o->check, &p);
+  pmla_builder_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.struct_size = sizeof cfg;
+  cfg.num_heads = (uint32_t)s->h;
+  cfg.kv_lora_rank = 512;
+  cfg.rope_dim = 64;
+  cfg.q_dtype = cfg.kv_dtype = cfg.out_dtype = PMLA_DTYPE_BF16;
+  cfg.page_size = 64;
+  cfg.max_batch = (uint32_t)(s->sparse_topk ? p.tokens : s->b);
+  cfg.max_q_len = (uint32_t)(s->sparse_topk ? 1 : s->sq);
+  cfg.topk = (uint32_t)s->sparse_topk;
+  cfg.softmax_scale = 1.f / sqrtf(576.f);
+  cfg.device = m->device_id;
+  cfg.cu_count = (uint32_t)o->cu;
+  pmla_builder *b = NULL;
+  pmla_status st = be->init_builder(&cfg, &b);
+  if (st)
+    die_status(be, NULL, "init_builder", st);
+
+  size_t q_bytes = (size_t)p.tokens * (size_t)p.heads * QK * 2;
+  size_t out_bytes = (size_t)p.tokens * (size_t)p.heads * DV * 2;
+  size_t kv_bytes = (size_t)p.num_pages * (size_t)p.page_size * QK * 2;
+  void *d_q = upload(m, p.q, q_bytes), *d_kv = upload(m, p.kv, kv_bytes);
+  void *d_out = upload(m, NULL, out_bytes), *d_lse = upload(m, NULL, (size_t)p.tokens * (size_t)p.heads * 4);
+  int64_t q_shape[3] = {p.tokens, p.heads, QK}, kv_shape[3] = {p.num_pages, p.page_size, QK};
+  int64_t out_shape[3] = {p.tokens, p.heads, DV}, lse_shape[2] = {p.tokens, p.heads};
+  DLDataType bf16 = {kDLBfloat, 16, 1}, i32 = {kDLInt, 32, 1}, f32 = {kDLFloat, 32, 1};
+  DLTensor tq = tensor(d_q, m, bf16, 3, q_shape), tkv = tensor(d_kv, m, bf16, 3, kv_shape);
+  DLTensor tout = tensor(d_out, m, bf16, 3, out_shape), tlse = tensor(d_lse, m, f32, 2, lse_shape);
+
+  void *d_a = NULL, *d_b = NULL, *d_c = NULL;
+  int64_t sh_a[2], sh_b[2], sh_c[1];
+  DLTensor ta, tb, tc;
+  pmla_decode_batch db;
+  pmla_sparse_batch sb;
+  memset(&db, 0, sizeof db);
+  memset(&sb, 0, sizeof sb);
+  if (s->sparse_topk) {
+    sh_a[0] = p.tokens;
+    sh_a[1] = p.topk;
+    d_a = upload(m, p.topk_idx, sizeof(int32_t) * (size_t)p.tokens * (size_t)p.topk);
+    ta = tensor(d_a, m, i32, 2, sh_a);
+    sb.struct_size = sizeof sb;
+    sb.flags = nocap ? PMLA_SPARSE_NO_SPLIT_CAP : 0;
+    sb.topk_indices = &ta;
+    sb.max_seq_len = p.max_seq_len;
+    sb.stream = m->stream();
+  } else {
+    sh_a[0] = p.batch + 1;
+    sh_b[0] = p.batch;
+    sh_b[1] = p.max_pages;
+    sh_c[0] = p.batch;
+    d_a = upload(m, p.qo_indptr, sizeof(int32_t) * (size_t)(p.batch + 1));
+    d_b = upload(m, p.block_table, sizeof(int32_t) * (size_t)p.batch * (size_t)p.max_pages);
+    d_c = upload(m, p.kv_lens, sizeof(int32_t) * (size_t)p.batch);
+    ta = tensor(d_a, m, i32, 1, sh_a);
+    tb = tensor(d_b, m, i32, 2, sh_b);
+    tc = tensor(d_c, m, i32, 1, sh_c);
+    db.struct_size = sizeof db;
+    db.kv_layout = PMLA_KV_BLOCK_TABLE;
+    db.qo_indptr = &ta;
+    db.block_table = &tb;
+    db.kv_lens = &tc;
+    db.stream = m->stream();
+  }
+  pmla_decode_args da = {sizeof da, 0, &tq, &tkv, &tout, &tlse, m->stream()};
+
+  size_t flush_bytes = m->device_type == kDLCPU || !o->flush ? 0 : (size_t)256 << 20;
+  void *flush = flush_bytes ? m->alloc(flush_bytes) : NULL;
+  int n = o->iters;
+  double *t = malloc(sizeof(double) * (size_t)n), *tm = malloc(sizeof(double) * (size_t)n);
+  for (int i = 0; i < o->warmup + n; i++) {
+    if (flush)
+      m->fill(flush, i & 0xff, flush_bytes);
+    m->timer_start();
+    st = s->sparse_topk ? be->build_sparse(b, &sb) : be->build_decode(b, &db);
+    double meta = m->timer_stop_us();
+    if (st)
+      die_status(be, b, s->sparse_topk ? "build_sparse" : "build_decode", st);
+    if (flush)
+      m->fill(flush, (i + 1) & 0xff, flush_bytes);
+    m->timer_start();
+    st = be->decode(b, &da);
+    double us = m->timer_stop_us();
+    if (st)
+      die_status(be, b, "decode", st);
+    if (i >= o->warmup) {
+      t[i - o->warmup] = us;
+      tm[i - o->warmup] = meta;
+    }
+  }
+  m->sync();
+  uint32_t flags = 0;
+  st = be->check_device_error(b, &flags);
+  if (st)
+    die_status(be, b, "check_device_error", st);
+  res.us = median(t, n);
+  res.meta_us = median(tm, n);
+  double flops = 2.0 * s->h * (s->sparse_topk ? 1 : s->sq) * (double)p.sum_L * (QK + DV);
+  double bytes = (double)p.sum_L * QK * 2 + (double)q_bytes + (double)out_bytes;
+  res.tflops = flops / (res.us * 1e6);
+  res.gbps = bytes / (res.us * 1e3);
+  res.copy_frac = copy_gbps > 0 ? res.gbps / copy_gbps : 0;
+  res.nocap = nocap;
+  pmla_builder_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  if (be->query_builder(b, &info) == PMLA_OK)
+    res.cap = info.split_cap;
+  if (o->check) {
+    uint16_t *out = malloc(out_bytes);
+    float *lse = malloc((size_t)p.tokens * (size_t)p.heads * 4);
+    m->download(out, d_out, out_bytes);
+    m->download(lse, d_lse, (size_t)p.tokens * (size_t)p.heads * 4);
+    res.checked = 1;
+    res.ok = check_against_reference(&p, out, lse, cfg.softmax_scale, res.note, sizeof res.note);
+    free(out);
+    free(lse);
+  }
+  free(t);
+  free(tm);
+  m->release(flush);
+  m->release(d_q);
+  m->release(d_kv);
+  m->release(d_out);
+  m->release(d_lse);
+  m->release(d_a);
+  m->release(d_b);
+  m->release(d_c);
+  be->destroy_builder(b);
+  free_problem(&p);
+  return res;
+}
+
+static int parse_shape(const char *text, bench_shape *s) {
+  memset(s, 0, sizeof *s);
+  s->sq = 1;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", text);
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    int v1 = 0, v2 = 0;
+    if (sscanf(tok, "L=%d-%d", &v1, &v2) == 2) {
+      s->L = v1;
+      s->L_max = v2;
+    } else if (sscanf(tok, "b=%d", &v1) == 1 || sscanf(tok, "tokens=%d", &v1) == 1)
+      s->b = v1;
+    else if (sscanf(tok, "L=%d", &v1) == 1 || sscanf(tok, "slots=%d", &v1) == 1)
+      s->L = v1;
+    else if (sscanf(tok, "h=%d", &v1) == 1)
+      s->h = v1;
+    else if (sscanf(tok, "sq=%d", &v1) == 1)
+      s->sq = v1;
+    else if (sscanf(tok, "topk=%d", &v1) == 1)
+      s->sparse_topk = v1;
+    else
+      return -1;
+  }
+  return s->b > 0 && s->L >= 0 && s->h > 0 && s->sq > 0 ? 0 : -1;
+}
+
+static void add(options *o, const char *text) {
+  if (o->nshapes < 64 && parse_shape(text, &o->shapes[o->nshapes]) == 0)
+    o->nshapes++;
+  else
+    fprintf(stderr, "pmla-bench: bad shape '%s'\n", text), exit(2);
+}
+
+/* The dense suite of issue 3 and the sparse suite of issue 4. */
+static void add_suite(options *o, const char *name) {
+  static const char *const dense[] = {
+      "b=128,L=4096,h=16", "b=128,L=4096,h=128", "b=64,L=8192,h=16", "b=64,L=8192,h=128",
+      "b=32,L=16384,h=128", "b=4,L=32768,h=128", "b=128,L=1024,h=128", "b=128,L=4096,h=64",
+      "b=128,L=4096,h=32", "b=128,L=2048-6144,h=128", "b=128,L=4096,h=16,sq=2",
+      "b=128,L=4096,h=128,sq=2"};
+  static const char *const sparse[] = {
+      "tokens=2,slots=32768,h=128,topk=2048", "tokens=64,slots=32768,h=128,topk=2048",
+      "tokens=128,slots=32768,h=128,topk=2048", "tokens=2,slots=32768,h=16,topk=2048",
+      "tokens=64,slots=32768,h=16,topk=2048", "tokens=128,slots=32768,h=16,topk=2048",
+      "tokens=64,slots=32768,h=128,topk=2048,sq=2", "tokens=64,slots=32768,h=16,topk=2048,sq=2",
+      /* dense over 2048 tokens of the same batches, for the 1.15x bar */
+      "b=2,L=2048,h=128", "b=64,L=2048,h=128", "b=128,L=2048,h=128", "b=2,L=2048,h=16",
+      "b=64,L=2048,h=16", "b=128,L=2048,h=16"};
+  int is_dense = !strcmp(name, "dense"), is_sparse = !strcmp(name, "sparse");
+  if (!is_dense && !is_sparse)
+    fprintf(stderr, "pmla-bench: unknown suite '%s' (dense, sparse)\n", name), exit(2);
+  const char *const *list = is_dense ? dense : sparse;
+  size_t n = is_dense ? sizeof dense / sizeof *dense : sizeof sparse / sizeof *sparse;
+  for (size_t i = 0; i < n; i++)
+    add(o, list[i]);
+}
+
+static void usage(void) {
+  puts("usage: pmla-bench [--backend NAME] [--plugin PATH] [--shape SPEC]... [--suite dense|sparse]\n"
+       "                  [--iters N] [--warmup N] [--cu N] [--check] [--no-flush] [--json]\n"
+       "SPEC: b=128,L=4096,h=16[,sq=2] (L=2048-6144 for uniform lengths),\n"
+       "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)");
+}
+
+int main(int argc, char **argv) {
+  options o = {.backend = "pmla-cpu", .plugin = NULL, .iters = 0, .warmup = -1, .flush = 1};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--backend") && v) o.backend = v, i++;
+    else if (!strcmp(a, "--plugin") && v) o.plugin = v, i++;
+    else if (!strcmp(a, "--shape") && v) add(&o, v), i++;
+    else if (!strcmp(a, "--suite") && v) add_suite(&o, v), i++;
+    else if (!strcmp(a, "--iters") && v) o.iters = atoi(v), i++;
+    else if (!strcmp(a, "--warmup") && v) o.warmup = atoi(v), i++;
+    else if (!strcmp(a, "--cu") && v) o.cu = atoi(v), i++;
+    else if (!strcmp(a, "--check")) o.check = 1;
+    else if (!strcmp(a, "--json")) o.json = 1;
+    else if (!strcmp(a, "--no-flush")) o.flush = 0;
+    else { usage(); return strcmp(a, "--help") ? 2 : 0; }
+  }
+  if (!o.nshapes)
+    add(&o, "b=8,L=4096,h=16");
+  pmla_registry *reg = NULL;
+  const char *path = o.plugin ? o.plugin : PMLA_BENCH_DEFAULT_PLUGIN;
+  if (pmla_registry_open(path, &reg)) {
+    fprintf(stderr, "pmla-bench: cannot open the registry\n");
+    return 1;
+  }
+  const pmla_backend *be = pmla_registry_find(reg, o.backend);
+  if (!be) {
+    fprintf(stderr, "pmla-bench: no backend '%s' on path %s\n%s", o.backend, path,
+            pmla_registry_diagnostics(reg));
+    return 1;
+  }
+  const devmem *m = &devmem_cpu;
+  if (strcmp(o.backend, "pmla-cpu") != 0) {
+    const char *why = NULL;
+    if (!(m = devmem_gpu(&why))) {
+      fprintf(stderr, "pmla-bench: backend %s needs a GPU: %s\n", o.backend, why);
+      return 1;
+    }
+  }
+  int cpu = m->device_type == kDLCPU;
+  if (o.iters <= 0)
+    o.iters = cpu ? 5 : 50;
+  if (o.warmup < 0)
+    o.warmup = cpu ? 1 : 10;
+  double copy_gbps = copy_bandwidth(m);
+  if (o.json)
+    printf("{\n \"backend\": \"%s\", \"memory\": \"%s\", \"copy_GBps\": %.1f, \"iters\": %d,\n \"results\": [\n",
+           o.backend, m->name, copy_gbps, o.iters);
+  else
+    printf("pmla-bench: backend %s (%s), copy bandwidth %.1f GB/s, median of %d runs%s\n", o.backend,
+           m->name, copy_gbps, o.iters, cpu || !o.flush ? "" : ", L2 flushed before each");
+  if (!o.json)
+    printf("%-40s %10s %9s %9s %7s %10s %5s  %s\n", "shape", "median_us", "TFLOP/s", "GB/s",
+           "copy%", "build_us", "cap", "check");
+  int failed = 0, first = 1;
+  for (int i = 0; i < o.nshapes; i++) {
+    const bench_shape *s = &o.shapes[i];
+    for (int nocap = 0; nocap <= (s->sparse_topk ? 1 : 0); nocap++) {
+      result r = run_shape(&o, be, m, s, copy_gbps, nocap);
+      char name[96];
+      if (s->sparse_topk)
+        snprintf(name, sizeof name, "sparse t=%d slots=%d h=%d topk=%d sq=%d%s", s->b, s->L, s->h,
+                 s->sparse_topk, s->sq, nocap ? " nocap" : "");
+      else if (s->L_max > s->L)
+        snprintf(name, sizeof name, "b=%d L=%d..%d h=%d sq=%d", s->b, s->L, s->L_max, s->h, s->sq);
+      else
+        snprintf(name, sizeof name, "b=%d L=%d h=%d sq=%d", s->b, s->L, s->h, s->sq);
+      failed |= r.checked && !r.ok;
+      if (o.json)
+        printf("%s  {\"shape\": \"%s\", \"median_us\": %.2f, \"tflops\": %.2f, \"gbps\": %.1f, "
+               "\"copy_frac\": %.3f, \"build_us\": %.2f, \"split_cap\": %u, \"checked\": %s, "
+               "\"ok\": %s}",
+               first ? "" : ",\n", name, r.us, r.tflops, r.gbps, r.copy_frac, r.meta_us, r.cap,
+               r.checked ? "true" : "false", r.ok || !r.checked ? "true" : "false");
+      else
+        printf("%-40s %10.1f %9.2f %9.1f %6.1f%% %10.1f %5u  %s%s\n", name, r.us, r.tflops, r.gbps,
+               100 * r.copy_frac, r.meta_us, r.cap, r.checked ? (r.ok ? "PASS " : "FAIL ") : "-",
+               r.note);
+      first = 0;
+      fflush(stdout);
+    }
+  }
+  if (o.json)
+    printf("\n ]\n}\n");
+  pmla_registry_close(reg);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,35 @@
+/* devmem.h - memory and timing where a backend wants its tensors: host
+ * memory for pmla-cpu, GPU memory (CUDA or HIP runtime) for pmla. Shared by
+ * the conformance suite and the benchmark; knows nothing of the plugin. */
+#ifndef PMLA_TEST_DEVMEM_H
+#define PMLA_TEST_DEVMEM_H
+
+#include <stddef.h>
+
+#include <dlpack/dlpack.h>
+
+typedef struct devmem {
+  const char *name;
+  DLDeviceType device_type;
+  int device_id;
+  void *(*alloc)(size_t bytes);          /* NULL on failure */
+  void (*release)(void *ptr);
+  int (*upload)(void *dst, const void *host_src, size_t bytes);   /* 0 ok */
+  int (*download)(void *host_dst, const void *src, size_t bytes);
+  int (*fill)(void *dst, int byte, size_t bytes);                /* on the stream */
+  int (*copy)(void *dst, const void *src, size_t bytes);        /* device to device */
+  void *(*stream)(void);                                          /* what pmla calls take */
+  /* Times what runs between start and stop on the stream (µs). */
+  int (*timer_start)(void);
+  double (*timer_stop_us)(void);
+  int (*sync)(void);
+  /* Free and total device memory, for "no allocation" checks; -1 unknown. */
+  int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
+} devmem;
+
+extern const devmem devmem_cpu;
+/* The GPU provider, or NULL when the tests were built without GPU support
+ * or no device is present (reason in *why). */
+const devmem *devmem_gpu(const char **why);
+
+#endif

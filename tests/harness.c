@@ -1,0 +1,175 @@
+/* harness.c - shared helpers of the conformance suite (see harness.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const char *g_plugin_path;
+const char *g_backend_name;
+const char *g_mock_dir;
+pmla_registry *g_registry;
+const pmla_backend *g_be;
+const char *g_no_device;
+
+const char *harness_skip_reason(void) {
+  if (!g_be)
+    return "backend not found in the plugin";
+  return g_no_device;
+}
+
+void harness_print_skip(const char *test, const char *reason) {
+  printf("SKIP %s: backend %s: %s\n", test, g_backend_name, reason);
+  fflush(stdout);
+}
+
+/* ---- CPU memory provider ---- */
+static void *cpu_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
+static void cpu_release(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+  if (bytes)
+    memcpy(dst, src, bytes);
+}
+
+const test_mem_provider test_mem_cpu = {"cpu", kDLCPU, 0, cpu_alloc, cpu_release, cpu_copy,
+                                        cpu_copy};
+const test_mem_provider *g_mem = &test_mem_cpu;
+
+void tt_make(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int ndim,
+             const int64_t *shape) {
+  memset(x, 0, sizeof *x);
+  ck_assert_int_le(ndim, 4);
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    x->shape[i] = shape[i];
+    n *= (size_t)shape[i];
+  }
+  x->bytes = n * (bits / 8);
+  x->t.data = g_mem->alloc(x->bytes);
+  ck_assert_msg(x->t.data != NULL, "test tensor allocation of %zu bytes failed", x->bytes);
+  x->t.device.device_type = g_mem->device_type;
+  x->t.device.device_id = g_mem->device_id;
+  x->t.ndim = ndim;
+  x->t.dtype.code = code;
+  x->t.dtype.bits = bits;
+  x->t.dtype.lanes = 1;
+  x->t.shape = x->shape;
+  x->t.strides = NULL;
+  x->t.byte_offset = 0;
+  if (host)
+    g_mem->upload(x->t.data, host, x->bytes);
+}
+
+void tt_make1(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int64_t d0) {
+  int64_t s[1] = {d0};
+  tt_make(x, code, bits, host, 1, s);
+}
+void tt_make2(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int64_t d0,
+              int64_t d1) {
+  int64_t s[2] = {d0, d1};
+  tt_make(x, code, bits, host, 2, s);
+}
+void tt_make3(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int64_t d0,
+              int64_t d1, int64_t d2) {
+  int64_t s[3] = {d0, d1, d2};
+  tt_make(x, code, bits, host, 3, s);
+}
+
+void tt_upload(test_tensor *x, const void *host) { g_mem->upload(x->t.data, host, x->bytes); }
+void tt_download(const test_tensor *x, void *host) {
+  g_mem->download(host, x->t.data, x->bytes);
+}
+void tt_free(test_tensor *x) {
+  if (x->t.data)
+    g_mem->release(x->t.data);
+  x->t.data = NULL;
+}
+
+/* ---- configs ---- */
+pmla_builder_config harness_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
+                                   uint32_t max_q_len, uint32_t topk, uint32_t cu_count) {
+  pmla_builder_config c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.num_heads = heads;
+  c.kv_lora_rank = 512;
+  c.rope_dim = 64;
+  c.q_dtype = PMLA_DTYPE_BF16;
+  c.kv_dtype = PMLA_DTYPE_BF16;
+  c.out_dtype = PMLA_DTYPE_BF16;
+  c.page_size = page_size;
+  c.max_batch = max_batch;
+  c.max_q_len = max_q_len;
+  c.topk = topk;
+  c.softmax_scale = (float)(1.0 / sqrt(576.0));
+  c.device = 0;
+  c.cu_count = cu_count;
+  return c;
+}
+
+pmla_builder *harness_init(const pmla_builder_config *config) {
+  pmla_builder *b = NULL;
+  pmla_status s = g_be->init_builder(config, &b);
+  ck_assert_msg(s == PMLA_OK && b != NULL,
+                "init_builder(heads %u, page %u, batch %u, q_len %u, topk %u, cu %u) "
+                "returned %s: %s",
+                config->num_heads, config->page_size, config->max_batch, config->max_q_len,
+                config->topk, config->cu_count, harness_status_name(s), g_be->last_error(NULL));
+  return b;
+}
+
+pmla_builder_info harness_query(const pmla_builder *b) {
+  pmla_builder_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  pmla_status s = g_be->query_builder(b, &info);
+  ck_assert_msg(s == PMLA_OK, "query_builder returned %s: %s", harness_status_name(s),
+                g_be->last_error(b));
+  return info;
+}
+
+/* ---- misc ---- */
+uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint32_t rng_below(uint64_t *s, uint32_t n) { return n ? (uint32_t)(rng_next(s) % n) : 0; }
+double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+uint64_t harness_seed(void) {
+  const char *e = getenv("PMLA_CONFORMANCE_SEED");
+  return e && *e ? strtoull(e, NULL, 0) : 0x5eed2024ull;
+}
+
+int harness_status_in(pmla_status got, const pmla_status *set, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (set[i] == got)
+      return 1;
+  return 0;
+}
+
+const char *harness_status_name(pmla_status s) {
+  static const char *names[] = {"PMLA_OK",          "PMLA_ERR_INVALID_ARGUMENT",
+                                "PMLA_ERR_UNSUPPORTED", "PMLA_ERR_VERSION",
+                                "PMLA_ERR_STRUCT_SIZE", "PMLA_ERR_CAPACITY",
+                                "PMLA_ERR_NO_DEVICE",   "PMLA_ERR_OUT_OF_MEMORY",
+                                "PMLA_ERR_DEVICE",      "PMLA_ERR_BAD_STATE",
+                                "PMLA_ERR_DEVICE_INPUT", "PMLA_ERR_INTERNAL"};
+  if ((unsigned)s < sizeof names / sizeof names[0])
+    return names[s];
+  return "(unknown status)";
+}
+
+int harness_file_exists(const char *path) { return path && access(path, R_OK) == 0; }
+
+int harness_mock_path(const char *name, char *buf, size_t size) {
+  if (!g_mock_dir)
+    return -1;
+  snprintf(buf, size, "%s/%s.so", g_mock_dir, name);
+  return harness_file_exists(buf) ? 0 : -1;
+}

@@ -1,0 +1,113 @@
+/* harness.h - shared helpers of the conformance suite: which plugin and
+ * backend are under test, tensors in the backend's memory, configs, random
+ * numbers and skip reporting. */
+#ifndef PMLA_TEST_HARNESS_H
+#define PMLA_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <check.h>
+#include <dlpack/dlpack.h>
+
+#include "pmla.h"
+#include "pmla_registry.h"
+
+/* ---- what is under test (set by main before the suites run) ---- */
+extern const char *g_plugin_path;  /* the plugin file */
+extern const char *g_backend_name; /* e.g. "pmla-cpu" */
+extern const char *g_mock_dir;     /* where the mock plugins were built, or NULL */
+extern pmla_registry *g_registry;  /* opened on g_plugin_path */
+extern const pmla_backend *g_be;   /* g_backend_name in g_registry, or NULL */
+extern const char *g_no_device;    /* non-NULL: init fails with NO_DEVICE, why */
+
+/* Prints a skip line and returns from the test when the backend has no
+ * device (or is missing). */
+#define REQUIRE_BACKEND()                                                                  \
+  do {                                                                                     \
+    if (harness_skip_reason()) {                                                           \
+      harness_print_skip(__func__, harness_skip_reason());                                 \
+      return;                                                                              \
+    }                                                                                      \
+  } while (0)
+
+/* Like ck_assert_msg, but free when it holds: Check records the location of
+ * every passing ck_assert through its message pipe, which dominates loops that
+ * assert millions of times. */
+#define EXPECT(cond, ...)                                                                  \
+  do {                                                                                     \
+    if (!(cond))                                                                           \
+      ck_abort_msg(__VA_ARGS__);                                                           \
+  } while (0)
+
+const char *harness_skip_reason(void);
+void harness_print_skip(const char *test, const char *reason);
+
+/* ---- memory: tensors live where the backend wants them ----
+ * All test data is made on the host and copied through this table, so a GPU
+ * provider (cudaMalloc/hipMalloc + memcpy) can be slotted in without touching
+ * the tests. The default keeps everything on the CPU (kDLCPU). */
+typedef struct test_mem_provider {
+  const char *name;
+  DLDeviceType device_type;
+  int32_t device_id;
+  void *(*alloc)(size_t bytes); /* zero-filled is not required */
+  void (*release)(void *ptr);
+  void (*upload)(void *dst_device, const void *src_host, size_t bytes);
+  void (*download)(void *dst_host, const void *src_device, size_t bytes);
+} test_mem_provider;
+
+extern const test_mem_provider test_mem_cpu;
+extern const test_mem_provider *g_mem;
+
+typedef struct test_tensor {
+  DLTensor t;
+  int64_t shape[4];
+  size_t bytes;
+} test_tensor;
+
+/* dtype codes */
+#define TT_I32 kDLInt, 32
+#define TT_I64 kDLInt, 64
+#define TT_F32 kDLFloat, 32
+#define TT_BF16 kDLBfloat, 16
+
+/* Allocates in g_mem and uploads `host` (may be NULL: contents unset).
+ * Aborts the test on allocation failure. */
+void tt_make(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int ndim,
+             const int64_t *shape);
+void tt_make1(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int64_t d0);
+void tt_make2(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int64_t d0,
+              int64_t d1);
+void tt_make3(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int64_t d0,
+              int64_t d1, int64_t d2);
+void tt_upload(test_tensor *x, const void *host);
+void tt_download(const test_tensor *x, void *host);
+void tt_free(test_tensor *x);
+
+/* ---- configs and builders ---- */
+pmla_builder_config harness_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
+                                   uint32_t max_q_len, uint32_t topk, uint32_t cu_count);
+/* init_builder through g_be; fails the test unless PMLA_OK. */
+pmla_builder *harness_init(const pmla_builder_config *config);
+pmla_builder_info harness_query(const pmla_builder *b);
+
+/* ---- misc ---- */
+uint64_t rng_next(uint64_t *state);
+uint32_t rng_below(uint64_t *state, uint32_t n); /* [0, n) */
+double rng_uniform(uint64_t *state);             /* [0, 1) */
+uint64_t harness_seed(void);                     /* PMLA_CONFORMANCE_SEED or fixed */
+int harness_status_in(pmla_status got, const pmla_status *set, size_t n);
+const char *harness_status_name(pmla_status s);
+int harness_file_exists(const char *path);
+/* mock plugin path "<g_mock_dir>/<name>.so" into buf; 0 when it exists. */
+int harness_mock_path(const char *name, char *buf, size_t size);
+
+/* ---- suites ---- */
+Suite *suite_abi(void);
+Suite *suite_builder(void);
+Suite *suite_args(void);
+Suite *suite_planner(void);
+Suite *suite_numerics(void);
+
+#endif

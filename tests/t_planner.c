@@ -1,0 +1,577 @@
+/* t_planner.c - invariants of the shared scheduler (kernels/planner.h),
+ * called directly over thousands of random and adversarial batches.
+ *
+ * For every plan:
+ *   - work_indptr has N + 1 monotone entries from 0 to the item count;
+ *   - every request's pieces tile its KV range [0, len) in order, pieces
+ *     numbered 0..k-1, each non-empty unless len == 0, with the request's
+ *     query rows and KV length;
+ *   - a request with one piece writes the final output (partial == -1) and has
+ *     no reduce entry; a split request has exactly one reduce entry that lists
+ *     exactly its pieces' partial slots; no partial slot is used twice;
+ *   - items <= R + N, partial slots <= 2N, nothing written past any buffer;
+ *   - meta words agree with what was emitted;
+ *   - with a split cap, no request has more pieces than the cap;
+ *   - uncapped (line-cut), every unit's load (blocks + overhead per item) is
+ *     within 1 + PMLA_SPLIT_OVERHEAD blocks of the even share C / N.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "planner.h"
+
+#define CANARY 0x5a5a5a5a
+#define GUARD 8
+
+typedef struct plan_bufs {
+  int32_t *meta, *indptr, *info, *rindptr, *rfinal, *rpartial;
+  int32_t n_indptr, n_info, n_rindptr, n_rfinal, n_rpartial;
+} plan_bufs;
+
+static int32_t *guarded(int32_t n) {
+  int32_t *p = malloc(sizeof(int32_t) * (size_t)(n + GUARD));
+  EXPECT(p != NULL, "out of memory");
+  for (int32_t i = 0; i < n + GUARD; i++)
+    p[i] = CANARY;
+  return p;
+}
+
+static int guard_ok(const int32_t *p, int32_t n) {
+  for (int32_t i = n; i < n + GUARD; i++)
+    if (p[i] != CANARY)
+      return 0;
+  return 1;
+}
+
+static void bufs_alloc(plan_bufs *b, int32_t R, int32_t N) {
+  b->n_indptr = N + 1;
+  b->n_info = (R + N) * PMLA_WI_WORDS;
+  b->n_rindptr = R + 1;
+  b->n_rfinal = R;
+  b->n_rpartial = 2 * N;
+  b->meta = guarded(PMLA_META_WORDS_);
+  for (int i = 0; i < PMLA_META_WORDS_; i++)
+    b->meta[i] = 0;
+  b->indptr = guarded(b->n_indptr);
+  b->info = guarded(b->n_info);
+  b->rindptr = guarded(b->n_rindptr);
+  b->rfinal = guarded(b->n_rfinal);
+  b->rpartial = guarded(b->n_rpartial);
+}
+
+static void bufs_free(plan_bufs *b) {
+  free(b->meta);
+  free(b->indptr);
+  free(b->info);
+  free(b->rindptr);
+  free(b->rfinal);
+  free(b->rpartial);
+}
+
+typedef struct plan_stats {
+  int64_t plans;
+  double worst_over, worst_under; /* load - C/N, line-cut mode */
+  char worst_over_desc[160];
+  double worst_piece_over; /* load - C/N in piece mode (informational) */
+  int64_t piece_mode_plans;
+  int32_t max_items_seen_minus_bound;
+} plan_stats;
+
+static plan_stats g_stats;
+
+/* A batch in plain form. */
+typedef struct batch_desc {
+  int32_t R, N, cap, max_q_len;
+  int kind; /* 0 kv_lens, 1 CSR, 2 uniform (sparse) */
+  int32_t *qo_indptr; /* NULL: row r per request */
+  int32_t *lens;      /* expected validated lengths */
+  int32_t *kv_indptr, *last_page, page_size, num_indices, uniform_len;
+} batch_desc;
+
+static void describe(const batch_desc *d, char *buf, size_t size) {
+  size_t at = (size_t)snprintf(buf, size, "R=%d N=%d cap=%d kind=%d lens=[", d->R, d->N, d->cap,
+                               d->kind);
+  for (int32_t r = 0; r < d->R && at + 16 < size; r++)
+    at += (size_t)snprintf(buf + at, size - at, "%s%d", r ? "," : "", d->lens[r]);
+  if (at + 2 < size)
+    snprintf(buf + at, size - at, "]");
+}
+
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Plans `d` and checks every invariant; fails the test with the batch. */
+static void check_plan(const batch_desc *d) {
+  const int32_t R = d->R, N = d->N, OH = PMLA_SPLIT_OVERHEAD;
+  char desc[2048];
+  plan_bufs b;
+  bufs_alloc(&b, R, N);
+  pmla_plan_input in;
+  memset(&in, 0, sizeof in);
+  in.num_requests = R;
+  in.num_units = N;
+  in.split_cap = d->cap;
+  in.max_q_len = d->max_q_len;
+  in.qo_indptr = d->qo_indptr;
+  if (d->kind == 0) {
+    in.kv_lens = d->lens;
+    in.max_kv_len = INT32_MAX;
+  } else if (d->kind == 1) {
+    in.kv_indptr = d->kv_indptr;
+    in.kv_last_page_len = d->last_page;
+    in.page_size = d->page_size;
+    in.num_page_indices = d->num_indices;
+  } else {
+    in.uniform_len = d->uniform_len;
+  }
+  in.max_items = R + N;
+  in.max_partials = 2 * N;
+  pmla_plan_output out = {b.meta, b.indptr, b.info, b.rindptr, b.rfinal, b.rpartial};
+  int32_t err = pmla_plan(&in, &out);
+  g_stats.plans++;
+  describe(d, desc, sizeof desc);
+
+  EXPECT(err == 0, "planner error bits 0x%x on a valid batch: %s", err, desc);
+  EXPECT(guard_ok(b.meta, PMLA_META_WORDS_) && guard_ok(b.indptr, b.n_indptr) &&
+                    guard_ok(b.info, b.n_info) && guard_ok(b.rindptr, b.n_rindptr) &&
+                    guard_ok(b.rfinal, b.n_rfinal) && guard_ok(b.rpartial, b.n_rpartial),
+                "planner wrote past a buffer: %s", desc);
+  const int32_t items = b.meta[PMLA_META_NUM_ITEMS], reduces = b.meta[PMLA_META_NUM_REDUCE],
+                partials = b.meta[PMLA_META_NUM_PARTIALS];
+  EXPECT(items >= 0 && items <= R + N, "%d items > R + N = %d: %s", items, R + N, desc);
+  EXPECT(partials >= 0 && partials <= 2 * N, "%d partial slots > 2N = %d: %s", partials,
+                2 * N, desc);
+  EXPECT(reduces >= 0 && reduces <= R, "%d reduce entries: %s", reduces, desc);
+  EXPECT(b.meta[PMLA_META_NUM_REQUESTS] == R, "meta requests %d != %d: %s",
+                b.meta[PMLA_META_NUM_REQUESTS], R, desc);
+
+  /* work_indptr */
+  EXPECT(b.indptr[0] == 0, "work_indptr[0] = %d: %s", b.indptr[0], desc);
+  for (int32_t n = 0; n < N; n++)
+    EXPECT(b.indptr[n + 1] >= b.indptr[n], "work_indptr not monotone at %d: %s", n, desc);
+  EXPECT(b.indptr[N] == items, "work_indptr[N] = %d != %d items: %s", b.indptr[N], items,
+                desc);
+
+  /* per-request pieces */
+  int32_t *npieces = calloc((size_t)R + 1, sizeof *npieces);
+  int64_t *covered = calloc((size_t)R + 1, sizeof *covered);
+  int32_t *slot_used = calloc((size_t)(2 * N) + 1, sizeof *slot_used);
+  int32_t *item_of = malloc(sizeof(int32_t) * ((size_t)(R + N) * 1 + 1));
+  EXPECT(npieces && covered && slot_used && item_of, "out of memory");
+  int32_t expect_rows = 0, max_pieces = 0;
+  for (int32_t r = 0; r < R; r++)
+    expect_rows += d->qo_indptr ? d->qo_indptr[r + 1] - d->qo_indptr[r] : 1;
+  EXPECT(b.meta[PMLA_META_NUM_ROWS] == expect_rows, "meta rows %d != %d: %s",
+                b.meta[PMLA_META_NUM_ROWS], expect_rows, desc);
+  /* Items of a request in piece order: scan per request (R and items small). */
+  int32_t *req_items_start = calloc((size_t)R + 1, sizeof(int32_t));
+  EXPECT(req_items_start != NULL, "out of memory");
+  for (int32_t i = 0; i < items; i++) {
+    const int32_t *w = b.info + (int64_t)i * PMLA_WI_WORDS;
+    int32_t r = w[PMLA_WI_REQUEST];
+    EXPECT(r >= 0 && r < R, "item %d has request %d: %s", i, r, desc);
+    npieces[r]++;
+  }
+  for (int32_t r = 0; r < R; r++) {
+    req_items_start[r + 1] = req_items_start[r] + npieces[r];
+    EXPECT(npieces[r] >= 1, "request %d (len %d) has no work item: %s", r, d->lens[r],
+                  desc);
+    if (npieces[r] > max_pieces)
+      max_pieces = npieces[r];
+    if (d->cap > 0)
+      EXPECT(npieces[r] <= d->cap, "request %d has %d pieces > cap %d: %s", r, npieces[r],
+                    d->cap, desc);
+  }
+  EXPECT(b.meta[PMLA_META_MAX_PIECES] == max_pieces, "meta max pieces %d != %d: %s",
+                b.meta[PMLA_META_MAX_PIECES], max_pieces, desc);
+  /* bucket items per request, ordered by piece index */
+  for (int32_t i = 0; i < items; i++)
+    item_of[i] = -1;
+  for (int32_t i = 0; i < items; i++) {
+    const int32_t *w = b.info + (int64_t)i * PMLA_WI_WORDS;
+    int32_t r = w[PMLA_WI_REQUEST], p = w[PMLA_WI_PIECE];
+    EXPECT(p >= 0 && p < npieces[r], "request %d piece index %d of %d: %s", r, p,
+                  npieces[r], desc);
+    int32_t at = req_items_start[r] + p;
+    EXPECT(item_of[at] == -1, "request %d has piece %d twice: %s", r, p, desc);
+    item_of[at] = i;
+  }
+  int32_t split_requests = 0;
+  for (int32_t r = 0; r < R; r++) {
+    int32_t len = d->lens[r], qb, qe;
+    if (d->qo_indptr) {
+      qb = d->qo_indptr[r];
+      qe = d->qo_indptr[r + 1];
+    } else {
+      qb = r;
+      qe = r + 1;
+    }
+    int32_t kv = 0;
+    for (int32_t p = 0; p < npieces[r]; p++) {
+      const int32_t *w = b.info + (int64_t)item_of[req_items_start[r] + p] * PMLA_WI_WORDS;
+      EXPECT(w[PMLA_WI_KV_BEGIN] == kv, "request %d piece %d starts at %d, want %d: %s", r,
+                    p, w[PMLA_WI_KV_BEGIN], kv, desc);
+      EXPECT(w[PMLA_WI_KV_END] > w[PMLA_WI_KV_BEGIN] || (len == 0 && w[PMLA_WI_KV_END] == 0),
+                    "request %d piece %d is empty [%d, %d) (len %d): %s", r, p,
+                    w[PMLA_WI_KV_BEGIN], w[PMLA_WI_KV_END], len, desc);
+      EXPECT(w[PMLA_WI_KV_LEN] == len, "request %d kv_len word %d != %d: %s", r,
+                    w[PMLA_WI_KV_LEN], len, desc);
+      EXPECT(w[PMLA_WI_Q_BEGIN] == qb && w[PMLA_WI_Q_END] == qe,
+                    "request %d rows [%d,%d) want [%d,%d): %s", r, w[PMLA_WI_Q_BEGIN],
+                    w[PMLA_WI_Q_END], qb, qe, desc);
+      if (npieces[r] == 1) {
+        EXPECT(w[PMLA_WI_PARTIAL] == -1, "unsplit request %d uses partial %d: %s", r,
+                      w[PMLA_WI_PARTIAL], desc);
+      } else {
+        int32_t slot = w[PMLA_WI_PARTIAL];
+        EXPECT(slot >= 0 && slot < partials, "request %d piece %d slot %d of %d: %s", r, p,
+                      slot, partials, desc);
+        EXPECT(!slot_used[slot], "partial slot %d used twice: %s", slot, desc);
+        slot_used[slot] = 1;
+      }
+      kv = w[PMLA_WI_KV_END];
+    }
+    EXPECT(kv == len, "request %d pieces end at %d, len %d: %s", r, kv, len, desc);
+    covered[r] = kv;
+    split_requests += npieces[r] > 1;
+  }
+  EXPECT(reduces == split_requests, "%d reduce entries for %d split requests: %s",
+                reduces, split_requests, desc);
+  /* reduce maps */
+  EXPECT(b.rindptr[0] == 0, "reduce_indptr[0] = %d: %s", b.rindptr[0], desc);
+  EXPECT(b.rindptr[reduces] == partials, "reduce_indptr[%d] = %d != %d partials: %s",
+                reduces, b.rindptr[reduces], partials, desc);
+  int32_t *seen_req = calloc((size_t)R + 1, sizeof(int32_t));
+  EXPECT(seen_req != NULL, "out of memory");
+  for (int32_t k = 0; k < reduces; k++) {
+    int32_t r = b.rfinal[k];
+    EXPECT(r >= 0 && r < R, "reduce entry %d maps request %d: %s", k, r, desc);
+    EXPECT(!seen_req[r], "request %d has two reduce entries: %s", r, desc);
+    seen_req[r] = 1;
+    EXPECT(npieces[r] > 1, "unsplit request %d has a reduce entry: %s", r, desc);
+    int32_t lo = b.rindptr[k], hi = b.rindptr[k + 1];
+    EXPECT(hi - lo == npieces[r], "reduce entry of request %d lists %d slots, %d pieces: %s",
+                  r, hi - lo, npieces[r], desc);
+    int32_t *want = malloc(sizeof(int32_t) * (size_t)npieces[r]);
+    int32_t *got = malloc(sizeof(int32_t) * (size_t)npieces[r]);
+    EXPECT(want && got, "out of memory");
+    for (int32_t p = 0; p < npieces[r]; p++) {
+      want[p] = b.info[(int64_t)item_of[req_items_start[r] + p] * PMLA_WI_WORDS + PMLA_WI_PARTIAL];
+      got[p] = b.rpartial[lo + p];
+    }
+    qsort(want, (size_t)npieces[r], sizeof(int32_t), cmp_i32);
+    qsort(got, (size_t)npieces[r], sizeof(int32_t), cmp_i32);
+    EXPECT(memcmp(want, got, sizeof(int32_t) * (size_t)npieces[r]) == 0,
+                  "reduce entry of request %d lists other slots than its pieces: %s", r, desc);
+    free(want);
+    free(got);
+  }
+
+  /* load balance */
+  int64_t C = 0;
+  for (int32_t r = 0; r < R; r++)
+    C += OH + pmla_plan_blocks(d->lens[r]);
+  double share = (double)C / N;
+  for (int32_t n = 0; n < N; n++) {
+    int64_t load = 0;
+    for (int32_t i = b.indptr[n]; i < b.indptr[n + 1]; i++) {
+      const int32_t *w = b.info + (int64_t)i * PMLA_WI_WORDS;
+      load += OH + pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
+    }
+    double dev = (double)load - share;
+    if (b.meta[PMLA_META_MODE] == 0) {
+      if (dev > g_stats.worst_over) {
+        g_stats.worst_over = dev;
+        snprintf(g_stats.worst_over_desc, sizeof g_stats.worst_over_desc, "%.150s", desc);
+      }
+      if (dev < g_stats.worst_under)
+        g_stats.worst_under = dev;
+      if (d->cap == 0)
+        EXPECT(fabs(dev) <= 1 + OH + 1e-9,
+                      "unit %d load %" PRId64 " vs share %.2f (C=%" PRId64
+                      "): off by more than 1 + OH: %s",
+                      n, load, share, C, desc);
+    } else if (dev > g_stats.worst_piece_over) {
+      g_stats.worst_piece_over = dev;
+    }
+  }
+  if (d->cap == 0)
+    EXPECT(b.meta[PMLA_META_MODE] == 0, "piece mode without a cap: %s", desc);
+  g_stats.piece_mode_plans += b.meta[PMLA_META_MODE] == 1;
+  free(seen_req);
+  free(req_items_start);
+  free(npieces);
+  free(covered);
+  free(slot_used);
+  free(item_of);
+  bufs_free(&b);
+}
+
+static int32_t random_len(uint64_t *rng) {
+  uint32_t k = rng_below(rng, 100);
+  if (k < 10)
+    return 0;
+  if (k < 50)
+    return 1 + (int32_t)rng_below(rng, 200);
+  if (k < 85)
+    return 1 + (int32_t)rng_below(rng, 4096);
+  if (k < 97)
+    return 1 + (int32_t)rng_below(rng, 65536);
+  return 1 + (int32_t)rng_below(rng, 1 << 20);
+}
+
+/* Fills d with a random batch of the given kind. Arrays are owned by d. */
+static void random_batch(batch_desc *d, uint64_t *rng, int kind) {
+  memset(d, 0, sizeof *d);
+  d->kind = kind;
+  uint32_t rk = rng_below(rng, 10);
+  d->R = rk == 0 ? 0 : rk < 7 ? 1 + (int32_t)rng_below(rng, 16) : 1 + (int32_t)rng_below(rng, 200);
+  uint32_t nk = rng_below(rng, 4);
+  d->N = nk == 0 ? 1 + (int32_t)rng_below(rng, 8)
+                 : nk == 1 ? 1 + (int32_t)rng_below(rng, 300)
+                           : (int32_t)(16 * (1 + rng_below(rng, 20)));
+  uint32_t ck = rng_below(rng, 4);
+  d->cap = ck < 2 ? 0 : ck == 2 ? (int32_t)(1u << rng_below(rng, 6)) : 1 + (int32_t)rng_below(rng, 40);
+  d->max_q_len = 1 + (int32_t)rng_below(rng, 8);
+  d->lens = calloc((size_t)d->R + 1, sizeof(int32_t));
+  EXPECT(d->lens != NULL, "out of memory");
+  if (kind != 2 && rng_below(rng, 4)) {
+    d->qo_indptr = calloc((size_t)d->R + 1, sizeof(int32_t));
+    for (int32_t r = 0; r < d->R; r++)
+      d->qo_indptr[r + 1] = d->qo_indptr[r] + (int32_t)rng_below(rng, (uint32_t)d->max_q_len + 1);
+  }
+  if (kind == 2) {
+    d->uniform_len = (int32_t)rng_below(rng, 3) == 0 ? (int32_t)rng_below(rng, 100)
+                                                     : (int32_t)(512u << rng_below(rng, 3));
+    for (int32_t r = 0; r < d->R; r++)
+      d->lens[r] = d->uniform_len;
+    return;
+  }
+  for (int32_t r = 0; r < d->R; r++)
+    d->lens[r] = random_len(rng);
+  if (kind == 1) {
+    d->page_size = 1 << rng_below(rng, 9);
+    d->kv_indptr = calloc((size_t)d->R + 1, sizeof(int32_t));
+    d->last_page = calloc((size_t)d->R + 1, sizeof(int32_t));
+    for (int32_t r = 0; r < d->R; r++) {
+      int32_t pages = (d->lens[r] + d->page_size - 1) / d->page_size;
+      d->kv_indptr[r + 1] = d->kv_indptr[r] + pages;
+      d->last_page[r] = pages ? d->lens[r] - (pages - 1) * d->page_size : (int32_t)rng_below(rng, 3);
+    }
+    d->num_indices = d->kv_indptr[d->R] + (int32_t)rng_below(rng, 5);
+  }
+}
+
+static void batch_free(batch_desc *d) {
+  free(d->qo_indptr);
+  free(d->lens);
+  free(d->kv_indptr);
+  free(d->last_page);
+}
+
+START_TEST(test_planner_invariants_hold_on_random_batches) {
+  uint64_t rng = harness_seed() ^ 0x11;
+  memset(&g_stats, 0, sizeof g_stats);
+  for (int it = 0; it < 30000; it++) {
+    batch_desc d;
+    random_batch(&d, &rng, it % 3);
+    check_plan(&d);
+    batch_free(&d);
+  }
+  printf("planner: %" PRId64 " random plans (%" PRId64
+         " in piece mode); line-cut worst unit load vs C/N: +%.2f / %.2f blocks (bound %d)\n"
+         "  worst over: %s\n  piece mode worst over (informational): +%.2f\n",
+         g_stats.plans, g_stats.piece_mode_plans, g_stats.worst_over, g_stats.worst_under,
+         1 + PMLA_SPLIT_OVERHEAD, g_stats.worst_over_desc, g_stats.worst_piece_over);
+  fflush(stdout);
+}
+END_TEST
+
+/* One long request among many short ones, every unit count 1..300 and the
+ * caps 0, 1, 2, 4, 16: the cap must bind per request. */
+START_TEST(test_planner_honours_split_cap_on_adversarial_batches) {
+  static const int32_t caps[] = {0, 1, 2, 4, 16};
+  static const int32_t shorts[] = {0, 1, 7, 63};
+  uint64_t rng = harness_seed() ^ 0x22;
+  memset(&g_stats, 0, sizeof g_stats);
+  for (int32_t N = 1; N <= 300; N++) {
+    for (size_t c = 0; c < sizeof caps / sizeof caps[0]; c++) {
+      for (size_t s = 0; s < sizeof shorts / sizeof shorts[0]; s += (N % 7 == 0) ? 1 : 3) {
+        batch_desc d;
+        memset(&d, 0, sizeof d);
+        d.R = 1 + (int32_t)(N % 37) + (int32_t)s * 5;
+        d.N = N;
+        d.cap = caps[c];
+        d.max_q_len = 1;
+        d.lens = calloc((size_t)d.R, sizeof(int32_t));
+        EXPECT(d.lens != NULL, "out of memory");
+        int32_t longest = (int32_t)rng_below(&rng, (uint32_t)d.R);
+        for (int32_t r = 0; r < d.R; r++)
+          d.lens[r] = r == longest ? 64 * 1000 + (int32_t)rng_below(&rng, 64 * 1000) : shorts[s];
+        check_plan(&d);
+        /* the sparse shape: every request of the same length */
+        d.kind = 2;
+        d.uniform_len = 2048;
+        for (int32_t r = 0; r < d.R; r++)
+          d.lens[r] = 2048;
+        check_plan(&d);
+        batch_free(&d);
+      }
+    }
+  }
+  printf("planner: %" PRId64 " adversarial plans; line-cut worst over +%.2f (%s)\n",
+         g_stats.plans, g_stats.worst_over, g_stats.worst_over_desc);
+}
+END_TEST
+
+START_TEST(test_planner_handles_batch_zero_and_zero_lengths) {
+  for (int32_t N = 1; N <= 64; N++) {
+    batch_desc d;
+    memset(&d, 0, sizeof d);
+    d.N = N;
+    d.max_q_len = 4;
+    d.lens = calloc(40, sizeof(int32_t));
+    d.R = 0; /* batch 0 */
+    check_plan(&d);
+    d.R = 33; /* all zero-length */
+    check_plan(&d);
+    d.lens[5] = 1; /* one token among empties */
+    check_plan(&d);
+    d.cap = 1;
+    check_plan(&d);
+    batch_free(&d);
+  }
+}
+END_TEST
+
+START_TEST(test_planner_handles_huge_lengths_without_overflow) {
+  batch_desc d;
+  memset(&d, 0, sizeof d);
+  d.R = 64;
+  d.max_q_len = 8;
+  d.lens = calloc(64, sizeof(int32_t));
+  for (int32_t r = 0; r < 64; r++)
+    d.lens[r] = INT32_MAX - r * 1000;
+  for (int32_t N = 1; N <= 1024; N = N * 3 + 1) {
+    d.N = N;
+    d.cap = 0;
+    check_plan(&d);
+    d.cap = 16;
+    check_plan(&d);
+  }
+  batch_free(&d);
+}
+END_TEST
+
+/* Bad per-request input flags its bit and counts as length 0; the plan stays
+ * within the buffers. */
+START_TEST(test_planner_flags_bad_input) {
+  plan_bufs b;
+  const int32_t R = 4, N = 8;
+  int32_t lens[4] = {10, -3, 5000, 70};
+  int32_t qo[5] = {0, 1, 3, 2, 4}; /* non-monotone at request 2 */
+  pmla_plan_input in;
+  memset(&in, 0, sizeof in);
+  in.num_requests = R;
+  in.num_units = N;
+  in.max_q_len = 8;
+  in.qo_indptr = qo;
+  in.kv_lens = lens;
+  in.max_kv_len = 4096; /* 5000 is beyond the block table */
+  in.max_items = R + N;
+  in.max_partials = 2 * N;
+  bufs_alloc(&b, R, N);
+  pmla_plan_output out = {b.meta, b.indptr, b.info, b.rindptr, b.rfinal, b.rpartial};
+  int32_t err = pmla_plan(&in, &out);
+  EXPECT(err & PMLA_PLAN_ERR_KV_LEN, "negative / too long kv_len not flagged (0x%x)", err);
+  EXPECT(err & PMLA_PLAN_ERR_QO_INDPTR, "non-monotone qo_indptr not flagged (0x%x)", err);
+  EXPECT(!(err & PMLA_PLAN_ERR_OVERFLOW), "overflow on bad input (0x%x)", err);
+  ck_assert(b.meta[PMLA_META_ERROR] == err);
+  ck_assert(guard_ok(b.info, b.n_info) && guard_ok(b.rpartial, b.n_rpartial));
+  bufs_free(&b);
+
+  /* CSR: last page 0 and > page_size, indptr beyond the indices */
+  int32_t kv_indptr[4] = {0, 2, 4, 9};
+  int32_t last[3] = {0, 17, 3};
+  memset(&in, 0, sizeof in);
+  in.num_requests = 3;
+  in.num_units = N;
+  in.max_q_len = 1;
+  in.kv_indptr = kv_indptr;
+  in.kv_last_page_len = last;
+  in.page_size = 16;
+  in.num_page_indices = 6;
+  in.max_items = 3 + N;
+  in.max_partials = 2 * N;
+  bufs_alloc(&b, 3, N);
+  pmla_plan_output out2 = {b.meta, b.indptr, b.info, b.rindptr, b.rfinal, b.rpartial};
+  err = pmla_plan(&in, &out2);
+  EXPECT(err & PMLA_PLAN_ERR_LAST_PAGE, "bad last_page_len not flagged (0x%x)", err);
+  EXPECT(err & PMLA_PLAN_ERR_KV_LEN, "kv_indptr beyond kv_indices not flagged (0x%x)", err);
+  ck_assert(guard_ok(b.info, b.n_info));
+  bufs_free(&b);
+}
+END_TEST
+
+/* ---- the sparse split cap ---- */
+
+/* Independent: next power of two by bit length. */
+static int64_t indep_cap(int64_t max_seq_len, int64_t topk, int64_t cu) {
+  int64_t m = max_seq_len < topk ? max_seq_len : topk;
+  int64_t q = m / 128;
+  if (q < 1)
+    q = 1;
+  int bits = 0;
+  while ((1ll << bits) < q)
+    bits++;
+  int64_t p = 1ll << bits;
+  return p < cu ? p : cu;
+}
+
+START_TEST(test_sparse_split_cap_table) {
+  static const struct {
+    int64_t seq, topk, cu, cap;
+  } rows[] = {{4096, 2048, 132, 16}, {100, 2048, 132, 1}, {300, 2048, 132, 2},
+              {4096, 2048, 8, 8},    {2048, 2048, 304, 16}, {0, 2048, 132, 1},
+              {128, 2048, 132, 1},   {256, 2048, 132, 2},   {257, 2048, 132, 2},
+              {384, 2048, 132, 4},   {65536, 512, 132, 4},  {1 << 20, 65536, 132, 132},
+              {1 << 20, 65536, 1024, 512}, {4096, 2048, 1, 1}};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    int32_t got = pmla_sparse_split_cap(rows[i].seq, rows[i].topk, rows[i].cu);
+    EXPECT(got == rows[i].cap, "cap(%lld, %lld, %lld) = %d, want %lld",
+                  (long long)rows[i].seq, (long long)rows[i].topk, (long long)rows[i].cu, got,
+                  (long long)rows[i].cap);
+  }
+  uint64_t rng = harness_seed() ^ 0x33;
+  for (int i = 0; i < 200000; i++) {
+    int64_t seq = rng_below(&rng, 4) == 0 ? (int64_t)rng_below(&rng, 1024)
+                                          : (int64_t)rng_below(&rng, 1u << 22);
+    int64_t topk = 1 + (int64_t)rng_below(&rng, 65536);
+    int64_t cu = 1 + (int64_t)rng_below(&rng, 1024);
+    int32_t got = pmla_sparse_split_cap(seq, topk, cu);
+    EXPECT(got == indep_cap(seq, topk, cu), "cap(%lld, %lld, %lld) = %d, want %lld",
+                  (long long)seq, (long long)topk, (long long)cu, got,
+                  (long long)indep_cap(seq, topk, cu));
+  }
+}
+END_TEST
+
+Suite *suite_planner(void) {
+  Suite *s = suite_create("planner");
+  TCase *tc = tcase_create("invariants");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_planner_invariants_hold_on_random_batches);
+  tcase_add_test(tc, test_planner_honours_split_cap_on_adversarial_batches);
+  tcase_add_test(tc, test_planner_handles_batch_zero_and_zero_lengths);
+  tcase_add_test(tc, test_planner_handles_huge_lengths_without_overflow);
+  tcase_add_test(tc, test_planner_flags_bad_input);
+  tcase_add_test(tc, test_sparse_split_cap_table);
+  suite_add_tcase(s, tc);
+  return s;
+}
