@@ -91,13 +91,6 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
   return PMLA_OK;
 }
 
-static pmla_plan_output plan_output(pmla_builder *b) {
-  pmla_plan_output o = {b->buf[PMLA_BUF_WORK_META_DATA], b->buf[PMLA_BUF_WORK_INDPTR],
-                        b->buf[PMLA_BUF_WORK_INFO_SET], b->buf[PMLA_BUF_REDUCE_INDPTR],
-                        b->buf[PMLA_BUF_REDUCE_FINAL_MAP], b->buf[PMLA_BUF_REDUCE_PARTIAL_MAP]};
-  return o;
-}
-
 /* Host-side twin of the planner's device checks, with messages. */
 static pmla_status validate_dense_step(pmla_builder *b) {
   const pmla_step *s = &b->step;
@@ -150,15 +143,9 @@ static pmla_status cpu_build_decode(pmla_builder *b, const pmla_decode_batch *ba
   pmla_step *s = &b->step;
   s->num_tokens = s->qo_indptr[s->num_requests];
   pmla_plan_input in;
-  pmla_fill_plan_limits(b, &in);
-  in.num_requests = s->num_requests;
-  in.qo_indptr = s->qo_indptr;
-  in.kv_lens = s->kv_lens;
-  in.max_kv_len = s->block_table_stride * (int32_t)b->cfg.page_size;
-  in.kv_indptr = s->kv_indptr;
-  in.kv_last_page_len = s->kv_last_page_len;
-  in.num_page_indices = (int32_t)s->num_page_indices;
-  pmla_plan_output o = plan_output(b);
+  pmla_plan_output o;
+  pmla_step_plan_input(b, 0, &in);
+  pmla_plan_buffers(b, &o);
   if (pmla_plan(&in, &o))
     return pmla_fail(b, PMLA_ERR_INTERNAL, "build_decode: the planner rejected a validated batch");
   b->info.split_cap = 0;
@@ -179,11 +166,9 @@ static pmla_status cpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *ba
                     ? 0
                     : pmla_sparse_split_cap(copy.max_seq_len, b->cfg.topk, b->info.cu_count);
   pmla_plan_input in;
-  pmla_fill_plan_limits(b, &in);
-  in.num_requests = b->step.num_requests;
-  in.uniform_len = (int32_t)b->cfg.topk;
-  in.split_cap = cap;
-  pmla_plan_output o = plan_output(b);
+  pmla_plan_output o;
+  pmla_step_plan_input(b, cap, &in);
+  pmla_plan_buffers(b, &o);
   if (pmla_plan(&in, &o))
     return pmla_fail(b, PMLA_ERR_INTERNAL, "build_sparse: the planner failed");
   b->info.split_cap = (uint32_t)cap;
@@ -265,14 +250,7 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   pb->q = pmla_tensor_data(a.q);
   pb->num_tokens = a.q->shape[0];
   pb->kv = pmla_tensor_data(a.kv_cache);
-  pb->map.page_size = (int32_t)b->cfg.page_size;
-  pb->map.num_slots = num_slots;
-  pb->map.block_table = step->block_table;
-  pb->map.block_table_stride = step->block_table_stride;
-  pb->map.kv_indptr = step->kv_indptr;
-  pb->map.kv_indices = step->kv_indices;
-  pb->map.topk = step->topk;
-  pb->map.topk_stride = step->topk_stride;
+  pmla_step_kv_map(b, num_slots, &pb->map);
   pb->qo_indptr = step->kind == PLAN_DENSE ? step->qo_indptr : NULL;
   pb->out = pmla_tensor_data(a.out);
   pb->lse = a.lse ? pmla_tensor_data(a.lse) : NULL;

@@ -135,13 +135,48 @@ void pmla_size_buffers(pmla_builder *b, uint32_t cu_count, uint32_t sched_units)
     in->total_bytes += in->buffer_bytes[i];
 }
 
-void pmla_fill_plan_limits(const pmla_builder *b, pmla_plan_input *in) {
+void pmla_step_plan_input(const pmla_builder *b, int32_t split_cap, pmla_plan_input *in) {
+  const pmla_step *s = &b->step;
   memset(in, 0, sizeof *in);
+  in->num_requests = s->num_requests;
   in->num_units = (int32_t)b->info.sched_units;
+  in->split_cap = split_cap;
   in->max_q_len = (int32_t)b->cfg.max_q_len;
   in->page_size = (int32_t)b->cfg.page_size;
   in->max_items = (int32_t)b->info.max_work_items;
   in->max_partials = (int32_t)b->info.max_partial_slots;
+  if (s->topk_stride > 0) { /* sparse: each token its own request over its top-k list */
+    in->uniform_len = s->topk_stride;
+    return;
+  }
+  in->qo_indptr = s->qo_indptr;
+  in->kv_lens = s->kv_lens;
+  in->max_kv_len = s->block_table_stride * (int32_t)b->cfg.page_size;
+  in->kv_indptr = s->kv_indptr;
+  in->kv_last_page_len = s->kv_last_page_len;
+  in->num_page_indices = (int32_t)s->num_page_indices;
+}
+
+void pmla_plan_buffers(pmla_builder *b, pmla_plan_output *o) {
+  o->work_meta_data = b->buf[PMLA_BUF_WORK_META_DATA];
+  o->work_indptr = b->buf[PMLA_BUF_WORK_INDPTR];
+  o->work_info_set = b->buf[PMLA_BUF_WORK_INFO_SET];
+  o->reduce_indptr = b->buf[PMLA_BUF_REDUCE_INDPTR];
+  o->reduce_final_map = b->buf[PMLA_BUF_REDUCE_FINAL_MAP];
+  o->reduce_partial_map = b->buf[PMLA_BUF_REDUCE_PARTIAL_MAP];
+}
+
+void pmla_step_kv_map(const pmla_builder *b, int64_t num_slots, pmla_kv_map *map) {
+  const pmla_step *s = &b->step;
+  memset(map, 0, sizeof *map);
+  map->page_size = (int32_t)b->cfg.page_size;
+  map->num_slots = num_slots;
+  map->block_table = s->block_table;
+  map->block_table_stride = s->block_table_stride;
+  map->kv_indptr = s->kv_indptr;
+  map->kv_indices = s->kv_indices;
+  map->topk = s->topk;
+  map->topk_stride = s->topk_stride;
 }
 
 pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info) {

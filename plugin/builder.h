@@ -77,8 +77,15 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
 /* Answers the query call from b->info. */
 pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info);
 
-/* Plan input limits common to both backends. */
+/* The planner's input for the step in b->step (pointers as the backend
+ * holds them: host for pmla-cpu, device for pmla). */
 struct pmla_plan_input;
-void pmla_fill_plan_limits(const pmla_builder *b, struct pmla_plan_input *in);
+struct pmla_plan_output;
+struct pmla_kv_map;
+void pmla_step_plan_input(const pmla_builder *b, int32_t split_cap, struct pmla_plan_input *in);
+/* The builder's six schedule buffers as planner output. */
+void pmla_plan_buffers(pmla_builder *b, struct pmla_plan_output *out);
+/* How the step's positions map to slots of a cache of num_slots rows. */
+void pmla_step_kv_map(const pmla_builder *b, int64_t num_slots, struct pmla_kv_map *map);
 
 #endif

@@ -1,0 +1,240 @@
+/* backend_gpu.c - `pmla`: buffers in GPU memory, the planner run by a
+ * metadata kernel, the persistent decode kernel and its reduce. build_* and
+ * decode only launch on the caller's stream: no host sync, no allocation, no
+ * host-device copy, so a host can capture build + decode in one graph.
+ * Device-side bad input is skipped by the kernels and ORed into the error
+ * word (work_meta_data[PMLA_META_ERROR]); check_device_error reads it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends.h"
+#include "builder.h"
+#include "gpu_runtime.h"
+#include "mla_gpu.h"
+#include "planner.h"
+
+/* Runs the body with the builder's device current, restoring the caller's. */
+typedef struct device_scope {
+  int previous, ok;
+} device_scope;
+
+static device_scope enter_device(int device) {
+  device_scope s = {0, 0};
+  s.ok = gpuGetDevice(&s.previous) == GPU_SUCCESS && gpuSetDevice(device) == GPU_SUCCESS;
+  return s;
+}
+
+static void leave_device(device_scope s) {
+  if (s.ok)
+    gpuSetDevice(s.previous);
+}
+
+static pmla_status runtime_fail(pmla_builder *b, const char *what, int code) {
+  return pmla_fail(b, PMLA_ERR_DEVICE, "%s: %s runtime error %d: %s", what, GPU_PLATFORM_NAME,
+                   code, code > 0 ? pmla_gpu_error_string(code) : "unknown");
+}
+
+static void gpu_destroy(pmla_builder *b) {
+  if (!b)
+    return;
+  device_scope d = enter_device(b->cfg.device);
+  for (int i = 0; i < PMLA_BUF_COUNT; i++)
+    if (b->buf[i])
+      gpuFree(b->buf[i]);
+  leave_device(d);
+  free(b);
+}
+
+static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **out) {
+  pmla_builder_config cfg;
+  pmla_status st;
+  pmla_clear_error(NULL);
+  if (!out)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: out is NULL");
+  *out = NULL;
+  if ((st = pmla_validate_config(config, &cfg)))
+    return st;
+  int count = 0;
+  gpu_error_t e = gpuGetDeviceCount(&count);
+  if (e != GPU_SUCCESS || count == 0)
+    return pmla_fail(NULL, PMLA_ERR_NO_DEVICE,
+                     "init_builder: backend pmla: no GPU device (%s: %s); use pmla-cpu",
+                     GPU_PLATFORM_NAME, e != GPU_SUCCESS ? gpuGetErrorString(e) : "0 devices");
+  if (cfg.device >= count)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.device = %d; accepted: 0..%d (devices present)",
+                     cfg.device, count - 1);
+  device_scope d = enter_device(cfg.device);
+  int sms = 0;
+  if (!d.ok || gpuMultiProcessorCount(&sms, cfg.device) != GPU_SUCCESS || sms < 1) {
+    leave_device(d);
+    return pmla_fail(NULL, PMLA_ERR_DEVICE, "init_builder: cannot query device %d", cfg.device);
+  }
+  uint32_t cus = cfg.cu_count ? cfg.cu_count : (uint32_t)sms;
+  pmla_builder *b = calloc(1, sizeof *b);
+  if (!b) {
+    leave_device(d);
+    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: out of host memory");
+  }
+  b->backend = &pmla_gpu_backend;
+  b->cfg = cfg;
+  pmla_size_buffers(b, cus,
+                    (uint32_t)pmla_gpu_sched_units((int32_t)cus, (int32_t)cfg.num_heads,
+                                                   (int32_t)cfg.max_q_len));
+  for (int i = 0; i < PMLA_BUF_COUNT; i++) {
+    size_t bytes = (size_t)b->info.buffer_bytes[i];
+    if (gpuMalloc(&b->buf[i], bytes ? bytes : 4) != GPU_SUCCESS ||
+        gpuMemset(b->buf[i], 0, bytes ? bytes : 4) != GPU_SUCCESS) {
+      gpuGetLastError(); /* clear the sticky-free error state */
+      uint64_t total = b->info.total_bytes;
+      gpu_destroy(b);
+      leave_device(d);
+      return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
+                       "init_builder: cannot allocate %zu bytes (%s) on device %d; the builder "
+                       "needs %llu bytes in all",
+                       bytes, i == PMLA_BUF_PARTIAL_OUT ? "partial_out" : "schedule buffers",
+                       cfg.device, (unsigned long long)total);
+    }
+  }
+  leave_device(d);
+  *out = b;
+  return PMLA_OK;
+}
+
+static pmla_status gpu_plan(pmla_builder *b, int32_t cap, void *stream, const char *what) {
+  pmla_plan_input in;
+  pmla_plan_output o;
+  pmla_step_plan_input(b, cap, &in);
+  pmla_plan_buffers(b, &o);
+  device_scope d = enter_device(b->cfg.device);
+  int rc = pmla_gpu_plan(&in, &o, stream);
+  leave_device(d);
+  if (rc)
+    return runtime_fail(b, what, rc);
+  return PMLA_OK;
+}
+
+static pmla_status gpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
+  pmla_decode_batch copy;
+  pmla_status st;
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_decode: builder is NULL");
+  pmla_clear_error(b);
+  b->step.kind = PLAN_NONE;
+  if ((st = pmla_check_decode_batch(b, batch, GPU_DLPACK_DEVICE, &copy)) ||
+      (st = gpu_plan(b, 0, copy.stream, "build_decode")))
+    return st;
+  b->info.split_cap = 0;
+  b->step.kind = PLAN_DENSE;
+  return PMLA_OK;
+}
+
+static pmla_status gpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
+  pmla_sparse_batch copy;
+  pmla_status st;
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_sparse: builder is NULL");
+  pmla_clear_error(b);
+  b->step.kind = PLAN_NONE;
+  if ((st = pmla_check_sparse_batch(b, batch, GPU_DLPACK_DEVICE, &copy)))
+    return st;
+  int32_t cap = copy.flags & PMLA_SPARSE_NO_SPLIT_CAP
+                    ? 0
+                    : pmla_sparse_split_cap(copy.max_seq_len, b->cfg.topk, b->info.cu_count);
+  if ((st = gpu_plan(b, cap, copy.stream, "build_sparse")))
+    return st;
+  b->info.split_cap = (uint32_t)cap;
+  b->step.kind = PLAN_SPARSE;
+  return PMLA_OK;
+}
+
+static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
+  pmla_decode_args a;
+  int64_t num_slots;
+  pmla_status st;
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "decode: builder is NULL");
+  pmla_clear_error(b);
+  if ((st = pmla_check_decode_args(b, args, GPU_DLPACK_DEVICE, &a, &num_slots)))
+    return st;
+  pmla_gpu_problem p;
+  memset(&p, 0, sizeof p);
+  p.num_heads = (int32_t)b->cfg.num_heads;
+  p.max_q_len = (int32_t)b->cfg.max_q_len;
+  p.softmax_scale = b->cfg.softmax_scale;
+  p.num_units = (int32_t)b->info.sched_units;
+  p.q = pmla_tensor_data(a.q);
+  p.num_tokens = a.q->shape[0];
+  p.kv = pmla_tensor_data(a.kv_cache);
+  pmla_step_kv_map(b, num_slots, &p.map);
+  p.qo_indptr = b->step.kind == PLAN_DENSE ? b->step.qo_indptr : NULL;
+  p.out = pmla_tensor_data(a.out);
+  p.lse = a.lse ? pmla_tensor_data(a.lse) : NULL;
+  p.partial_out = b->buf[PMLA_BUF_PARTIAL_OUT];
+  p.partial_lse = b->buf[PMLA_BUF_PARTIAL_LSE];
+  p.work_meta_data = b->buf[PMLA_BUF_WORK_META_DATA];
+  p.work_indptr = b->buf[PMLA_BUF_WORK_INDPTR];
+  p.work_info_set = b->buf[PMLA_BUF_WORK_INFO_SET];
+  p.reduce_indptr = b->buf[PMLA_BUF_REDUCE_INDPTR];
+  p.reduce_final_map = b->buf[PMLA_BUF_REDUCE_FINAL_MAP];
+  p.reduce_partial_map = b->buf[PMLA_BUF_REDUCE_PARTIAL_MAP];
+  device_scope d = enter_device(b->cfg.device);
+  int rc = pmla_gpu_decode(&p, a.stream);
+  leave_device(d);
+  return rc ? runtime_fail(b, "decode", rc) : PMLA_OK;
+}
+
+static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "check_device_error: builder is NULL");
+  int32_t meta[PMLA_META_WORDS];
+  device_scope d = enter_device(b->cfg.device);
+  gpu_error_t e = gpuDeviceSynchronize();
+  if (e == GPU_SUCCESS)
+    e = gpuMemcpyDtoH(meta, b->buf[PMLA_BUF_WORK_META_DATA], sizeof meta);
+  if (e == GPU_SUCCESS && meta[PMLA_META_ERROR])
+    e = gpuMemset((int32_t *)b->buf[PMLA_BUF_WORK_META_DATA] + PMLA_META_ERROR, 0, 4);
+  leave_device(d);
+  if (e != GPU_SUCCESS)
+    return runtime_fail(b, "check_device_error", (int)e);
+  if (flags)
+    *flags = (uint32_t)meta[PMLA_META_ERROR];
+  if (meta[PMLA_META_ERROR])
+    return pmla_fail(b, PMLA_ERR_DEVICE_INPUT,
+                     "check_device_error: kernels skipped bad device-side input (bits 0x%x: "
+                     "1 kv_len, 2 page index, 4 slot index, 8 qo_indptr, 16 last_page_len)",
+                     (unsigned)meta[PMLA_META_ERROR]);
+  return PMLA_OK;
+}
+
+static pmla_status gpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "copy_buffer: builder is NULL");
+  if ((unsigned)which >= PMLA_BUF_COUNT || !dst || bytes != b->info.buffer_bytes[which])
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "copy_buffer: which = %d, bytes = %llu; accepted: which 0..%d, bytes equal "
+                     "to buffer_bytes[which], a non-NULL host_dst",
+                     (int)which, (unsigned long long)bytes, PMLA_BUF_COUNT - 1);
+  device_scope d = enter_device(b->cfg.device);
+  gpu_error_t e = gpuDeviceSynchronize();
+  if (e == GPU_SUCCESS)
+    e = gpuMemcpyDtoH(dst, b->buf[which], (size_t)bytes);
+  leave_device(d);
+  return e == GPU_SUCCESS ? PMLA_OK : runtime_fail(b, "copy_buffer", (int)e);
+}
+
+const pmla_backend pmla_gpu_backend = {
+    .struct_size = sizeof(pmla_backend),
+    .abi_version = PMLA_ABI_VERSION,
+    .name = "pmla",
+    .description = "pmla persistent MLA decode on a GPU (" GPU_PLATFORM_NAME ")",
+    .init_builder = gpu_init,
+    .destroy_builder = gpu_destroy,
+    .query_builder = pmla_query_builder,
+    .build_decode = gpu_build_decode,
+    .build_sparse = gpu_build_sparse,
+    .decode = gpu_decode,
+    .last_error = pmla_builder_last_error,
+    .check_device_error = gpu_check_device_error,
+    .copy_buffer = gpu_copy_buffer,
+};

@@ -1,0 +1,582 @@
+/* t_abi.c - the plugin boundary: exported symbols, version negotiation,
+ * struct_size handling, the plugin descriptor, and the registry (lookup,
+ * search path order, bad files, mock plugins). */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define V(a, b) PMLA_VERSION(a, b)
+
+/* ---- helpers ---- */
+
+static void *open_plugin(pmla_entry_fn *entry) {
+  void *h = dlopen(g_plugin_path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "dlopen(%s): %s", g_plugin_path, dlerror());
+  *entry = (pmla_entry_fn)(uintptr_t)dlsym(h, PMLA_ENTRY_SYMBOL);
+  ck_assert_msg(*entry != NULL, "%s has no %s", g_plugin_path, PMLA_ENTRY_SYMBOL);
+  return h;
+}
+
+static pmla_status negotiate_raw(pmla_entry_fn entry, uint32_t lo, uint32_t hi,
+                                 pmla_negotiation *n) {
+  memset(n, 0, sizeof *n);
+  n->struct_size = sizeof *n;
+  n->host_min_version = lo;
+  n->host_max_version = hi;
+  return entry(n);
+}
+
+/* The highest version the plugin speaks (what it answers for 1.0..1.65535). */
+static uint32_t plugin_version(pmla_entry_fn entry) {
+  pmla_negotiation n;
+  pmla_status s = negotiate_raw(entry, V(1, 0), V(1, 0xffff), &n);
+  ck_assert_msg(s == PMLA_OK, "plugin refuses 1.0..1.65535: %s (%s)", harness_status_name(s),
+                n.message);
+  ck_assert_ptr_nonnull(n.plugin);
+  return n.plugin->abi_version;
+}
+
+static const char *base_name(const char *path) {
+  const char *s = strrchr(path, '/');
+  return s ? s + 1 : path;
+}
+
+/* Skips the calling test when a mock plugin was not built. */
+#define NEED_MOCK(buf, name)                                                               \
+  do {                                                                                     \
+    if (harness_mock_path(name, buf, sizeof buf)) {                                        \
+      printf("SKIP %s: mock plugin %s.so not found in %s (build with make check)\n",      \
+             __func__, name, g_mock_dir ? g_mock_dir : "(no mock dir)");                   \
+      fflush(stdout);                                                                      \
+      return;                                                                              \
+    }                                                                                      \
+  } while (0)
+
+typedef struct tmpdir {
+  char path[512];
+  char files[16][600];
+  int nfiles;
+} tmpdir;
+
+static void tmpdir_make(tmpdir *t) {
+  const char *base = getenv("TMPDIR");
+  snprintf(t->path, sizeof t->path, "%s/pmla-conformance-XXXXXX", base && *base ? base : "/tmp");
+  ck_assert_msg(mkdtemp(t->path) != NULL, "mkdtemp(%s) failed", t->path);
+  t->nfiles = 0;
+}
+
+static const char *tmpdir_file(tmpdir *t, const char *name) {
+  ck_assert_int_lt(t->nfiles, 16);
+  char *f = t->files[t->nfiles++];
+  snprintf(f, 600, "%s/%s", t->path, name);
+  return f;
+}
+
+static void tmpdir_write(tmpdir *t, const char *name, const char *text) {
+  const char *f = tmpdir_file(t, name);
+  FILE *fp = fopen(f, "w");
+  ck_assert_msg(fp != NULL, "cannot write %s", f);
+  fputs(text, fp);
+  fclose(fp);
+}
+
+static void tmpdir_link(tmpdir *t, const char *name, const char *target) {
+  const char *f = tmpdir_file(t, name);
+  ck_assert_msg(symlink(target, f) == 0, "symlink %s -> %s failed", f, target);
+}
+
+static void tmpdir_remove(tmpdir *t) {
+  for (int i = 0; i < t->nfiles; i++)
+    unlink(t->files[i]);
+  rmdir(t->path);
+}
+
+static pmla_registry *open_registry(const char *path) {
+  pmla_registry *r = NULL;
+  pmla_status s = pmla_registry_open(path, &r);
+  ck_assert_msg(s == PMLA_OK && r != NULL, "pmla_registry_open(%s) = %s", path,
+                harness_status_name(s));
+  return r;
+}
+
+/* ---- exported symbols ---- */
+
+START_TEST(test_plugin_exports_exactly_the_entry_symbol) {
+  if (system("command -v nm >/dev/null 2>&1") != 0) {
+    printf("SKIP %s: nm not found; cannot list the plugin's dynamic symbols\n", __func__);
+    return;
+  }
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "nm -D --defined-only '%s' 2>&1", g_plugin_path);
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  char line[1024], others[2048] = "";
+  int entry = 0, other = 0;
+  while (fgets(line, sizeof line, p)) {
+    char addr[128], type[16], name[512];
+    if (sscanf(line, "%127s %15s %511s", addr, type, name) != 3)
+      continue;
+    char *at = strchr(name, '@');
+    if (at)
+      *at = '\0';
+    if (strcmp(type, "A") == 0) /* version nodes of a version script */
+      continue;
+    if (strcmp(name, PMLA_ENTRY_SYMBOL) == 0) {
+      entry++;
+    } else {
+      other++;
+      if (strlen(others) + strlen(name) + 3 < sizeof others) {
+        strcat(others, " ");
+        strcat(others, name);
+      }
+    }
+  }
+  int rc = pclose(p);
+  ck_assert_msg(rc == 0, "'%s' failed (status %d)", cmd, rc);
+  ck_assert_msg(entry == 1, "%s exported %d times", PMLA_ENTRY_SYMBOL, entry);
+  ck_assert_msg(other == 0, "%d other defined dynamic symbols exported:%s", other, others);
+}
+END_TEST
+
+/* ---- negotiation against the plugin under test ---- */
+
+START_TEST(test_negotiation_agrees_on_1_0_for_host_ranges_containing_it) {
+  pmla_entry_fn entry;
+  void *h = open_plugin(&entry);
+  uint32_t pv = plugin_version(entry);
+  ck_assert_msg(PMLA_VERSION_MAJOR(pv) == 1, "plugin abi_version 0x%x is not 1.x", pv);
+  static const uint32_t ranges[][2] = {{V(1, 0), V(1, 0)}, {V(0, 0), V(1, 0)},
+                                       {V(0, 7), V(1, 0)}, {V(1, 0), V(1, 1)},
+                                       {V(1, 0), V(2, 0)}, {V(0, 1), V(9, 9)}};
+  for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+    pmla_negotiation n;
+    pmla_status s = negotiate_raw(entry, ranges[i][0], ranges[i][1], &n);
+    uint32_t want = ranges[i][1] < pv ? ranges[i][1] : pv;
+    ck_assert_msg(s == PMLA_OK, "host %x..%x: %s (%s)", ranges[i][0], ranges[i][1],
+                  harness_status_name(s), n.message);
+    ck_assert_msg(n.agreed_version == want, "host %x..%x: agreed %x, want %x", ranges[i][0],
+                  ranges[i][1], n.agreed_version, want);
+    ck_assert_ptr_nonnull(n.plugin);
+    if (ranges[i][1] == V(1, 0))
+      ck_assert_msg(n.agreed_version == V(1, 0), "host ..1.0 agreed %x", n.agreed_version);
+  }
+  dlclose(h);
+}
+END_TEST
+
+START_TEST(test_negotiation_refuses_other_majors_with_a_message) {
+  pmla_entry_fn entry;
+  void *h = open_plugin(&entry);
+  uint32_t pv = plugin_version(entry);
+  static const uint32_t ranges[][2] = {{V(2, 0), V(2, 0)}, {V(2, 0), V(2, 9)},
+                                       {V(2, 3), V(3, 5)}, {V(0, 0), V(0, 0)},
+                                       {V(0, 1), V(0, 0xffff)}};
+  for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+    pmla_negotiation n;
+    pmla_status s = negotiate_raw(entry, ranges[i][0], ranges[i][1], &n);
+    ck_assert_msg(s == PMLA_ERR_VERSION, "host %x..%x: got %s, want PMLA_ERR_VERSION",
+                  ranges[i][0], ranges[i][1], harness_status_name(s));
+    ck_assert_msg(n.message[0] != '\0', "host %x..%x: refusal without a message", ranges[i][0],
+                  ranges[i][1]);
+    ck_assert_msg(memchr(n.message, '\0', sizeof n.message) != NULL, "message not terminated");
+  }
+  /* a host that needs a newer minor than the plugin has */
+  if (PMLA_VERSION_MINOR(pv) < 0xfffe) {
+    pmla_negotiation n;
+    pmla_status s = negotiate_raw(entry, pv + 1, V(1, 0xffff), &n);
+    ck_assert_msg(s == PMLA_ERR_VERSION, "host %x..1.65535 vs plugin %x: got %s", pv + 1, pv,
+                  harness_status_name(s));
+    ck_assert(n.message[0] != '\0');
+  }
+  /* through the registry's helper too */
+  const pmla_plugin *plugin = (const pmla_plugin *)(uintptr_t)1;
+  uint32_t agreed = 0xdead;
+  char msg[256] = "";
+  pmla_status s = pmla_negotiate(entry, V(2, 0), V(2, 5), &plugin, &agreed, msg, sizeof msg);
+  ck_assert_msg(s == PMLA_ERR_VERSION, "pmla_negotiate 2.0..2.5: %s", harness_status_name(s));
+  ck_assert_msg(msg[0] != '\0', "pmla_negotiate refusal without a message");
+  dlclose(h);
+}
+END_TEST
+
+START_TEST(test_negotiation_wide_range_agrees_on_the_plugins_version) {
+  pmla_entry_fn entry;
+  void *h = open_plugin(&entry);
+  pmla_negotiation n;
+  pmla_status s = negotiate_raw(entry, V(1, 0), V(3, 5), &n);
+  ck_assert_msg(s == PMLA_OK, "host 1.0..3.5: %s (%s)", harness_status_name(s), n.message);
+  ck_assert_msg(PMLA_VERSION_MAJOR(n.agreed_version) == 1, "agreed %x is not 1.x",
+                n.agreed_version);
+  ck_assert_ptr_nonnull(n.plugin);
+  ck_assert_msg(n.agreed_version == n.plugin->abi_version,
+                "agreed %x, plugin implements %x: should answer its highest", n.agreed_version,
+                n.plugin->abi_version);
+  const pmla_plugin *plugin = NULL;
+  uint32_t agreed = 0;
+  char msg[256];
+  s = pmla_negotiate(entry, V(1, 0), V(3, 5), &plugin, &agreed, msg, sizeof msg);
+  ck_assert_msg(s == PMLA_OK && agreed == n.agreed_version && plugin == n.plugin,
+                "pmla_negotiate 1.0..3.5: %s agreed %x", harness_status_name(s), agreed);
+  dlclose(h);
+}
+END_TEST
+
+START_TEST(test_negotiation_refuses_too_small_struct_size) {
+  pmla_entry_fn entry;
+  void *h = open_plugin(&entry);
+  static const uint32_t sizes[] = {0, 4, 16, offsetof(pmla_negotiation, message),
+                                   sizeof(pmla_negotiation) - 1};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    pmla_negotiation n;
+    memset(&n, 0, sizeof n);
+    n.struct_size = sizes[i];
+    n.host_min_version = V(1, 0);
+    n.host_max_version = V(1, 0);
+    pmla_status s = entry(&n);
+    ck_assert_msg(s == PMLA_ERR_STRUCT_SIZE, "negotiation struct_size %u: got %s", sizes[i],
+                  harness_status_name(s));
+    ck_assert_msg(n.plugin == NULL && n.agreed_version == 0,
+                  "negotiation struct_size %u: outputs written on refusal", sizes[i]);
+  }
+  ck_assert_msg(entry(NULL) == PMLA_ERR_INVALID_ARGUMENT, "entry(NULL) must refuse");
+  dlclose(h);
+}
+END_TEST
+
+START_TEST(test_negotiation_accepts_larger_struct_size) {
+  pmla_entry_fn entry;
+  void *h = open_plugin(&entry);
+  struct {
+    pmla_negotiation n;
+    unsigned char tail[200];
+  } big;
+  memset(&big, 0, sizeof big);
+  memset(big.tail, 0xab, sizeof big.tail);
+  big.n.struct_size = sizeof big;
+  big.n.host_min_version = V(1, 0);
+  big.n.host_max_version = V(1, 0);
+  pmla_status s = entry(&big.n);
+  ck_assert_msg(s == PMLA_OK, "larger negotiation struct refused: %s (%s)",
+                harness_status_name(s), big.n.message);
+  ck_assert_uint_eq(big.n.agreed_version, V(1, 0));
+  for (size_t i = 0; i < sizeof big.tail; i++)
+    ck_assert_msg(big.tail[i] == 0xab, "plugin wrote into the host's unknown tail at +%zu", i);
+  dlclose(h);
+}
+END_TEST
+
+START_TEST(test_plugin_descriptor_is_well_formed) {
+  pmla_entry_fn entry;
+  void *h = open_plugin(&entry);
+  pmla_negotiation n;
+  ck_assert_int_eq(negotiate_raw(entry, V(1, 0), V(1, 0), &n), PMLA_OK);
+  const pmla_plugin *p = n.plugin;
+  ck_assert_uint_ge(p->struct_size, sizeof(pmla_plugin));
+  ck_assert_uint_eq(PMLA_VERSION_MAJOR(p->abi_version), 1);
+  ck_assert_msg(p->name && p->name[0], "plugin without a name");
+  ck_assert_msg(p->version && p->version[0], "plugin without a version string");
+  ck_assert_msg(p->backend_count >= 2 && p->backends, "plugin has %u backends",
+                p->backend_count);
+  int have_cpu = 0, have_gpu = 0;
+  for (uint32_t i = 0; i < p->backend_count; i++) {
+    const pmla_backend *b = p->backends[i];
+    ck_assert_ptr_nonnull(b);
+    ck_assert_msg(b->struct_size >= sizeof(pmla_backend), "backend %u struct_size %u < %zu", i,
+                  b->struct_size, sizeof(pmla_backend));
+    ck_assert_uint_eq(PMLA_VERSION_MAJOR(b->abi_version), 1);
+    ck_assert_msg(b->name && b->name[0] && b->description, "backend %u lacks name/description",
+                  i);
+    ck_assert_msg(b->init_builder && b->destroy_builder && b->query_builder &&
+                      b->build_decode && b->build_sparse && b->decode && b->last_error &&
+                      b->check_device_error && b->copy_buffer,
+                  "backend %s has an empty 1.0 slot", b->name);
+    for (uint32_t j = 0; j < i; j++)
+      ck_assert_msg(strcmp(p->backends[j]->name, b->name) != 0, "backend name %s twice",
+                    b->name);
+    have_cpu |= strcmp(b->name, "pmla-cpu") == 0;
+    have_gpu |= strcmp(b->name, "pmla") == 0;
+  }
+  ck_assert_msg(have_cpu && have_gpu, "plugin must carry pmla-cpu and pmla (cpu %d gpu %d)",
+                have_cpu, have_gpu);
+  dlclose(h);
+}
+END_TEST
+
+/* ---- registry ---- */
+
+START_TEST(test_registry_indexes_backends_by_name) {
+  pmla_registry *r = open_registry(g_plugin_path);
+  ck_assert_uint_ge(pmla_registry_count(r), 2);
+  const pmla_backend *cpu = pmla_registry_find(r, "pmla-cpu");
+  const pmla_backend *gpu = pmla_registry_find(r, "pmla");
+  ck_assert_msg(cpu && gpu, "registry lacks pmla-cpu (%p) or pmla (%p)", (void *)cpu,
+                (void *)gpu);
+  ck_assert_str_eq(cpu->name, "pmla-cpu");
+  ck_assert_str_eq(gpu->name, "pmla");
+  ck_assert_ptr_null(pmla_registry_find(r, "no-such-backend"));
+  ck_assert_ptr_null(pmla_registry_find(r, ""));
+  int found = 0;
+  for (size_t i = 0; i < pmla_registry_count(r); i++) {
+    const pmla_backend *b = pmla_registry_backend(r, i);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_msg(pmla_registry_find(r, b->name) == b, "find(%s) is not entry %zu", b->name, i);
+    const char *path = pmla_registry_backend_path(r, i);
+    ck_assert_msg(path && strstr(path, base_name(g_plugin_path)),
+                  "backend %s path %s does not name %s", b->name, path ? path : "(null)",
+                  g_plugin_path);
+    ck_assert_uint_eq(pmla_registry_backend_version(r, i), PMLA_ABI_VERSION);
+    found++;
+  }
+  ck_assert_int_ge(found, 2);
+  ck_assert_ptr_null(pmla_registry_backend(r, pmla_registry_count(r)));
+  ck_assert_str_eq(pmla_registry_diagnostics(r), "");
+  pmla_registry_close(r);
+  pmla_registry_close(NULL);
+}
+END_TEST
+
+START_TEST(test_registry_reads_the_environment_path_after_the_argument) {
+  char dup_a[600];
+  unsetenv(PMLA_PLUGIN_PATH_ENV);
+  pmla_registry *r = open_registry(NULL);
+  ck_assert_msg(pmla_registry_find(r, "pmla-cpu") == NULL,
+                "empty path and no %s should give an empty registry", PMLA_PLUGIN_PATH_ENV);
+  pmla_registry_close(r);
+
+  setenv(PMLA_PLUGIN_PATH_ENV, g_plugin_path, 1);
+  r = open_registry(NULL);
+  ck_assert_msg(pmla_registry_find(r, "pmla-cpu") != NULL, "%s=%s not scanned",
+                PMLA_PLUGIN_PATH_ENV, g_plugin_path);
+  pmla_registry_close(r);
+
+  if (harness_mock_path("mock_dup_a", dup_a, sizeof dup_a) == 0) {
+    /* the explicit argument comes first: its pmla-cpu shadows the env's */
+    r = open_registry(dup_a);
+    const pmla_backend *b = pmla_registry_find(r, "pmla-cpu");
+    ck_assert_ptr_nonnull(b);
+    ck_assert_msg(strcmp(b->description, "mock shadowing backend") == 0,
+                  "explicit path should win over %s", PMLA_PLUGIN_PATH_ENV);
+    pmla_registry_close(r);
+  }
+  unsetenv(PMLA_PLUGIN_PATH_ENV);
+}
+END_TEST
+
+START_TEST(test_registry_skips_a_wrong_major_plugin) {
+  char path[600];
+  NEED_MOCK(path, "mock_wrong_major");
+  pmla_registry *r = open_registry(path);
+  ck_assert_ptr_null(pmla_registry_find(r, "mock-wrong-major"));
+  ck_assert_uint_eq(pmla_registry_count(r), 0);
+  const char *diag = pmla_registry_diagnostics(r);
+  ck_assert_msg(strstr(diag, "mock_wrong_major"), "no diagnostic naming the file: '%s'", diag);
+  pmla_registry_close(r);
+
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_ptr_nonnull(h);
+  pmla_entry_fn entry = (pmla_entry_fn)(uintptr_t)dlsym(h, PMLA_ENTRY_SYMBOL);
+  ck_assert_ptr_nonnull(entry);
+  const pmla_plugin *plugin = NULL;
+  uint32_t agreed = 0;
+  char msg[256] = "";
+  ck_assert_int_eq(pmla_negotiate(entry, V(1, 0), V(1, 0xffff), &plugin, &agreed, msg, sizeof msg),
+                   PMLA_ERR_VERSION);
+  ck_assert_msg(msg[0] != '\0', "refusal without a message");
+  ck_assert_int_eq(pmla_negotiate(entry, V(1, 0), V(2, 0), &plugin, &agreed, msg, sizeof msg),
+                   PMLA_OK);
+  ck_assert_uint_eq(agreed, V(2, 0));
+  dlclose(h);
+}
+END_TEST
+
+START_TEST(test_registry_accepts_an_older_minor_plugin) {
+  char path[600];
+  NEED_MOCK(path, "mock_old_minor");
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_ptr_nonnull(h);
+  pmla_entry_fn entry = (pmla_entry_fn)(uintptr_t)dlsym(h, PMLA_ENTRY_SYMBOL);
+  const pmla_plugin *plugin = NULL;
+  uint32_t agreed = 0;
+  char msg[256];
+  pmla_status s = pmla_negotiate(entry, V(1, 0), V(1, 9), &plugin, &agreed, msg, sizeof msg);
+  ck_assert_msg(s == PMLA_OK && agreed == V(1, 0) && plugin,
+                "1.0 plugin vs host 1.0..1.9: %s agreed %x", harness_status_name(s), agreed);
+  dlclose(h);
+
+  pmla_registry *r = open_registry(path);
+  const pmla_backend *b = pmla_registry_find(r, "mock-old-minor");
+  ck_assert_msg(b != NULL, "older-minor plugin skipped: %s", pmla_registry_diagnostics(r));
+  ck_assert_uint_eq(pmla_registry_backend_version(r, 0), V(1, 0));
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_agrees_host_version_with_a_newer_minor_plugin) {
+  char path[600];
+  NEED_MOCK(path, "mock_new_minor");
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_ptr_nonnull(h);
+  pmla_entry_fn entry = (pmla_entry_fn)(uintptr_t)dlsym(h, PMLA_ENTRY_SYMBOL);
+  const pmla_plugin *plugin = NULL;
+  uint32_t agreed = 0;
+  char msg[256];
+  ck_assert_int_eq(pmla_negotiate(entry, V(1, 0), V(1, 9), &plugin, &agreed, msg, sizeof msg),
+                   PMLA_OK);
+  ck_assert_uint_eq(agreed, V(1, 2));
+  dlclose(h);
+
+  pmla_registry *r = open_registry(path);
+  ck_assert_msg(pmla_registry_find(r, "mock-new-minor") != NULL, "1.2 plugin skipped: %s",
+                pmla_registry_diagnostics(r));
+  ck_assert_msg(pmla_registry_backend_version(r, 0) == PMLA_ABI_VERSION,
+                "registry (host %x) agreed %x with a 1.2 plugin", PMLA_ABI_VERSION,
+                pmla_registry_backend_version(r, 0));
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_skips_a_truncated_vtable) {
+  char path[600];
+  NEED_MOCK(path, "mock_short_vtable");
+  pmla_registry *r = open_registry(path);
+  ck_assert_msg(pmla_registry_find(r, "mock-short") == NULL,
+                "backend with struct_size %zu < %zu was registered",
+                offsetof(pmla_backend, check_device_error), sizeof(pmla_backend));
+  const char *diag = pmla_registry_diagnostics(r);
+  ck_assert_msg(strstr(diag, "mock_short_vtable") || strstr(diag, "mock-short"),
+                "no diagnostic for the truncated vtable: '%s'", diag);
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_skips_non_plugins_and_garbage_files) {
+  char not_plugin[600], old_minor[600];
+  tmpdir t;
+  tmpdir_make(&t);
+  tmpdir_write(&t, "x.so", "this is not an ELF object\n");
+  tmpdir_write(&t, "empty.so", "");
+  int have_np = harness_mock_path("mock_not_plugin", not_plugin, sizeof not_plugin) == 0;
+  int have_om = harness_mock_path("mock_old_minor", old_minor, sizeof old_minor) == 0;
+  if (have_np)
+    tmpdir_link(&t, "np.so", not_plugin);
+  if (have_om) {
+    tmpdir_link(&t, "zz-good.so", old_minor);
+    tmpdir_link(&t, "plugin.txt", g_plugin_path); /* not *.so: never loaded */
+  }
+  char path[2200];
+  snprintf(path, sizeof path, "%s:/nonexistent/pmla/dir::%s/missing.so", t.path, t.path);
+  pmla_registry *r = open_registry(path);
+  const char *diag = pmla_registry_diagnostics(r);
+  ck_assert_msg(strstr(diag, "x.so"), "garbage x.so not diagnosed: '%s'", diag);
+  ck_assert_msg(strstr(diag, "empty.so"), "empty empty.so not diagnosed: '%s'", diag);
+  if (have_np)
+    ck_assert_msg(strstr(diag, "np.so") || strstr(diag, "mock_not_plugin"),
+                  "non-plugin np.so not diagnosed: '%s'", diag);
+  if (have_om) {
+    ck_assert_msg(pmla_registry_find(r, "mock-old-minor") != NULL,
+                  "the good plugin after the bad files was not loaded: '%s'", diag);
+    ck_assert_msg(pmla_registry_find(r, "pmla-cpu") == NULL,
+                  "plugin.txt (not *.so) was loaded from a directory");
+    ck_assert_uint_eq(pmla_registry_count(r), 1);
+  } else {
+    ck_assert_uint_eq(pmla_registry_count(r), 0);
+  }
+  pmla_registry_close(r);
+  tmpdir_remove(&t);
+  if (!have_np || !have_om)
+    printf("NOTE %s: mock plugins missing, ran the garbage-file part only\n", __func__);
+}
+END_TEST
+
+START_TEST(test_registry_duplicate_names_resolve_to_the_first_on_the_path) {
+  char a[600], b[600], path[1400];
+  NEED_MOCK(a, "mock_dup_a");
+  NEED_MOCK(b, "mock_dup_b");
+  snprintf(path, sizeof path, "%s:%s", a, b);
+  for (int round = 0; round < 3; round++) { /* deterministic */
+    pmla_registry *r = open_registry(path);
+    const pmla_backend *be = pmla_registry_find(r, "mock-dup");
+    ck_assert_ptr_nonnull(be);
+    ck_assert_str_eq(be->description, "dup-a");
+    ck_assert_msg(strstr(pmla_registry_diagnostics(r), "mock-dup"),
+                  "shadowed name not diagnosed: '%s'", pmla_registry_diagnostics(r));
+    pmla_registry_close(r);
+  }
+  snprintf(path, sizeof path, "%s:%s", b, a);
+  pmla_registry *r = open_registry(path);
+  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-b");
+  pmla_registry_close(r);
+
+  /* against the real plugin: whoever is first owns "pmla-cpu" */
+  snprintf(path, sizeof path, "%s:%s", g_plugin_path, a);
+  r = open_registry(path);
+  ck_assert_msg(strcmp(pmla_registry_find(r, "pmla-cpu")->description, "mock shadowing backend"),
+                "the real plugin first on the path must own pmla-cpu");
+  pmla_registry_close(r);
+  snprintf(path, sizeof path, "%s:%s", a, g_plugin_path);
+  r = open_registry(path);
+  ck_assert_str_eq(pmla_registry_find(r, "pmla-cpu")->description, "mock shadowing backend");
+  ck_assert_msg(pmla_registry_find(r, "pmla") != NULL, "pmla from the second plugin missing");
+  pmla_registry_close(r);
+
+  /* in a directory, *.so files are taken in name order */
+  tmpdir t;
+  tmpdir_make(&t);
+  tmpdir_link(&t, "10-first.so", b);
+  tmpdir_link(&t, "20-second.so", a);
+  r = open_registry(t.path);
+  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-b");
+  pmla_registry_close(r);
+  tmpdir_remove(&t);
+
+  /* the same file twice on the path: no crash, still resolvable */
+  snprintf(path, sizeof path, "%s:%s", a, a);
+  r = open_registry(path);
+  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-a");
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_status_names_are_distinct) {
+  for (int i = PMLA_OK; i <= PMLA_ERR_INTERNAL; i++) {
+    const char *a = pmla_status_name((pmla_status)i);
+    ck_assert_msg(a && a[0], "pmla_status_name(%d) empty", i);
+    for (int j = PMLA_OK; j < i; j++)
+      ck_assert_msg(strcmp(a, pmla_status_name((pmla_status)j)) != 0,
+                    "status %d and %d share the name %s", i, j, a);
+  }
+  ck_assert_ptr_nonnull(pmla_status_name((pmla_status)999));
+}
+END_TEST
+
+Suite *suite_abi(void) {
+  Suite *s = suite_create("abi");
+  TCase *tc = tcase_create("plugin");
+  tcase_add_test(tc, test_plugin_exports_exactly_the_entry_symbol);
+  tcase_add_test(tc, test_negotiation_agrees_on_1_0_for_host_ranges_containing_it);
+  tcase_add_test(tc, test_negotiation_refuses_other_majors_with_a_message);
+  tcase_add_test(tc, test_negotiation_wide_range_agrees_on_the_plugins_version);
+  tcase_add_test(tc, test_negotiation_refuses_too_small_struct_size);
+  tcase_add_test(tc, test_negotiation_accepts_larger_struct_size);
+  tcase_add_test(tc, test_plugin_descriptor_is_well_formed);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("registry");
+  tcase_add_test(tc, test_registry_indexes_backends_by_name);
+  tcase_add_test(tc, test_registry_reads_the_environment_path_after_the_argument);
+  tcase_add_test(tc, test_registry_skips_a_wrong_major_plugin);
+  tcase_add_test(tc, test_registry_accepts_an_older_minor_plugin);
+  tcase_add_test(tc, test_registry_agrees_host_version_with_a_newer_minor_plugin);
+  tcase_add_test(tc, test_registry_skips_a_truncated_vtable);
+  tcase_add_test(tc, test_registry_skips_non_plugins_and_garbage_files);
+  tcase_add_test(tc, test_registry_duplicate_names_resolve_to_the_first_on_the_path);
+  tcase_add_test(tc, test_status_names_are_distinct);
+  suite_add_tcase(s, tc);
+  return s;
+}
