@@ -10,6 +10,13 @@
 #include "bf16.h"
 #include "planner.h"
 
+/* Inlined so the AVX2 clone of run_item vectorises them too. */
+#if defined(__GNUC__)
+#define PMLA_INLINE static inline __attribute__((always_inline))
+#else
+#define PMLA_INLINE static inline
+#endif
+
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -42,7 +49,7 @@ static int64_t kv_slot(const pmla_kv_map *m, int32_t r, int32_t p, int32_t *err)
   return slot;
 }
 
-static float dot576(const float *restrict a, const float *restrict b) {
+PMLA_INLINE float dot576(const float *restrict a, const float *restrict b) {
   float acc[16] = {0};
   for (int i = 0; i < PMLA_QK_DIM; i += 16)
     for (int j = 0; j < 16; j++)
@@ -53,17 +60,25 @@ static float dot576(const float *restrict a, const float *restrict b) {
   return s;
 }
 
-static void axpy512(float *restrict y, float a, const float *restrict x) {
+PMLA_INLINE void axpy512(float *restrict y, float a, const float *restrict x) {
   for (int i = 0; i < PMLA_V_DIM; i++)
     y[i] += a * x[i];
 }
 
-static void scale512(float *restrict y, float a) {
+PMLA_INLINE void scale512(float *restrict y, float a) {
   for (int i = 0; i < PMLA_V_DIM; i++)
     y[i] *= a;
 }
 
-static void run_item(const pmla_cpu_problem *pb, const int32_t *w, float *scratch,
+/* x86-64 hosts get an AVX2+FMA clone of the hot loop picked at load time;
+ * everything else (and older CPUs) the baseline build. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PMLA_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define PMLA_HOT
+#endif
+
+PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, float *scratch,
                      int32_t *err) {
   const int32_t H = pb->num_heads;
   const int32_t r = w[PMLA_WI_REQUEST], slot = w[PMLA_WI_PARTIAL];

@@ -26,17 +26,9 @@ void harness_print_skip(const char *test, const char *reason) {
   fflush(stdout);
 }
 
-/* ---- CPU memory provider ---- */
-static void *cpu_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
-static void cpu_release(void *p) { free(p); }
-static void cpu_copy(void *dst, const void *src, size_t bytes) {
-  if (bytes)
-    memcpy(dst, src, bytes);
-}
+const devmem *g_mem = &devmem_cpu;
 
-const test_mem_provider test_mem_cpu = {"cpu", kDLCPU, 0, cpu_alloc, cpu_release, cpu_copy,
-                                        cpu_copy};
-const test_mem_provider *g_mem = &test_mem_cpu;
+void *harness_stream(void) { return g_mem->stream ? g_mem->stream() : NULL; }
 
 void tt_make(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int ndim,
              const int64_t *shape) {
@@ -60,7 +52,7 @@ void tt_make(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int n
   x->t.strides = NULL;
   x->t.byte_offset = 0;
   if (host)
-    g_mem->upload(x->t.data, host, x->bytes);
+    tt_upload(x, host);
 }
 
 void tt_make1(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int64_t d0) {
@@ -78,9 +70,17 @@ void tt_make3(test_tensor *x, uint8_t code, uint8_t bits, const void *host, int6
   tt_make(x, code, bits, host, 3, s);
 }
 
-void tt_upload(test_tensor *x, const void *host) { g_mem->upload(x->t.data, host, x->bytes); }
+void tt_upload(test_tensor *x, const void *host) {
+  if (x->bytes)
+    ck_assert_msg(g_mem->upload(x->t.data, host, x->bytes) == 0, "%s: upload of %zu bytes failed",
+                  g_mem->name, x->bytes);
+}
 void tt_download(const test_tensor *x, void *host) {
-  g_mem->download(host, x->t.data, x->bytes);
+  if (g_mem->sync)
+    ck_assert_msg(g_mem->sync() == 0, "%s: sync failed", g_mem->name);
+  if (x->bytes)
+    ck_assert_msg(g_mem->download(host, x->t.data, x->bytes) == 0,
+                  "%s: download of %zu bytes failed", g_mem->name, x->bytes);
 }
 void tt_free(test_tensor *x) {
   if (x->t.data)

@@ -10,6 +10,7 @@
 #include <check.h>
 #include <dlpack/dlpack.h>
 
+#include "devmem.h"
 #include "pmla.h"
 #include "pmla_registry.h"
 
@@ -44,21 +45,11 @@ const char *harness_skip_reason(void);
 void harness_print_skip(const char *test, const char *reason);
 
 /* ---- memory: tensors live where the backend wants them ----
- * All test data is made on the host and copied through this table, so a GPU
- * provider (cudaMalloc/hipMalloc + memcpy) can be slotted in without touching
- * the tests. The default keeps everything on the CPU (kDLCPU). */
-typedef struct test_mem_provider {
-  const char *name;
-  DLDeviceType device_type;
-  int32_t device_id;
-  void *(*alloc)(size_t bytes); /* zero-filled is not required */
-  void (*release)(void *ptr);
-  void (*upload)(void *dst_device, const void *src_host, size_t bytes);
-  void (*download)(void *dst_host, const void *src_device, size_t bytes);
-} test_mem_provider;
-
-extern const test_mem_provider test_mem_cpu;
-extern const test_mem_provider *g_mem;
+ * All test data is made on the host and copied through a devmem table
+ * (tests/devmem.h): host memory for pmla-cpu, GPU memory for pmla. main
+ * picks it; tests only go through tt_* and harness_stream(). */
+extern const devmem *g_mem;
+void *harness_stream(void); /* the stream pmla calls take (NULL on the CPU) */
 
 typedef struct test_tensor {
   DLTensor t;

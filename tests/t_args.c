@@ -113,6 +113,8 @@ static void fx_setup(fx *f, uint32_t topk) {
   f->args.kv_cache = &f->kv.t;
   f->args.out = &f->out.t;
   f->args.lse = &f->lse.t;
+  f->bt_batch.stream = f->csr_batch.stream = f->sparse.stream = f->args.stream =
+      harness_stream();
 }
 
 static void fx_teardown(fx *f) {

@@ -20,6 +20,7 @@ typedef cudaError_t hipError_t;
 #define hipGetErrorString cudaGetErrorString
 #define hipFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define hipErrorInvalidValue cudaErrorInvalidValue
 #else
 #define PMLA_PLATFORM_AMD 1
 #include <hip/hip_runtime.h>

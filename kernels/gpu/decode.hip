@@ -1,0 +1,591 @@
+/* decode.hip - the persistent split-KV MLA decode kernel and the reduce.
+ *
+ * Grid (num_units, head_tiles). Work-group (u, t) walks the work items of
+ * unit u (work_indptr[u] .. work_indptr[u+1]) for the rows [t*ROWS,
+ * (t+1)*ROWS) of each item; a row is a (query row, head) pair, row
+ * i = j * H + h. ROWS is 16, 32 or 64 (NVIDIA) from heads * max_q_len.
+ *
+ * Per item: the Q tile (ROWS x 576 bf16) goes to shared memory once; KV
+ * positions [kv_begin, kv_end) stream through STAGES shared-memory stages of
+ * BN tokens (cp.async, gathered row by row through pmla_kv_map; positions
+ * past the item, skipped slots and bad indices are zero-filled, never
+ * loaded, so NaN-poisoned slots cannot reach the PV product). Per block:
+ *   QK   S[ROWS x BN] = Q K^T over 576 dims; warp w owns rows
+ *        16*(w % MT).. and tokens (w / MT) * TW..; scaled to base 2 and
+ *        masked to -inf (past the item, causal limit len - qlen + 1 + j,
+ *        skipped slot)
+ *   max  per-warp row maxima meet in shared memory -> running max m
+ *   P    exp2(S - m) as bf16 into the stage's rope columns (512..575),
+ *        free once QK is done; row sums meet in shared memory
+ *   PV   O[ROWS x 512] += P V, warp w owns columns 512/NWARPS * w..; O is
+ *        rescaled by exp2(m_old - m_new) first
+ * Unsplit items write bf16 out (+ natural-log lse); split items write the
+ * normalised fp32 partial and its lse into slot `partial` (layout
+ * [slot][q_local][head][512]); the reduce kernel merges them by lse.
+ *
+ * Bad device input never faults: a page/slot outside [0, num_slots) is
+ * skipped and ORs PAGE_INDEX / SLOT_INDEX into work_meta_data[ERROR]; query
+ * rows beyond num_tokens skip the item and OR QO_INDPTR.
+ *
+ * Launchers allocate nothing and never synchronise (graph-capturable). */
+#include <math.h>
+#include <stdint.h>
+
+#include "hip_compat.h"
+#include "mla_gpu.h"
+#include "mma.h"
+
+namespace {
+
+using namespace pmla_mma;
+
+#ifdef PMLA_PLATFORM_NVIDIA
+constexpr int NWARPS = 8, BN = 64, STAGES = 2, MAX_MT = 4;
+#else
+/* CDNA: 64 KiB of LDS per work-group */
+constexpr int NWARPS = 2, BN = 32, STAGES = 1, MAX_MT = 1;
+#endif
+constexpr int NT = NWARPS * WARP;
+constexpr int KSTEPS = PMLA_QK_DIM / 16;
+constexpr int PITCH = PMLA_TILE_PITCH;
+constexpr float LOG2E_F = 1.4426950408889634f;
+constexpr float LN2_F = 0.6931471805599453f;
+constexpr int REDUCE_THREADS = 256;
+
+int host_mt(int H, int mq) {
+  long rows = (long)H * mq;
+  int mt = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+  return mt > MAX_MT ? MAX_MT : mt;
+}
+int host_tiles(int H, int mq) {
+  long rows = (long)H * mq, per = 16L * host_mt(H, mq);
+  return (int)((rows + per - 1) / per);
+}
+
+template <int MT> struct Cfg {
+  static constexpr int ROWS = MT * 16;
+  static constexpr int TG = NWARPS / MT;     /* token groups in QK */
+  static constexpr int TW = BN / TG;         /* tokens per warp in QK */
+  static constexpr int NTQ = TW / MMA_N;     /* n-tiles per warp in QK */
+  static constexpr int DW = PMLA_V_DIM / NWARPS; /* output columns per warp */
+  static constexpr int NTV = DW / MMA_N;
+  static constexpr int TPT = NT / BN;        /* loader threads per token */
+  static constexpr size_t SMEM = (size_t)ROWS * PITCH + (size_t)STAGES * BN * PITCH +
+                                 sizeof(float) * (2 * TG * ROWS + 4 * ROWS) +
+                                 sizeof(int) * STAGES * BN;
+  static_assert(NWARPS % MT == 0, "warps per row group");
+  static_assert(TW % MMA_N == 0 && NTQ >= 1, "QK tokens per warp");
+  static_assert(NTQ == 1 || NTQ % 2 == 0, "QK n-tiles");
+  static_assert(NTV % 2 == 0, "PV n-tiles");
+  static_assert(NT % BN == 0 && PMLA_TILE_CHUNKS % TPT == 0, "loader");
+  static_assert(ROWS <= BN, "P lives in the stage's rope columns");
+  static_assert(BN / 8 <= 8, "P row fits the rope chunks");
+};
+
+__device__ __forceinline__ void cp16(char *dst, const char *src, bool valid) {
+#if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(valid ? 16 : 0));
+#else
+  uint4 v = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+  *(uint4 *)dst = v;
+#endif
+}
+__device__ __forceinline__ void cp_commit() {
+#if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_wait() {
+#if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = WARP / 2; o > 0; o >>= 1)
+#ifdef PMLA_PLATFORM_NVIDIA
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+#else
+    v = fmaxf(v, __shfl_xor(v, o));
+#endif
+  return v;
+}
+
+/* Global slot of position p of request r, or -1 to skip (bad: flagged). */
+__device__ __forceinline__ int64_t kv_slot(const pmla_kv_map &m, int32_t r, int32_t p,
+                                           int32_t *err, bool flag) {
+  int64_t slot;
+  if (m.topk) {
+    slot = m.topk[(int64_t)r * m.topk_stride + p];
+    if (slot < 0)
+      return -1;
+    if (slot >= m.num_slots) {
+      if (flag)
+        atomicOr(err, (int)PMLA_PLAN_ERR_SLOT_INDEX);
+      return -1;
+    }
+    return slot;
+  }
+  int32_t page = m.block_table ? m.block_table[(int64_t)r * m.block_table_stride + p / m.page_size]
+                               : m.kv_indices[m.kv_indptr[r] + p / m.page_size];
+  slot = (int64_t)page * m.page_size + p % m.page_size;
+  if (page < 0 || slot >= m.num_slots) {
+    if (flag)
+      atomicOr(err, (int)PMLA_PLAN_ERR_PAGE_INDEX);
+    return -1;
+  }
+  return slot;
+}
+
+template <int MT>
+__global__ void __launch_bounds__(NT, 1) pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
+  using C = Cfg<MT>;
+  constexpr int ROWS = C::ROWS, TG = C::TG, TW = C::TW, NTQ = C::NTQ, DW = C::DW, NTV = C::NTV,
+                TPT = C::TPT;
+  extern __shared__ __align__(16) char smem[];
+  char *sQ = smem;
+  char *sKV = sQ + ROWS * PITCH;
+  float *sPmax = (float *)(sKV + STAGES * BN * PITCH);
+  float *sPsum = sPmax + TG * ROWS;
+  float *sM = sPsum + TG * ROWS; /* [2][ROWS], by block parity */
+  float *sL = sM + 2 * ROWS;
+  float *sCorr = sL + ROWS;
+  int *sValid = (int *)(sCorr + ROWS);
+
+  const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
+  const int H = p.num_heads;
+  const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
+  const int rg = warp % MT, tg = warp / MT;
+  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  const char *kvbase = (const char *)p.kv;
+
+  const int it_end = p.work_indptr[u + 1];
+  for (int it = p.work_indptr[u]; it < it_end; it++) {
+    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int qlen = qe - qb, rows_item = qlen * H;
+    if (qlen <= 0 || row0 >= rows_item)
+      continue;
+    if (qb < 0 || qe > p.num_tokens) {
+      if (tid == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
+    }
+    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
+    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+
+    /* Q tile (rows past the item zero-filled) */
+    {
+      const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
+      for (int c = tid; c < ROWS * PMLA_TILE_CHUNKS; c += NT) {
+        int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
+        bool v = rr < nrows;
+        cp16(sQ + tile_off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
+      }
+    }
+    if (tid < ROWS) {
+      sM[tid] = -INFINITY;
+      sL[tid] = 0.f;
+    }
+
+    auto load_block = [&](int blk, int st) {
+      const int t = tid / TPT, sub = tid % TPT;
+      const int pos = kb + blk * BN + t;
+      int64_t slot = pos < ke ? kv_slot(p.map, r, pos, errw, sub == 0 && blockIdx.y == 0) : -1;
+      bool v = slot >= 0;
+      if (sub == 0)
+        sValid[st * BN + t] = v;
+      const char *src = v ? kvbase + slot * PITCH : kvbase;
+      char *dst = sKV + st * BN * PITCH;
+#pragma unroll
+      for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
+        int c = sub + k * TPT;
+        cp16(dst + tile_off(t, c), src + (v ? c * 16 : 0), v);
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < nblk)
+        load_block(s, s);
+      cp_commit();
+    }
+
+    /* causal/item limit of each row a lane holds in QK */
+    int lim[ROWSLOTS];
+#pragma unroll
+    for (int s = 0; s < ROWSLOTS; s++) {
+      int i = row0 + rg * 16 + slot_row(lane, s);
+      int causal = len - qlen + 1 + i / H;
+      lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+    }
+
+    Acc o[MT][NTV];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < NTV; nt++)
+        acc_zero(o[mt][nt]);
+
+    for (int b = 0; b < nblk; b++) {
+      if (STAGES == 1) {
+        __syncthreads();
+        load_block(b, 0);
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
+      } else {
+        cp_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();
+        __syncthreads();
+        if (b + STAGES - 1 < nblk)
+          load_block(b + STAGES - 1, (b + STAGES - 1) % STAGES);
+        cp_commit();
+      }
+      const int st = b % STAGES;
+      char *sK = sKV + st * BN * PITCH;
+      const int *vld = sValid + st * BN;
+      const int pos0 = kb + b * BN;
+      const int cur = (b & 1) * ROWS, nxt = ROWS - cur;
+
+      /* ---- S = Q K^T */
+      Acc s[NTQ];
+#pragma unroll
+      for (int nt = 0; nt < NTQ; nt++)
+        acc_zero(s[nt]);
+      const int n0 = tg * TW;
+      if (NTQ == 1) {
+#pragma unroll 6
+        for (int ks = 0; ks < KSTEPS; ks += 2) {
+          FragA a0, a1;
+          FragB b0, b1;
+          ld_a(a0, sQ, rg * 16, ks * 2);
+          ld_a(a1, sQ, rg * 16, ks * 2 + 2);
+          ld_b_nk_k2(b0, b1, sK, n0, ks * 2);
+          mma(s[0], a0, b0);
+          mma(s[0], a1, b1);
+        }
+      } else {
+#pragma unroll 4
+        for (int ks = 0; ks < KSTEPS; ks++) {
+          FragA a;
+          ld_a(a, sQ, rg * 16, ks * 2);
+#pragma unroll
+          for (int np = 0; np < NTQ / 2; np++) {
+            FragB b0, b1;
+            ld_b_nk2(b0, b1, sK, n0 + np * 2 * MMA_N, ks * 2);
+            mma(s[2 * np], a, b0);
+            mma(s[2 * np + 1], a, b1);
+          }
+        }
+      }
+
+      /* ---- scale, mask, row maxima */
+      float mx[ROWSLOTS];
+#pragma unroll
+      for (int sl = 0; sl < ROWSLOTS; sl++)
+        mx[sl] = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NTQ; nt++)
+#pragma unroll
+        for (int e = 0; e < ACC; e++) {
+          int col = n0 + nt * MMA_N + acc_col(lane, e);
+          int sl = slot_of(e);
+          float v = s[nt].x[e] * scale_log2;
+          if (!(pos0 + col < lim[sl] && vld[col]))
+            v = -INFINITY;
+          s[nt].x[e] = v;
+          mx[sl] = fmaxf(mx[sl], v);
+        }
+#pragma unroll
+      for (int sl = 0; sl < ROWSLOTS; sl++) {
+        float m = row_max(mx[sl]);
+        if (row_leader(lane))
+          sPmax[tg * ROWS + rg * 16 + slot_row(lane, sl)] = m;
+      }
+      __syncthreads();
+
+      /* ---- P = exp2(S - m) into the rope columns of the stage */
+      float muse[ROWSLOTS], sum[ROWSLOTS];
+#pragma unroll
+      for (int sl = 0; sl < ROWSLOTS; sl++) {
+        int row = rg * 16 + slot_row(lane, sl);
+        float m_old = sM[cur + row], m = m_old;
+#pragma unroll
+        for (int t = 0; t < TG; t++)
+          m = fmaxf(m, sPmax[t * ROWS + row]);
+        muse[sl] = m == -INFINITY ? 0.f : m;
+        sum[sl] = 0.f;
+        if (tg == 0 && row_leader(lane)) {
+          sCorr[row] = exp2f(m_old - muse[sl]);
+          sM[nxt + row] = m;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NTQ; nt++) {
+        if (PAIRED) {
+#pragma unroll
+          for (int e = 0; e < ACC; e += 2) {
+            int sl = slot_of(e);
+            float p0 = exp2f(s[nt].x[e] - muse[sl]), p1 = exp2f(s[nt].x[e + 1] - muse[sl]);
+            sum[sl] += p0 + p1;
+            uint32_t pk = (uint32_t)f_to_bf16(p0) | ((uint32_t)f_to_bf16(p1) << 16);
+            *(uint32_t *)(sK + elem_off(rg * 16 + acc_row(lane, e), 64,
+                                        n0 + nt * MMA_N + acc_col(lane, e))) = pk;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < ACC; e++) {
+            int sl = slot_of(e);
+            float p0 = exp2f(s[nt].x[e] - muse[sl]);
+            sum[sl] += p0;
+            *(uint16_t *)(sK + elem_off(rg * 16 + acc_row(lane, e), 64,
+                                        n0 + nt * MMA_N + acc_col(lane, e))) = f_to_bf16(p0);
+          }
+        }
+      }
+#pragma unroll
+      for (int sl = 0; sl < ROWSLOTS; sl++) {
+        float t = row_sum(sum[sl]);
+        if (row_leader(lane))
+          sPsum[tg * ROWS + rg * 16 + slot_row(lane, sl)] = t;
+      }
+      __syncthreads();
+
+      if (tid < ROWS) {
+        float l = sL[tid] * sCorr[tid];
+#pragma unroll
+        for (int t = 0; t < TG; t++)
+          l += sPsum[t * ROWS + tid];
+        sL[tid] = l;
+      }
+
+      /* ---- O = O * corr + P V */
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        float corr[ROWSLOTS];
+#pragma unroll
+        for (int sl = 0; sl < ROWSLOTS; sl++)
+          corr[sl] = sCorr[mt * 16 + slot_row(lane, sl)];
+#pragma unroll
+        for (int nt = 0; nt < NTV; nt++)
+#pragma unroll
+          for (int e = 0; e < ACC; e++)
+            o[mt][nt].x[e] *= corr[slot_of(e)];
+      }
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ks++) {
+        FragA pa[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+          ld_a(pa[mt], sK, mt * 16, 64 + ks * 2);
+#pragma unroll
+        for (int np = 0; np < NTV / 2; np++) {
+          FragB b0, b1;
+          ld_b_kn2(b0, b1, sK, ks * 16, (warp * DW + np * 2 * MMA_N) / 8);
+#pragma unroll
+          for (int mt = 0; mt < MT; mt++) {
+            mma(o[mt][2 * np], pa[mt], b0);
+            mma(o[mt][2 * np + 1], pa[mt], b1);
+          }
+        }
+      }
+    }
+    cp_wait<0>();
+    __syncthreads();
+
+    /* ---- epilogue */
+    const int mfin = (nblk & 1) * ROWS;
+    const int64_t obase =
+        pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int sl = 0; sl < ROWSLOTS; sl++) {
+        int rl = mt * 16 + slot_row(lane, sl);
+        if (rl >= nrows)
+          continue;
+        float l = sL[rl], inv = l > 0.f ? 1.f / l : 0.f;
+        int64_t ro = (obase + rl) * PMLA_V_DIM;
+#pragma unroll
+        for (int nt = 0; nt < NTV; nt++) {
+          if (PAIRED) {
+#pragma unroll
+            for (int e = 0; e < ACC; e += 2) {
+              if (slot_of(e) != sl)
+                continue;
+              int col = warp * DW + nt * MMA_N + acc_col(lane, e);
+              float v0 = o[mt][nt].x[e] * inv, v1 = o[mt][nt].x[e + 1] * inv;
+              if (pslot >= 0) {
+                *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
+              } else {
+                *(uint32_t *)(p.out + ro + col) =
+                    (uint32_t)f_to_bf16(v0) | ((uint32_t)f_to_bf16(v1) << 16);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < ACC; e++) {
+              if (slot_of(e) != sl)
+                continue;
+              int col = warp * DW + nt * MMA_N + acc_col(lane, e);
+              float v0 = o[mt][nt].x[e] * inv;
+              if (pslot >= 0)
+                p.partial_out[ro + col] = v0;
+              else
+                p.out[ro + col] = f_to_bf16(v0);
+            }
+          }
+        }
+      }
+    if (tid < nrows) {
+      float l = sL[tid];
+      float lse = l > 0.f ? (sM[mfin + tid] + log2f(l)) * LN2_F : -INFINITY;
+      if (pslot >= 0)
+        p.partial_lse[obase + tid] = lse;
+      else if (p.lse)
+        p.lse[obase + tid] = lse;
+    }
+    __syncthreads();
+  }
+}
+
+/* One warp per (reduce entry, row): merge the pieces' partials by lse. */
+__global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP; /* float4 per lane */
+  const int H = p.num_heads, mq = p.max_q_len;
+  const int64_t rows_max = (int64_t)mq * H;
+  const int nred = p.work_meta_data[PMLA_META_NUM_REDUCE];
+  const int64_t max_slots = 2LL * p.num_units;
+  const int lane = threadIdx.x % WARP;
+  const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP);
+  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  for (int64_t pair = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+       pair < nred * rows_max; pair += nw) {
+    const int k = (int)(pair / rows_max), i = (int)(pair % rows_max);
+    const int r = p.reduce_final_map[k];
+    const int qb = p.qo_indptr ? p.qo_indptr[r] : r;
+    const int qe = p.qo_indptr ? p.qo_indptr[r + 1] : r + 1;
+    if (qb < 0 || qe < qb || qe > p.num_tokens || qe - qb > mq) {
+      if (lane == 0 && i == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
+    }
+    if (i >= (qe - qb) * H)
+      continue;
+    const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
+    float best = -INFINITY;
+    for (int q = p0 + lane; q < p1; q += WARP) {
+      int s = p.reduce_partial_map[q];
+      if (s >= 0 && s < max_slots)
+        best = fmaxf(best, p.partial_lse[(int64_t)s * rows_max + i]);
+    }
+    best = warp_max(best);
+    float4 acc[V4];
+#pragma unroll
+    for (int v = 0; v < V4; v++)
+      acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+    float total = 0.f;
+    if (best != -INFINITY) {
+      for (int q = p0; q < p1; q++) {
+        int s = p.reduce_partial_map[q];
+        if (s < 0 || s >= max_slots)
+          continue;
+        int64_t base = (int64_t)s * rows_max + i;
+        float l = p.partial_lse[base];
+        if (l == -INFINITY)
+          continue;
+        float wgt = expf(l - best);
+        total += wgt;
+        const float4 *src = (const float4 *)(p.partial_out + base * PMLA_V_DIM);
+#pragma unroll
+        for (int v = 0; v < V4; v++) {
+          float4 x = src[lane + v * WARP];
+          acc[v].x += wgt * x.x;
+          acc[v].y += wgt * x.y;
+          acc[v].z += wgt * x.z;
+          acc[v].w += wgt * x.w;
+        }
+      }
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    uint16_t *dst = p.out + ((int64_t)qb * H + i) * PMLA_V_DIM;
+#pragma unroll
+    for (int v = 0; v < V4; v++) {
+      uint2 pk;
+      pk.x = (uint32_t)f_to_bf16(acc[v].x * inv) | ((uint32_t)f_to_bf16(acc[v].y * inv) << 16);
+      pk.y = (uint32_t)f_to_bf16(acc[v].z * inv) | ((uint32_t)f_to_bf16(acc[v].w * inv) << 16);
+      *(uint2 *)(dst + (lane + v * WARP) * 4) = pk;
+    }
+    if (lane == 0 && p.lse)
+      p.lse[(int64_t)qb * H + i] = total > 0.f ? best + logf(total) : -INFINITY;
+  }
+}
+
+template <int MT> hipError_t launch_decode(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+  static bool attr_done = false; /* benign race: the call is idempotent */
+  const size_t smem = Cfg<MT>::SMEM;
+  if (!attr_done) {
+    hipError_t e = hipFuncSetAttribute((const void *)pmla_decode_kernel<MT>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != hipSuccess)
+      return e;
+    attr_done = true;
+  }
+  dim3 grid((unsigned)p.num_units, (unsigned)tiles);
+  pmla_decode_kernel<MT><<<grid, NT, smem, st>>>(p, p.softmax_scale * LOG2E_F);
+  return hipGetLastError();
+}
+
+} /* namespace */
+
+extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len) {
+  if (num_heads < 1)
+    num_heads = 1;
+  if (max_q_len < 1)
+    max_q_len = 1;
+  int32_t n = cu_count / host_tiles(num_heads, max_q_len);
+  return n < 1 ? 1 : n;
+}
+
+extern "C" int pmla_gpu_decode(const pmla_gpu_problem *problem, void *stream) {
+  if (!problem || problem->num_heads < 1 || problem->max_q_len < 1 || problem->num_units < 1)
+    return (int)hipErrorInvalidValue;
+  const pmla_gpu_problem &p = *problem;
+  hipStream_t st = (hipStream_t)stream;
+  const int tiles = host_tiles(p.num_heads, p.max_q_len);
+  hipError_t e;
+  switch (host_mt(p.num_heads, p.max_q_len)) {
+  case 1:
+    e = launch_decode<1>(p, tiles, st);
+    break;
+#if MAX_MT_GE2_GUARD
+#endif
+  default:
+#ifdef PMLA_PLATFORM_NVIDIA
+    if (host_mt(p.num_heads, p.max_q_len) == 2)
+      e = launch_decode<2>(p, tiles, st);
+    else
+      e = launch_decode<4>(p, tiles, st);
+#else
+    e = launch_decode<1>(p, tiles, st);
+#endif
+    break;
+  }
+  if (e != hipSuccess)
+    return (int)e;
+  /* reduce: one warp per (entry, row); entries <= num_units */
+  int64_t pairs = (int64_t)p.num_units * p.max_q_len * p.num_heads;
+  int64_t blocks = (pairs + REDUCE_THREADS / WARP - 1) / (REDUCE_THREADS / WARP);
+  if (blocks > 65535)
+    blocks = 65535;
+  pmla_reduce_kernel<<<(unsigned)blocks, REDUCE_THREADS, 0, st>>>(p);
+  return (int)hipGetLastError();
+}
+
+extern "C" const char *pmla_gpu_error_string(int code) {
+  return hipGetErrorString((hipError_t)code);
+}
