@@ -49,7 +49,6 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
   pmla_clear_error(NULL);
   if (!out)
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: out is NULL");
-  *out = NULL;
   if ((st = pmla_validate_config(config, &cfg)))
     return st;
   if (cfg.device != 0)

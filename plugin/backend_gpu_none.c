@@ -5,8 +5,7 @@
 
 static pmla_status no_gpu_init(const pmla_builder_config *config, pmla_builder **out) {
   (void)config;
-  if (out)
-    *out = NULL;
+  (void)out;
   return pmla_fail(NULL, PMLA_ERR_NO_DEVICE,
                    "init_builder: backend pmla: no GPU support built (configure "
                    "--with-hip=nvidia or --with-hip=amd); use pmla-cpu");

@@ -25,6 +25,11 @@ typedef struct devmem {
   int (*sync)(void);
   /* Free and total device memory, for "no allocation" checks; -1 unknown. */
   int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
+  /* Graph capture of the stream (NULL where there are no graphs): begin,
+   * end (instantiates, replacing any earlier graph), replay. 0 ok. */
+  int (*capture_begin)(void);
+  int (*capture_end)(void);
+  int (*replay)(void);
 } devmem;
 
 extern const devmem devmem_cpu;

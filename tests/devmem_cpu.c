@@ -50,4 +50,7 @@ const devmem devmem_cpu = {
     .timer_stop_us = cpu_timer_stop_us,
     .sync = cpu_sync,
     .mem_info = cpu_mem_info,
+    .capture_begin = NULL,
+    .capture_end = NULL,
+    .replay = NULL,
 };

@@ -13,6 +13,9 @@
 #define D2D cudaMemcpyDeviceToDevice
 typedef cudaStream_t rt_stream;
 typedef cudaEvent_t rt_event;
+typedef cudaGraph_t rt_graph;
+typedef cudaGraphExec_t rt_graph_exec;
+#define CAPTURE_MODE cudaStreamCaptureModeThreadLocal
 #define DEVICE_TYPE kDLCUDA
 #define NAME "cuda device 0"
 #else
@@ -24,6 +27,9 @@ typedef cudaEvent_t rt_event;
 #define D2D hipMemcpyDeviceToDevice
 typedef hipStream_t rt_stream;
 typedef hipEvent_t rt_event;
+typedef hipGraph_t rt_graph;
+typedef hipGraphExec_t rt_graph_exec;
+#define CAPTURE_MODE hipStreamCaptureModeThreadLocal
 #define DEVICE_TYPE kDLROCM
 #define NAME "rocm device 0"
 #endif
@@ -65,6 +71,28 @@ static int gpu_mem_info(size_t *free_bytes, size_t *total_bytes) {
   return rt(MemGetInfo)(free_bytes, total_bytes) != RT_OK ? -1 : 0;
 }
 
+static rt_graph graph;
+static rt_graph_exec graph_exec;
+static int gpu_capture_begin(void) { return rt(StreamBeginCapture)(stream, CAPTURE_MODE) != RT_OK; }
+static int gpu_capture_end(void) {
+  if (graph_exec) {
+    rt(GraphExecDestroy)(graph_exec);
+    graph_exec = NULL;
+  }
+  if (graph) {
+    rt(GraphDestroy)(graph);
+    graph = NULL;
+  }
+  if (rt(StreamEndCapture)(stream, &graph) != RT_OK)
+    return 1;
+#if defined(PMLA_GPU_NVIDIA)
+  return cudaGraphInstantiate(&graph_exec, graph, 0) != RT_OK;
+#else /* HIP 5.2 keeps the CUDA 11 signature */
+  return hipGraphInstantiate(&graph_exec, graph, NULL, NULL, 0) != RT_OK;
+#endif
+}
+static int gpu_replay(void) { return rt(GraphLaunch)(graph_exec, stream) != RT_OK; }
+
 static const devmem provider = {
     .name = NAME,
     .device_type = DEVICE_TYPE,
@@ -80,6 +108,9 @@ static const devmem provider = {
     .timer_stop_us = gpu_timer_stop_us,
     .sync = gpu_sync,
     .mem_info = gpu_mem_info,
+    .capture_begin = gpu_capture_begin,
+    .capture_end = gpu_capture_end,
+    .replay = gpu_replay,
 };
 
 const devmem *devmem_gpu(const char **why) {

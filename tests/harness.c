@@ -22,7 +22,10 @@ const char *harness_skip_reason(void) {
 }
 
 void harness_print_skip(const char *test, const char *reason) {
-  printf("SKIP %s: backend %s: %s\n", test, g_backend_name, reason);
+  size_t n = strlen(test); /* START_TEST names the function <test>_fn */
+  if (n > 3 && strcmp(test + n - 3, "_fn") == 0)
+    n -= 3;
+  printf("SKIP %.*s: backend %s: %s\n", (int)n, test, g_backend_name, reason);
   fflush(stdout);
 }
 

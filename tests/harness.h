@@ -100,5 +100,6 @@ Suite *suite_builder(void);
 Suite *suite_args(void);
 Suite *suite_planner(void);
 Suite *suite_numerics(void);
+Suite *suite_threads(void);
 
 #endif

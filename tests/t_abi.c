@@ -74,8 +74,9 @@ static void tmpdir_make(tmpdir *t) {
 
 static const char *tmpdir_file(tmpdir *t, const char *name) {
   ck_assert_int_lt(t->nfiles, 16);
-  char *f = t->files[t->nfiles++];
-  snprintf(f, 600, "%s/%s", t->path, name);
+  char *f = t->files[t->nfiles++], tmp[600];
+  snprintf(tmp, sizeof tmp, "%s/%s", t->path, name);
+  memcpy(f, tmp, sizeof tmp);
   return f;
 }
 

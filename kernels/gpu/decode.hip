@@ -40,12 +40,16 @@ namespace {
 using namespace pmla_mma;
 
 #ifdef PMLA_PLATFORM_NVIDIA
+#ifndef PMLA_MT4_WARPS
+#define PMLA_MT4_WARPS 16
+#endif
 constexpr int NWARPS = 8, BN = 64, STAGES = 2, MAX_MT = 4;
+constexpr int MT4_WARPS = PMLA_MT4_WARPS; /* 64-row tiles: more warps hide latency */
 #else
 /* CDNA: 64 KiB of LDS per work-group */
 constexpr int NWARPS = 2, BN = 32, STAGES = 1, MAX_MT = 1;
+constexpr int MT4_WARPS = NWARPS;
 #endif
-constexpr int NT = NWARPS * WARP;
 constexpr int KSTEPS = PMLA_QK_DIM / 16;
 constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr float LOG2E_F = 1.4426950408889634f;
@@ -63,17 +67,20 @@ int host_tiles(int H, int mq) {
 }
 
 template <int MT> struct Cfg {
+  static constexpr int NW = MT == 4 ? MT4_WARPS : NWARPS;
+  static constexpr int NT = NW * WARP;
+  static constexpr int QKU = MT == 4 ? 1 : 4; /* QK unroll: MT 4 is register bound */
   static constexpr int ROWS = MT * 16;
-  static constexpr int TG = NWARPS / MT;     /* token groups in QK */
+  static constexpr int TG = NW / MT;     /* token groups in QK */
   static constexpr int TW = BN / TG;         /* tokens per warp in QK */
   static constexpr int NTQ = TW / MMA_N;     /* n-tiles per warp in QK */
-  static constexpr int DW = PMLA_V_DIM / NWARPS; /* output columns per warp */
+  static constexpr int DW = PMLA_V_DIM / NW; /* output columns per warp */
   static constexpr int NTV = DW / MMA_N;
   static constexpr int TPT = NT / BN;        /* loader threads per token */
   static constexpr size_t SMEM = (size_t)ROWS * PITCH + (size_t)STAGES * BN * PITCH +
                                  sizeof(float) * (2 * TG * ROWS + 4 * ROWS) +
                                  sizeof(int) * STAGES * BN;
-  static_assert(NWARPS % MT == 0, "warps per row group");
+  static_assert(NW % MT == 0, "warps per row group");
   static_assert(TW % MMA_N == 0 && NTQ >= 1, "QK tokens per warp");
   static_assert(NTQ == 1 || NTQ % 2 == 0, "QK n-tiles");
   static_assert(NTV % 2 == 0, "PV n-tiles");
@@ -113,25 +120,32 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-/* Global slot of position p of request r, or -1 to skip (bad: flagged). */
-__device__ __forceinline__ int64_t kv_slot(const pmla_kv_map &m, int32_t r, int32_t p,
+/* The raw map entry of position p of request r (page, or top-k slot), read
+ * one block ahead of its use so the gather's index load is off the
+ * critical path. csr_first: kv_indptr[r] (CSR only). */
+__device__ __forceinline__ int32_t kv_raw(const pmla_kv_map &m, int32_t r, int32_t p,
+                                          int32_t csr_first) {
+  if (m.topk)
+    return m.topk[(int64_t)r * m.topk_stride + p];
+  int32_t pg = p / m.page_size;
+  return m.block_table ? m.block_table[(int64_t)r * m.block_table_stride + pg]
+                       : m.kv_indices[csr_first + pg];
+}
+/* Global slot from a raw entry, or -1 to skip (bad indices flagged). */
+__device__ __forceinline__ int64_t kv_slot(const pmla_kv_map &m, int32_t raw, int32_t p,
                                            int32_t *err, bool flag) {
-  int64_t slot;
   if (m.topk) {
-    slot = m.topk[(int64_t)r * m.topk_stride + p];
-    if (slot < 0)
+    if (raw < 0)
       return -1;
-    if (slot >= m.num_slots) {
+    if (raw >= m.num_slots) {
       if (flag)
         atomicOr(err, (int)PMLA_PLAN_ERR_SLOT_INDEX);
       return -1;
     }
-    return slot;
+    return raw;
   }
-  int32_t page = m.block_table ? m.block_table[(int64_t)r * m.block_table_stride + p / m.page_size]
-                               : m.kv_indices[m.kv_indptr[r] + p / m.page_size];
-  slot = (int64_t)page * m.page_size + p % m.page_size;
-  if (page < 0 || slot >= m.num_slots) {
+  int64_t slot = (int64_t)raw * m.page_size + p % m.page_size;
+  if (raw < 0 || slot >= m.num_slots) {
     if (flag)
       atomicOr(err, (int)PMLA_PLAN_ERR_PAGE_INDEX);
     return -1;
@@ -140,8 +154,10 @@ __device__ __forceinline__ int64_t kv_slot(const pmla_kv_map &m, int32_t r, int3
 }
 
 template <int MT>
-__global__ void __launch_bounds__(NT, 1) pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
+__global__ void __launch_bounds__(Cfg<MT>::NT, 1)
+    pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
   using C = Cfg<MT>;
+  constexpr int NT = C::NT, QKU = C::QKU;
   constexpr int ROWS = C::ROWS, TG = C::TG, TW = C::TW, NTQ = C::NTQ, DW = C::DW, NTV = C::NTV,
                 TPT = C::TPT;
   extern __shared__ __align__(16) char smem[];
@@ -192,20 +208,29 @@ __global__ void __launch_bounds__(NT, 1) pmla_decode_kernel(pmla_gpu_problem p, 
       sL[tid] = 0.f;
     }
 
+    const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+    const int ld_t = tid / TPT, ld_sub = tid % TPT;
+    auto raw_at = [&](int blk) -> int32_t {
+      int pos = kb + blk * BN + ld_t;
+      return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+    };
+    int32_t raw_next = raw_at(0);
+    /* loads block blk (whose raw entry is raw_next) and prefetches blk + 1's */
     auto load_block = [&](int blk, int st) {
-      const int t = tid / TPT, sub = tid % TPT;
-      const int pos = kb + blk * BN + t;
-      int64_t slot = pos < ke ? kv_slot(p.map, r, pos, errw, sub == 0 && blockIdx.y == 0) : -1;
+      const int pos = kb + blk * BN + ld_t;
+      int64_t slot = pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0)
+                              : -1;
       bool v = slot >= 0;
-      if (sub == 0)
-        sValid[st * BN + t] = v;
+      if (ld_sub == 0)
+        sValid[st * BN + ld_t] = v;
       const char *src = v ? kvbase + slot * PITCH : kvbase;
       char *dst = sKV + st * BN * PITCH;
 #pragma unroll
       for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
-        int c = sub + k * TPT;
-        cp16(dst + tile_off(t, c), src + (v ? c * 16 : 0), v);
+        int c = ld_sub + k * TPT;
+        cp16(dst + tile_off(ld_t, c), src + (v ? c * 16 : 0), v);
       }
+      raw_next = raw_at(blk + 1);
     };
 
 #pragma unroll
@@ -269,7 +294,7 @@ __global__ void __launch_bounds__(NT, 1) pmla_decode_kernel(pmla_gpu_problem p, 
           mma(s[0], a1, b1);
         }
       } else {
-#pragma unroll 4
+#pragma unroll QKU
         for (int ks = 0; ks < KSTEPS; ks++) {
           FragA a;
           ld_a(a, sQ, rg * 16, ks * 2);
@@ -536,7 +561,7 @@ template <int MT> hipError_t launch_decode(const pmla_gpu_problem &p, int tiles,
     attr_done = true;
   }
   dim3 grid((unsigned)p.num_units, (unsigned)tiles);
-  pmla_decode_kernel<MT><<<grid, NT, smem, st>>>(p, p.softmax_scale * LOG2E_F);
+  pmla_decode_kernel<MT><<<grid, Cfg<MT>::NT, smem, st>>>(p, p.softmax_scale * LOG2E_F);
   return hipGetLastError();
 }
 
@@ -559,20 +584,16 @@ extern "C" int pmla_gpu_decode(const pmla_gpu_problem *problem, void *stream) {
   const int tiles = host_tiles(p.num_heads, p.max_q_len);
   hipError_t e;
   switch (host_mt(p.num_heads, p.max_q_len)) {
-  case 1:
-    e = launch_decode<1>(p, tiles, st);
+#ifdef PMLA_PLATFORM_NVIDIA
+  case 2:
+    e = launch_decode<2>(p, tiles, st);
     break;
-#if MAX_MT_GE2_GUARD
+  case 4:
+    e = launch_decode<4>(p, tiles, st);
+    break;
 #endif
   default:
-#ifdef PMLA_PLATFORM_NVIDIA
-    if (host_mt(p.num_heads, p.max_q_len) == 2)
-      e = launch_decode<2>(p, tiles, st);
-    else
-      e = launch_decode<4>(p, tiles, st);
-#else
     e = launch_decode<1>(p, tiles, st);
-#endif
     break;
   }
   if (e != hipSuccess)

@@ -1,0 +1,57 @@
+# tests/: the conformance suite (installed as pmla-conformance), the
+# no-allocation check, and mock plugins built only for the registry tests.
+# Paths are relative to the top directory (non-recursive build).
+
+# ---- pmla-conformance: installed, and run by make check on the in-tree plugin
+bin_PROGRAMS += tests/pmla-conformance
+tests_pmla_conformance_SOURCES = tests/conformance.c \
+	tests/harness.c tests/harness.h \
+	tests/reference.c tests/reference.h \
+	tests/devmem.h tests/devmem_cpu.c $(DEVMEM_GPU_SOURCE) \
+	tests/t_abi.c tests/t_builder.c tests/t_args.c tests/t_planner.c tests/t_numerics.c \
+	tests/t_threads.c
+tests_pmla_conformance_CPPFLAGS = $(AM_CPPFLAGS) $(GPU_CPPFLAGS) \
+	-I$(top_srcdir)/abi -I$(top_srcdir)/kernels -I$(top_srcdir)/tests \
+	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so:$(plugindir)/pmla.so"' \
+	-DPMLA_TEST_MOCK_DIR='"$(abs_top_builddir)/tests/.libs"'
+tests_pmla_conformance_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_pmla_conformance_LDADD = abi/libpmla-registry.la $(CHECK_LIBS) $(GPU_LIBS) $(DL_LIBS) \
+	$(PTHREAD_LIBS) $(LIBM)
+
+# ---- noalloc: interposes malloc & co, so it is its own program (no Check)
+check_PROGRAMS += tests/noalloc
+tests_noalloc_SOURCES = tests/noalloc.c
+tests_noalloc_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi \
+	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so"'
+tests_noalloc_LDADD = abi/libpmla-registry.la $(LIBM)
+tests_noalloc_LDFLAGS = -export-dynamic
+
+TESTS += tests/pmla-conformance tests/noalloc
+
+# ---- mock plugins (never installed; -rpath makes libtool build real .so)
+MOCK_LDFLAGS = -module -avoid-version -shared -rpath $(abs_builddir)/tests
+MOCK_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi
+check_LTLIBRARIES += tests/mock_wrong_major.la tests/mock_old_minor.la \
+	tests/mock_new_minor.la tests/mock_short_vtable.la \
+	tests/mock_dup_a.la tests/mock_dup_b.la tests/mock_not_plugin.la
+
+tests_mock_wrong_major_la_SOURCES = tests/mock_plugin.c
+tests_mock_wrong_major_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=1
+tests_mock_wrong_major_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_old_minor_la_SOURCES = tests/mock_plugin.c
+tests_mock_old_minor_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=2
+tests_mock_old_minor_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_new_minor_la_SOURCES = tests/mock_plugin.c
+tests_mock_new_minor_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=3
+tests_mock_new_minor_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_short_vtable_la_SOURCES = tests/mock_plugin.c
+tests_mock_short_vtable_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=4
+tests_mock_short_vtable_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_dup_a_la_SOURCES = tests/mock_plugin.c
+tests_mock_dup_a_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=5
+tests_mock_dup_a_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_dup_b_la_SOURCES = tests/mock_plugin.c
+tests_mock_dup_b_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=6
+tests_mock_dup_b_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_not_plugin_la_SOURCES = tests/mock_not_plugin.c
+tests_mock_not_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)

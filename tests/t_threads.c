@@ -1,0 +1,132 @@
+/* t_threads.c - "builders are independent: many may live in one process and
+ * be used from many threads at once". Each thread owns a builder and its own
+ * tensors; run concurrently, every decode must give bit-for-bit what the
+ * same builder gave when run alone. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "reference.h"
+
+#define NTHREADS 4
+#define ROUNDS 25
+#define TOKENS 3
+#define TOPK 256
+#define PAGES 32
+#define PS 16
+
+typedef struct worker {
+  pmla_builder *b;
+  uint32_t heads;
+  test_tensor idx, q, kv, out, lse;
+  pmla_sparse_batch sb;
+  pmla_decode_args args;
+  uint16_t *expect, *got;
+  size_t n_out;
+  int mismatches;
+  pmla_status first_error;
+} worker;
+
+static void worker_setup(worker *w, int id) {
+  memset(w, 0, sizeof *w);
+  uint64_t rng = harness_seed() + 1000u * (uint64_t)id;
+  w->heads = id % 2 ? 32 : 16;
+  pmla_builder_config c = harness_config(w->heads, PS, TOKENS, 1, TOPK, 1 + (uint32_t)id % 3);
+  w->b = harness_init(&c);
+  int32_t idx[TOKENS * TOPK];
+  for (int i = 0; i < TOKENS * TOPK; i++)
+    idx[i] = rng_below(&rng, 10) == 0 ? -1 : (int32_t)rng_below(&rng, PAGES * PS);
+  size_t nq = (size_t)TOKENS * w->heads * 576, nkv = (size_t)PAGES * PS * 576;
+  uint16_t *q = malloc(nq * 2), *kv = malloc(nkv * 2);
+  ck_assert(q && kv);
+  for (size_t i = 0; i < nq; i++)
+    q[i] = ref_float_to_bf16((float)(rng_uniform(&rng) * 4 - 2));
+  for (size_t i = 0; i < nkv; i++)
+    kv[i] = ref_float_to_bf16((float)(rng_uniform(&rng) * 2 - 1));
+  tt_make2(&w->idx, TT_I32, idx, TOKENS, TOPK);
+  tt_make3(&w->q, TT_BF16, q, TOKENS, w->heads, 576);
+  tt_make3(&w->kv, TT_BF16, kv, PAGES, PS, 576);
+  tt_make3(&w->out, TT_BF16, NULL, TOKENS, w->heads, 512);
+  tt_make2(&w->lse, TT_F32, NULL, TOKENS, w->heads);
+  free(q);
+  free(kv);
+  w->sb.struct_size = sizeof w->sb;
+  w->sb.topk_indices = &w->idx.t;
+  w->sb.max_seq_len = 1000 * (id + 1);
+  w->sb.stream = harness_stream();
+  w->args.struct_size = sizeof w->args;
+  w->args.q = &w->q.t;
+  w->args.kv_cache = &w->kv.t;
+  w->args.out = &w->out.t;
+  w->args.lse = &w->lse.t;
+  w->args.stream = harness_stream();
+  w->n_out = (size_t)TOKENS * w->heads * 512;
+  w->expect = malloc(w->n_out * 2);
+  w->got = malloc(w->n_out * 2);
+  ck_assert(w->expect && w->got);
+  /* alone */
+  ck_assert_int_eq(g_be->build_sparse(w->b, &w->sb), PMLA_OK);
+  ck_assert_int_eq(g_be->decode(w->b, &w->args), PMLA_OK);
+  tt_download(&w->out, w->expect);
+}
+
+static void *worker_run(void *arg) {
+  worker *w = arg;
+  for (int r = 0; r < ROUNDS; r++) {
+    pmla_status s = g_be->build_sparse(w->b, &w->sb);
+    if (s == PMLA_OK)
+      s = g_be->decode(w->b, &w->args);
+    if (s != PMLA_OK) {
+      w->first_error = s;
+      return NULL;
+    }
+    /* plain copies: no Check calls off the main thread */
+    if (g_mem->sync)
+      g_mem->sync();
+    g_mem->download(w->got, w->out.t.data, w->n_out * 2);
+    if (memcmp(w->got, w->expect, w->n_out * 2) != 0)
+      w->mismatches++;
+  }
+  return NULL;
+}
+
+START_TEST(test_builders_run_concurrently_on_threads) {
+  REQUIRE_BACKEND();
+  worker w[NTHREADS];
+  pthread_t th[NTHREADS];
+  for (int i = 0; i < NTHREADS; i++)
+    worker_setup(&w[i], i);
+  for (int i = 0; i < NTHREADS; i++)
+    ck_assert_int_eq(pthread_create(&th[i], NULL, worker_run, &w[i]), 0);
+  for (int i = 0; i < NTHREADS; i++)
+    pthread_join(th[i], NULL);
+  for (int i = 0; i < NTHREADS; i++) {
+    ck_assert_msg(w[i].first_error == PMLA_OK, "thread %d: %s", i,
+                  harness_status_name(w[i].first_error));
+    ck_assert_msg(w[i].mismatches == 0,
+                  "thread %d: %d of %d concurrent decodes differ from the same builder alone", i,
+                  w[i].mismatches, ROUNDS);
+  }
+  for (int i = 0; i < NTHREADS; i++) {
+    g_be->destroy_builder(w[i].b);
+    tt_free(&w[i].idx);
+    tt_free(&w[i].q);
+    tt_free(&w[i].kv);
+    tt_free(&w[i].out);
+    tt_free(&w[i].lse);
+    free(w[i].expect);
+    free(w[i].got);
+  }
+}
+END_TEST
+
+Suite *suite_threads(void) {
+  Suite *s = suite_create("threads");
+  TCase *tc = tcase_create("independent builders");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_builders_run_concurrently_on_threads);
+  suite_add_tcase(s, tc);
+  return s;
+}
