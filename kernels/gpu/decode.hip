@@ -41,14 +41,18 @@ using namespace pmla_mma;
 
 #ifdef PMLA_PLATFORM_NVIDIA
 #ifndef PMLA_MT4_WARPS
-#define PMLA_MT4_WARPS 16
+#define PMLA_MT4_WARPS 8
 #endif
 constexpr int NWARPS = 8, BN = 64, STAGES = 2, MAX_MT = 4;
-constexpr int MT4_WARPS = PMLA_MT4_WARPS; /* 64-row tiles: more warps hide latency */
+constexpr int MT4_WARPS = PMLA_MT4_WARPS; /* 64-row tiles: 16 measured slower */
+#ifndef PMLA_MT4_KACC
+#define PMLA_MT4_KACC 1
+#endif
 #else
 /* CDNA: 64 KiB of LDS per work-group */
 constexpr int NWARPS = 2, BN = 32, STAGES = 1, MAX_MT = 1;
 constexpr int MT4_WARPS = NWARPS;
+#define PMLA_MT4_KACC 1
 #endif
 constexpr int KSTEPS = PMLA_QK_DIM / 16;
 constexpr int PITCH = PMLA_TILE_PITCH;
@@ -70,6 +74,8 @@ template <int MT> struct Cfg {
   static constexpr int NW = MT == 4 ? MT4_WARPS : NWARPS;
   static constexpr int NT = NW * WARP;
   static constexpr int QKU = MT == 4 ? 1 : 4; /* QK unroll: MT 4 is register bound */
+  /* independent QK accumulator sets, to break the 36-deep mma chain */
+  static constexpr int KACC = MT == 4 ? PMLA_MT4_KACC : (MT == 1 ? 4 : 2);
   static constexpr int ROWS = MT * 16;
   static constexpr int TG = NW / MT;     /* token groups in QK */
   static constexpr int TW = BN / TG;         /* tokens per warp in QK */
@@ -157,7 +163,7 @@ template <int MT>
 __global__ void __launch_bounds__(Cfg<MT>::NT, 1)
     pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
   using C = Cfg<MT>;
-  constexpr int NT = C::NT, QKU = C::QKU;
+  constexpr int NT = C::NT, QKU = C::QKU, KACC = C::KACC;
   constexpr int ROWS = C::ROWS, TG = C::TG, TW = C::TW, NTQ = C::NTQ, DW = C::DW, NTV = C::NTV,
                 TPT = C::TPT;
   extern __shared__ __align__(16) char smem[];
@@ -276,11 +282,16 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, 1)
       const int pos0 = kb + b * BN;
       const int cur = (b & 1) * ROWS, nxt = ROWS - cur;
 
-      /* ---- S = Q K^T */
-      Acc s[NTQ];
+      /* ---- S = Q K^T (KACC interleaved accumulator sets, summed after) */
+      Acc s[NTQ], sx[KACC > 1 ? KACC - 1 : 1][NTQ];
 #pragma unroll
-      for (int nt = 0; nt < NTQ; nt++)
+      for (int nt = 0; nt < NTQ; nt++) {
         acc_zero(s[nt]);
+#pragma unroll
+        for (int k = 0; k < KACC - 1; k++)
+          acc_zero(sx[k][nt]);
+      }
+      auto sacc = [&](int k, int nt) -> Acc & { return k == 0 ? s[nt] : sx[k > 0 ? k - 1 : 0][nt]; };
       const int n0 = tg * TW;
       if (NTQ == 1) {
 #pragma unroll 6
@@ -290,8 +301,8 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, 1)
           ld_a(a0, sQ, rg * 16, ks * 2);
           ld_a(a1, sQ, rg * 16, ks * 2 + 2);
           ld_b_nk_k2(b0, b1, sK, n0, ks * 2);
-          mma(s[0], a0, b0);
-          mma(s[0], a1, b1);
+          mma(sacc(ks % KACC, 0), a0, b0);
+          mma(sacc((ks + 1) % KACC, 0), a1, b1);
         }
       } else {
 #pragma unroll QKU
@@ -302,11 +313,18 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, 1)
           for (int np = 0; np < NTQ / 2; np++) {
             FragB b0, b1;
             ld_b_nk2(b0, b1, sK, n0 + np * 2 * MMA_N, ks * 2);
-            mma(s[2 * np], a, b0);
-            mma(s[2 * np + 1], a, b1);
+            mma(sacc(ks % KACC, 2 * np), a, b0);
+            mma(sacc(ks % KACC, 2 * np + 1), a, b1);
           }
         }
       }
+#pragma unroll
+      for (int k = 0; k < KACC - 1; k++)
+#pragma unroll
+        for (int nt = 0; nt < NTQ; nt++)
+#pragma unroll
+          for (int e = 0; e < ACC; e++)
+            s[nt].x[e] += sx[k][nt].x[e];
 
       /* ---- scale, mask, row maxima */
       float mx[ROWSLOTS];
