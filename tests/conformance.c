@@ -121,6 +121,7 @@ int main(int argc, char **argv) {
   srunner_add_suite(sr, suite_planner());
   srunner_add_suite(sr, suite_numerics());
   srunner_add_suite(sr, suite_threads());
+  srunner_add_suite(sr, suite_gpu());
   /* A GPU runtime does not survive fork: run in one process there. */
   if (gpu && g_mem->device_type != kDLCPU && !getenv("CK_FORK"))
     srunner_set_fork_status(sr, CK_NOFORK);

@@ -101,5 +101,6 @@ Suite *suite_args(void);
 Suite *suite_planner(void);
 Suite *suite_numerics(void);
 Suite *suite_threads(void);
+Suite *suite_gpu(void);
 
 #endif

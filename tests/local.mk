@@ -9,7 +9,7 @@ tests_pmla_conformance_SOURCES = tests/conformance.c \
 	tests/reference.c tests/reference.h \
 	tests/devmem.h tests/devmem_cpu.c $(DEVMEM_GPU_SOURCE) \
 	tests/t_abi.c tests/t_builder.c tests/t_args.c tests/t_planner.c tests/t_numerics.c \
-	tests/t_threads.c
+	tests/t_threads.c tests/t_gpu.c
 tests_pmla_conformance_CPPFLAGS = $(AM_CPPFLAGS) $(GPU_CPPFLAGS) \
 	-I$(top_srcdir)/abi -I$(top_srcdir)/kernels -I$(top_srcdir)/tests \
 	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so:$(plugindir)/pmla.so"' \

@@ -73,7 +73,7 @@ int host_tiles(int H, int mq) {
 template <int MT> struct Cfg {
   static constexpr int NW = MT == 4 ? MT4_WARPS : NWARPS;
   static constexpr int NT = NW * WARP;
-  static constexpr int QKU = MT == 4 ? 1 : 4; /* QK unroll: MT 4 is register bound */
+  static constexpr int QKU = MT == 4 ? PMLA_MT4_KACC : 4; /* QK unroll: MT 4 is register bound */
   /* independent QK accumulator sets, to break the 36-deep mma chain */
   static constexpr int KACC = MT == 4 ? PMLA_MT4_KACC : (MT == 1 ? 4 : 2);
   static constexpr int ROWS = MT * 16;

@@ -1,0 +1,217 @@
+/* t_gpu.c - what only a GPU backend promises: build + decode captured in one
+ * graph replay exactly like eager calls (also after the host rewrites the
+ * lengths or top-k lists in place), and steps allocate no device memory.
+ * On a host-memory backend these skip with the reason. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define HEADS 16
+#define PAGE 16
+#define BATCH 6
+#define MAXP 24 /* pages per request in the block table */
+#define TOPK 256
+
+static int require_graphs(const char *test) {
+  if (harness_skip_reason()) {
+    harness_print_skip(test, harness_skip_reason());
+    return 0;
+  }
+  if (!g_mem->capture_begin) {
+    harness_print_skip(test, "the backend's tensors live in host memory: no graphs");
+    return 0;
+  }
+  return 1;
+}
+
+typedef struct step {
+  pmla_builder *b;
+  test_tensor qo, bt, lens, topk, q, kv, out, lse;
+  pmla_decode_batch dense;
+  pmla_sparse_batch sparse;
+  pmla_decode_args args;
+  int32_t num_pages, tokens;
+} step;
+
+static uint16_t bf16_of(uint64_t *rng) {
+  float f = (float)rng_uniform(rng) * 2.f - 1.f;
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  return (uint16_t)(bits >> 16);
+}
+
+/* Random lengths (some 0, some splitting), every slot filled (no NaN: this
+ * suite compares graph against eager bit for bit, the numerics suite owns
+ * the reference). */
+static void make_step(step *s, int sparse, uint64_t *rng) {
+  memset(s, 0, sizeof *s);
+  s->tokens = BATCH;
+  s->num_pages = BATCH * MAXP;
+  pmla_builder_config cfg = harness_config(HEADS, PAGE, BATCH, 1, sparse ? TOPK : 0, 0);
+  s->b = harness_init(&cfg);
+  int32_t qo[BATCH + 1], bt[BATCH * MAXP], lens[BATCH], *topk = malloc(sizeof(int32_t) * BATCH * TOPK);
+  for (int32_t r = 0; r <= BATCH; r++)
+    qo[r] = r;
+  for (int32_t i = 0; i < BATCH * MAXP; i++)
+    bt[i] = (i * 7 + 3) % s->num_pages; /* a permutation: 7 is coprime to 144 */
+  for (int32_t r = 0; r < BATCH; r++)
+    lens[r] = (int32_t)rng_below(rng, MAXP * PAGE + 1);
+  for (int32_t i = 0; i < BATCH * TOPK; i++)
+    topk[i] = rng_below(rng, 8) == 0 ? -1 : (int32_t)rng_below(rng, (uint32_t)(s->num_pages * PAGE));
+  size_t nkv = (size_t)s->num_pages * PAGE * 576, nq = (size_t)s->tokens * HEADS * 576;
+  uint16_t *kv = malloc(nkv * 2), *q = malloc(nq * 2);
+  ck_assert(kv && q && topk);
+  for (size_t i = 0; i < nkv; i++)
+    kv[i] = bf16_of(rng);
+  for (size_t i = 0; i < nq; i++)
+    q[i] = bf16_of(rng);
+  tt_make1(&s->qo, TT_I32, qo, BATCH + 1);
+  tt_make2(&s->bt, TT_I32, bt, BATCH, MAXP);
+  tt_make1(&s->lens, TT_I32, lens, BATCH);
+  tt_make2(&s->topk, TT_I32, topk, BATCH, TOPK);
+  tt_make3(&s->q, TT_BF16, q, s->tokens, HEADS, 576);
+  tt_make3(&s->kv, TT_BF16, kv, s->num_pages, PAGE, 576);
+  tt_make3(&s->out, TT_BF16, NULL, s->tokens, HEADS, 512);
+  tt_make2(&s->lse, TT_F32, NULL, s->tokens, HEADS);
+  free(kv);
+  free(q);
+  free(topk);
+  s->dense = (pmla_decode_batch){.struct_size = sizeof s->dense,
+                                 .kv_layout = PMLA_KV_BLOCK_TABLE,
+                                 .qo_indptr = &s->qo.t,
+                                 .block_table = &s->bt.t,
+                                 .kv_lens = &s->lens.t,
+                                 .stream = harness_stream()};
+  s->sparse = (pmla_sparse_batch){.struct_size = sizeof s->sparse,
+                                  .topk_indices = &s->topk.t,
+                                  .max_seq_len = MAXP * PAGE,
+                                  .stream = harness_stream()};
+  s->args = (pmla_decode_args){.struct_size = sizeof s->args,
+                               .q = &s->q.t,
+                               .kv_cache = &s->kv.t,
+                               .out = &s->out.t,
+                               .lse = &s->lse.t,
+                               .stream = harness_stream()};
+}
+
+static void free_step(step *s) {
+  test_tensor *all[] = {&s->qo, &s->bt, &s->lens, &s->topk, &s->q, &s->kv, &s->out, &s->lse};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    tt_free(all[i]);
+  g_be->destroy_builder(s->b);
+}
+
+static void run_step(step *s, int sparse) {
+  pmla_status st = sparse ? g_be->build_sparse(s->b, &s->sparse) : g_be->build_decode(s->b, &s->dense);
+  ck_assert_msg(st == PMLA_OK, "build: %s: %s", harness_status_name(st), g_be->last_error(s->b));
+  st = g_be->decode(s->b, &s->args);
+  ck_assert_msg(st == PMLA_OK, "decode: %s: %s", harness_status_name(st), g_be->last_error(s->b));
+}
+
+/* Output and lse after the last run, poisoning them first so stale data
+ * cannot pass for a result. */
+static void read_result(step *s, uint16_t *out, float *lse) {
+  tt_download(&s->out, out);
+  tt_download(&s->lse, lse);
+}
+
+static void poison_outputs(step *s) {
+  ck_assert_int_eq(g_mem->fill(s->out.t.data, 0xff, s->out.bytes), 0);
+  ck_assert_int_eq(g_mem->fill(s->lse.t.data, 0xff, s->lse.bytes), 0);
+}
+
+static void graph_matches_eager(int sparse) {
+  uint64_t rng = harness_seed() ^ (sparse ? 0x5a5a : 0xa5a5);
+  step s;
+  make_step(&s, sparse, &rng);
+  size_t n_out = s.out.bytes / 2, n_lse = s.lse.bytes / 4;
+  uint16_t *o_graph = malloc(n_out * 2), *o_eager = malloc(n_out * 2);
+  float *l_graph = malloc(n_lse * 4), *l_eager = malloc(n_lse * 4);
+  ck_assert(o_graph && o_eager && l_graph && l_eager);
+
+  ck_assert_int_eq(g_mem->capture_begin(), 0);
+  run_step(&s, sparse);
+  ck_assert_msg(g_mem->capture_end() == 0, "graph capture of build + decode failed");
+
+  for (int round = 0; round < 3; round++) {
+    if (round > 0) { /* the host rewrites the step's inputs in place */
+      int32_t lens[BATCH], *topk = malloc(sizeof(int32_t) * BATCH * TOPK);
+      for (int32_t r = 0; r < BATCH; r++)
+        lens[r] = (int32_t)rng_below(&rng, MAXP * PAGE + 1);
+      for (int32_t i = 0; i < BATCH * TOPK; i++)
+        topk[i] = (int32_t)rng_below(&rng, (uint32_t)(s.num_pages * PAGE));
+      tt_upload(&s.lens, lens);
+      tt_upload(&s.topk, topk);
+      free(topk);
+    }
+    poison_outputs(&s);
+    ck_assert_int_eq(g_mem->replay(), 0);
+    read_result(&s, o_graph, l_graph);
+    poison_outputs(&s);
+    run_step(&s, sparse);
+    read_result(&s, o_eager, l_eager);
+    ck_assert_msg(memcmp(o_graph, o_eager, n_out * 2) == 0,
+                  "%s round %d: graph replay output differs from eager", sparse ? "sparse" : "dense",
+                  round);
+    ck_assert_msg(memcmp(l_graph, l_eager, n_lse * 4) == 0,
+                  "%s round %d: graph replay lse differs from eager", sparse ? "sparse" : "dense",
+                  round);
+  }
+  uint32_t flags = 0;
+  ck_assert_int_eq(g_be->check_device_error(s.b, &flags), PMLA_OK);
+  ck_assert_uint_eq(flags, 0);
+  free(o_graph);
+  free(o_eager);
+  free(l_graph);
+  free(l_eager);
+  free_step(&s);
+}
+
+START_TEST(test_graph_of_build_decode_and_decode_replays_like_eager) {
+  if (require_graphs(__func__))
+    graph_matches_eager(0);
+}
+END_TEST
+
+START_TEST(test_graph_of_build_sparse_and_decode_replays_like_eager) {
+  if (require_graphs(__func__))
+    graph_matches_eager(1);
+}
+END_TEST
+
+START_TEST(test_steps_allocate_no_device_memory) {
+  if (!require_graphs(__func__))
+    return;
+  uint64_t rng = harness_seed();
+  step dense, sparse;
+  make_step(&dense, 0, &rng);
+  make_step(&sparse, 1, &rng);
+  run_step(&dense, 0); /* first launches may load modules */
+  run_step(&sparse, 1);
+  ck_assert_int_eq(g_mem->sync(), 0);
+  size_t free_before = 0, free_after = 0, total = 0;
+  ck_assert_int_eq(g_mem->mem_info(&free_before, &total), 0);
+  for (int i = 0; i < 20; i++) {
+    run_step(&dense, 0);
+    run_step(&sparse, 1);
+  }
+  ck_assert_int_eq(g_mem->sync(), 0);
+  ck_assert_int_eq(g_mem->mem_info(&free_after, &total), 0);
+  ck_assert_msg(free_after == free_before, "device free memory went from %zu to %zu bytes",
+                free_before, free_after);
+  free_step(&dense);
+  free_step(&sparse);
+}
+END_TEST
+
+Suite *suite_gpu(void) {
+  Suite *s = suite_create("gpu");
+  TCase *tc = tcase_create("graphs and allocation");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_graph_of_build_decode_and_decode_replays_like_eager);
+  tcase_add_test(tc, test_graph_of_build_sparse_and_decode_replays_like_eager);
+  tcase_add_test(tc, test_steps_allocate_no_device_memory);
+  suite_add_tcase(s, tc);
+  return s;
+}
