@@ -17,7 +17,7 @@
  *   max  per-warp row maxima meet in shared memory -> running max m
  *   P    exp2(S - m) as bf16 into the stage's rope columns (512..575),
  *        free once QK is done; row sums meet in shared memory
- *   PV   O[ROWS x 512] += P V, warp w owns columns 512/NWARPS * w..; O is
+ *   PV   O[ROWS x 512] += P V, warp w owns columns 512/NW * w..; O is
  *        rescaled by exp2(m_old - m_new) first
  * Unsplit items write bf16 out (+ natural-log lse); split items write the
  * normalised fp32 partial and its lse into slot `partial` (layout
@@ -26,6 +26,15 @@
  * Bad device input never faults: a page/slot outside [0, num_slots) is
  * skipped and ORs PAGE_INDEX / SLOT_INDEX into work_meta_data[ERROR]; query
  * rows beyond num_tokens skip the item and OR QO_INDPTR.
+ *
+ * The reduce is a second launch (one warp per (reduce entry, row)). A fused
+ * last-piece-merges reduce needs a per-request arrival counter that is
+ * zeroed every step; pmla_gpu_problem has no such buffer, so it is not done
+ * here (the reduce launch costs a few microseconds; entries <= num_units).
+ *
+ * NVIDIA tiles: 8 warps, BN 64, 2 stages (64-row tile: 72 KiB Q + 144 KiB
+ * KV). 16 warps for 64-row tiles and split QK accumulators were measured
+ * slower on an H200 and are left as PMLA_MT4_WARPS / PMLA_MT4_KACC knobs.
  *
  * Launchers allocate nothing and never synchronise (graph-capturable). */
 #include <math.h>
