@@ -165,12 +165,11 @@ PMLA_HD static inline int64_t pmla_plan_cut(int64_t n, int64_t total, int64_t un
   return n * total / units;
 }
 
-/* Line-cut: advance *unit to the unit owning the start of a request whose
- * line begins at s (cuts in (s, s + OH] snap back to s). */
-PMLA_HD static inline void pmla_plan_line_start(int64_t s, int64_t total, int64_t units,
-                                                int32_t *unit) {
-  while (*unit + 1 < units && pmla_plan_cut(*unit + 1, total, units) <= s + PMLA_SPLIT_OVERHEAD)
-    (*unit)++;
+/* Line-cut: the unit owning the start of a request whose line begins at s:
+ * the last unit whose cut is <= s + OH (cuts in (s, s + OH] snap back to s). */
+PMLA_HD static inline int32_t pmla_plan_first_unit(int64_t s, int64_t total, int64_t units) {
+  int64_t u = ((s + PMLA_SPLIT_OVERHEAD + 1) * units - 1) / total;
+  return (int32_t)(u < units - 1 ? u : units - 1);
 }
 
 /* Line-cut: the piece after block `start` of a request (line start s,
@@ -192,8 +191,8 @@ PMLA_HD static inline int64_t pmla_plan_line_next(int64_t s, int64_t blocks, int
 }
 
 PMLA_HD static inline int32_t pmla_plan_line_count(int64_t s, int64_t blocks, int64_t total,
-                                                   int64_t units, int32_t unit) {
-  int32_t pieces = 1;
+                                                   int64_t units) {
+  int32_t unit = pmla_plan_first_unit(s, total, units), pieces = 1;
   for (int64_t b = pmla_plan_line_next(s, blocks, 0, total, units, &unit); b < blocks;
        b = pmla_plan_line_next(s, blocks, b, total, units, &unit))
     pieces++;
@@ -211,131 +210,185 @@ PMLA_HD static inline int32_t pmla_plan_piece_count(int64_t blocks, int64_t tota
   return n < 1 ? 1 : (int32_t)n;
 }
 
-/* Writes one work item; returns 0 when the item buffer is full. */
-PMLA_HD static inline int pmla_plan_emit(const pmla_plan_input *in, const pmla_plan_output *out,
-                                         int32_t *items, const int32_t word[PMLA_WI_WORDS]) {
-  if (*items >= in->max_items)
-    return 0;
-  int32_t *w = out->work_info_set + (int64_t)(*items) * PMLA_WI_WORDS;
-  for (int k = 0; k < PMLA_WI_WORDS; k++)
-    w[k] = word[k];
-  (*items)++;
-  return 1;
+/* Whole-step values every request's placement depends on. */
+typedef struct pmla_plan_shape {
+  int64_t total;       /* sum of OH + blocks over requests (>= 1) */
+  int32_t piece_mode;  /* the line-cut would exceed the cap somewhere */
+  int64_t piece_total; /* piece mode: sum of OH * pieces + blocks (>= 1) */
+} pmla_plan_shape;
+
+/* One request's validated inputs. */
+typedef struct pmla_plan_req {
+  int32_t len, qb, qe;
+  int64_t blocks;
+} pmla_plan_req;
+
+PMLA_HD static inline pmla_plan_req pmla_plan_describe(const pmla_plan_input *in, int32_t r,
+                                                       int32_t *err) {
+  pmla_plan_req q;
+  q.len = pmla_plan_kv_len(in, r, err);
+  pmla_plan_q_rows(in, r, &q.qb, &q.qe, err);
+  q.blocks = pmla_plan_blocks(q.len);
+  return q;
 }
 
-/* Fills every output buffer for one step. Returns the error bits it found
- * (also ORed into work_meta_data[PMLA_META_ERROR]). */
-PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_plan_output *out) {
-  const int64_t R = in->num_requests, N = in->num_units, OH = PMLA_SPLIT_OVERHEAD;
-  int32_t err = 0, scratch = 0;
-  int64_t total = 0;
-  for (int32_t r = 0; r < R; r++)
-    total += OH + pmla_plan_blocks(pmla_plan_kv_len(in, r, &err));
-  if (total == 0)
-    total = 1;
+/* Length of the request on the line its placement is measured on. */
+PMLA_HD static inline int64_t pmla_plan_line_cost(const pmla_plan_input *in,
+                                                  const pmla_plan_shape *sh,
+                                                  const pmla_plan_req *q) {
+  if (!sh->piece_mode)
+    return PMLA_SPLIT_OVERHEAD + q->blocks;
+  return (int64_t)PMLA_SPLIT_OVERHEAD *
+             pmla_plan_piece_count(q->blocks, sh->total, in->num_units, in->split_cap) +
+         q->blocks;
+}
 
-  /* Piece mode only when the line-cut would give some request more pieces
-   * than the cap. */
-  int piece_mode = 0;
-  int64_t piece_total = 0;
-  if (in->split_cap > 0 && in->split_cap < N) {
-    int64_t s = 0;
-    int32_t unit = 0;
-    for (int32_t r = 0; r < R && !piece_mode; r++) {
-      int64_t blocks = pmla_plan_blocks(pmla_plan_kv_len(in, r, &scratch));
-      pmla_plan_line_start(s, total, N, &unit);
-      piece_mode = pmla_plan_line_count(s, blocks, total, N, unit) > in->split_cap;
-      s += OH + blocks;
-    }
-    for (int32_t r = 0; r < R && piece_mode; r++) {
-      int64_t blocks = pmla_plan_blocks(pmla_plan_kv_len(in, r, &scratch));
-      piece_total += OH * pmla_plan_piece_count(blocks, total, N, in->split_cap) + blocks;
-    }
-    if (piece_total == 0)
-      piece_total = 1;
+/* Pieces of a request whose line starts at s. */
+PMLA_HD static inline int32_t pmla_plan_pieces(const pmla_plan_input *in,
+                                               const pmla_plan_shape *sh,
+                                               const pmla_plan_req *q, int64_t s) {
+  if (sh->piece_mode)
+    return pmla_plan_piece_count(q->blocks, sh->total, in->num_units, in->split_cap);
+  return pmla_plan_line_count(s, q->blocks, sh->total, in->num_units);
+}
+
+/* Where a request's items go: the exclusive prefix over earlier requests. */
+typedef struct pmla_plan_base {
+  int64_t line;     /* line start s of the request */
+  int32_t items;    /* its first work item */
+  int32_t partials; /* its first partial slot, when split */
+  int32_t reduces;  /* its reduce entry, when split */
+  int32_t unit;     /* unit of the previous request's last item (0 first) */
+} pmla_plan_base;
+
+/* Walks request r's pieces (there are npieces) and, when `out` is set,
+ * writes its work items, its reduce entry and the work_indptr of units
+ * (base->unit, unit of each item]. Returns the unit of its last item. The
+ * same function serves the serial planner and the parallel device one, so
+ * both write identical schedules. Writes past the capacities are skipped
+ * and flagged (never expected: planner.h proves the bounds). */
+PMLA_HD static inline int32_t pmla_plan_place(const pmla_plan_input *in,
+                                              const pmla_plan_output *out,
+                                              const pmla_plan_shape *sh, int32_t r,
+                                              const pmla_plan_req *q, int32_t npieces,
+                                              const pmla_plan_base *base, int32_t *err) {
+  const int64_t N = in->num_units, OH = PMLA_SPLIT_OVERHEAD;
+  const int split = npieces > 1;
+  int fits = base->items + npieces <= in->max_items &&
+             (!split || base->partials + npieces <= in->max_partials);
+  if (out && !fits)
+    *err |= PMLA_PLAN_ERR_OVERFLOW;
+  if (out && fits && split) {
+    out->reduce_indptr[base->reduces] = base->partials;
+    out->reduce_final_map[base->reduces] = r;
   }
-
-  int32_t items = 0, partials = 0, reduces = 0, max_pieces = 0, rows = 0, filled = 0;
-  int64_t s = 0; /* line position of request r (line-cut) or of its first piece */
-  int32_t unit = 0;
-  out->work_indptr[0] = 0;
-  for (int32_t r = 0; r < R && !(err & PMLA_PLAN_ERR_OVERFLOW); r++) {
-    int32_t qb, qe;
-    int32_t len = pmla_plan_kv_len(in, r, &err);
-    pmla_plan_q_rows(in, r, &qb, &qe, &err);
-    rows += qe - qb;
-    int64_t blocks = pmla_plan_blocks(len);
-    int32_t npieces;
-    if (piece_mode) {
-      npieces = pmla_plan_piece_count(blocks, total, N, in->split_cap);
+  int32_t unit = sh->piece_mode ? 0 : pmla_plan_first_unit(base->line, sh->total, N);
+  int32_t prev = base->unit;
+  int64_t first = 0, ps = base->line;
+  for (int32_t p = 0; p < npieces; p++) {
+    int64_t next;
+    int32_t piece_unit;
+    if (sh->piece_mode) {
+      next = q->blocks * (p + 1) / npieces;
+      int64_t cost = OH + (next - first);
+      int64_t u = (ps + cost / 2) * N / sh->piece_total;
+      piece_unit = (int32_t)(u < N - 1 ? u : N - 1);
+      ps += cost;
     } else {
-      pmla_plan_line_start(s, total, N, &unit);
-      npieces = pmla_plan_line_count(s, blocks, total, N, unit);
+      piece_unit = unit;
+      next = pmla_plan_line_next(base->line, q->blocks, first, sh->total, N, &unit);
     }
-    if (npieces > max_pieces)
-      max_pieces = npieces;
-    int split = npieces > 1;
-    if (split) {
-      if (partials + npieces > in->max_partials) {
-        err |= PMLA_PLAN_ERR_OVERFLOW;
-        break;
-      }
-      out->reduce_indptr[reduces] = partials;
-      out->reduce_final_map[reduces] = r;
-      reduces++;
-    }
-    int64_t first = 0;
-    for (int32_t p = 0; p < npieces; p++) {
-      int64_t next;
-      int32_t piece_unit;
-      if (piece_mode) {
-        next = blocks * (p + 1) / npieces;
-        int64_t cost = OH + (next - first);
-        piece_unit = (int32_t)((s + cost / 2) * N / piece_total);
-        s += cost;
-      } else {
-        piece_unit = unit;
-        next = pmla_plan_line_next(s, blocks, first, total, N, &unit);
-      }
-      if (piece_unit >= N)
-        piece_unit = (int32_t)N - 1;
-      while (filled < piece_unit)
-        out->work_indptr[++filled] = items;
-      int32_t word[PMLA_WI_WORDS];
+    if (out && fits) {
+      int32_t item = base->items + p;
+      for (int32_t u = prev + 1; u <= piece_unit; u++)
+        out->work_indptr[u] = item;
+      int32_t *w = out->work_info_set + (int64_t)item * PMLA_WI_WORDS;
       int64_t kb = first * PMLA_BLOCK_TOKENS, ke = next * PMLA_BLOCK_TOKENS;
-      word[PMLA_WI_REQUEST] = r;
-      word[PMLA_WI_PARTIAL] = split ? partials + p : -1;
-      word[PMLA_WI_Q_BEGIN] = qb;
-      word[PMLA_WI_Q_END] = qe;
-      word[PMLA_WI_KV_BEGIN] = (int32_t)(kb < len ? kb : len);
-      word[PMLA_WI_KV_END] = (int32_t)(ke < len ? ke : len);
-      word[PMLA_WI_KV_LEN] = len;
-      word[PMLA_WI_PIECE] = p;
+      w[PMLA_WI_REQUEST] = r;
+      w[PMLA_WI_PARTIAL] = split ? base->partials + p : -1;
+      w[PMLA_WI_Q_BEGIN] = q->qb;
+      w[PMLA_WI_Q_END] = q->qe;
+      w[PMLA_WI_KV_BEGIN] = (int32_t)(kb < q->len ? kb : q->len);
+      w[PMLA_WI_KV_END] = (int32_t)(ke < q->len ? ke : q->len);
+      w[PMLA_WI_KV_LEN] = q->len;
+      w[PMLA_WI_PIECE] = p;
       if (split)
-        out->reduce_partial_map[partials + p] = partials + p;
-      if (!pmla_plan_emit(in, out, &items, word)) {
-        err |= PMLA_PLAN_ERR_OVERFLOW;
-        break;
-      }
-      first = next;
+        out->reduce_partial_map[base->partials + p] = base->partials + p;
     }
-    if (split)
-      partials += npieces;
-    if (!piece_mode)
-      s += OH + blocks;
+    if (piece_unit > prev)
+      prev = piece_unit;
+    first = next;
   }
-  while (filled < N)
-    out->work_indptr[++filled] = items;
-  out->reduce_indptr[reduces] = partials;
+  return prev;
+}
+
+/* Work_indptr of the units after the last item, reduce_indptr's end and the
+ * counters; `end` is the prefix after the last request. */
+PMLA_HD static inline void pmla_plan_finish(const pmla_plan_input *in,
+                                            const pmla_plan_output *out,
+                                            const pmla_plan_shape *sh,
+                                            const pmla_plan_base *end, int32_t max_pieces,
+                                            int32_t rows, int32_t err) {
+  for (int32_t u = end->unit + 1; u <= in->num_units; u++)
+    out->work_indptr[u] = end->items;
+  out->work_indptr[0] = 0;
+  out->reduce_indptr[end->reduces] = end->partials;
   int32_t *meta = out->work_meta_data;
-  meta[PMLA_META_NUM_ITEMS] = items;
-  meta[PMLA_META_NUM_REDUCE] = reduces;
-  meta[PMLA_META_NUM_PARTIALS] = partials;
-  meta[PMLA_META_MODE] = piece_mode;
+  meta[PMLA_META_NUM_ITEMS] = end->items;
+  meta[PMLA_META_NUM_REDUCE] = end->reduces;
+  meta[PMLA_META_NUM_PARTIALS] = end->partials;
+  meta[PMLA_META_MODE] = sh->piece_mode;
   meta[PMLA_META_MAX_PIECES] = max_pieces;
-  meta[PMLA_META_NUM_REQUESTS] = (int32_t)R;
+  meta[PMLA_META_NUM_REQUESTS] = in->num_requests;
   meta[PMLA_META_ERROR] |= err;
   meta[PMLA_META_NUM_ROWS] = rows;
+}
+
+/* Fills every output buffer for one step (the serial driver; the device
+ * runs the same per-request functions in parallel). Returns the error bits
+ * it found (also ORed into work_meta_data[PMLA_META_ERROR]). */
+PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_plan_output *out) {
+  const int32_t R = in->num_requests;
+  const int64_t N = in->num_units;
+  int32_t err = 0, scratch = 0;
+  pmla_plan_shape sh = {0, 0, 1};
+  for (int32_t r = 0; r < R; r++)
+    sh.total += PMLA_SPLIT_OVERHEAD + pmla_plan_describe(in, r, &err).blocks;
+  if (sh.total == 0)
+    sh.total = 1;
+  if (in->split_cap > 0 && in->split_cap < N) {
+    int64_t s = 0;
+    for (int32_t r = 0; r < R && !sh.piece_mode; r++) {
+      pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
+      sh.piece_mode = pmla_plan_line_count(s, q.blocks, sh.total, N) > in->split_cap;
+      s += PMLA_SPLIT_OVERHEAD + q.blocks;
+    }
+    if (sh.piece_mode) {
+      sh.piece_total = 0;
+      for (int32_t r = 0; r < R; r++) {
+        pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
+        sh.piece_total += pmla_plan_line_cost(in, &sh, &q);
+      }
+      if (sh.piece_total == 0)
+        sh.piece_total = 1;
+    }
+  }
+  pmla_plan_base at = {0, 0, 0, 0, 0};
+  int32_t max_pieces = 0, rows = 0;
+  for (int32_t r = 0; r < R; r++) {
+    pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
+    int32_t npieces = pmla_plan_pieces(in, &sh, &q, at.line);
+    at.unit = pmla_plan_place(in, out, &sh, r, &q, npieces, &at, &err);
+    at.line += pmla_plan_line_cost(in, &sh, &q);
+    at.items += npieces;
+    if (npieces > 1) {
+      at.partials += npieces;
+      at.reduces++;
+    }
+    rows += q.qe - q.qb;
+    max_pieces = npieces > max_pieces ? npieces : max_pieces;
+  }
+  pmla_plan_finish(in, out, &sh, &at, max_pieces, rows, err);
   return err;
 }
 

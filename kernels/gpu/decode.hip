@@ -52,15 +52,40 @@ using namespace pmla_mma;
 #ifndef PMLA_MT4_WARPS
 #define PMLA_MT4_WARPS 8
 #endif
-constexpr int NWARPS = 8, BN = 64, STAGES = 2, MAX_MT = 4;
+/* 16/32-row tiles are memory bound: 32-token blocks through more stages
+ * keep more KV bytes in flight per SM (knobs for measurement). */
+#ifndef PMLA_MT1_WARPS
+#define PMLA_MT1_WARPS 4
+#endif
+#ifndef PMLA_MT1_BN
+#define PMLA_MT1_BN 32
+#endif
+#ifndef PMLA_MT1_STAGES
+#define PMLA_MT1_STAGES 5
+#endif
+#ifndef PMLA_MT2_BN
+#define PMLA_MT2_BN 32
+#endif
+#ifndef PMLA_MT2_STAGES
+#define PMLA_MT2_STAGES 5
+#endif
+constexpr int NWARPS = 8, MAX_MT = 4;
 constexpr int MT4_WARPS = PMLA_MT4_WARPS; /* 64-row tiles: 16 measured slower */
+template <int MT> struct Shape {
+  static constexpr int NW = MT == 4 ? MT4_WARPS : MT == 1 ? PMLA_MT1_WARPS : NWARPS;
+  static constexpr int BN = MT == 4 ? 64 : MT == 1 ? PMLA_MT1_BN : PMLA_MT2_BN;
+  static constexpr int STAGES = MT == 4 ? 2 : MT == 1 ? PMLA_MT1_STAGES : PMLA_MT2_STAGES;
+};
 #ifndef PMLA_MT4_KACC
 #define PMLA_MT4_KACC 1
 #endif
 #else
 /* CDNA: 64 KiB of LDS per work-group */
-constexpr int NWARPS = 2, BN = 32, STAGES = 1, MAX_MT = 1;
+constexpr int NWARPS = 2, MAX_MT = 1;
 constexpr int MT4_WARPS = NWARPS;
+template <int MT> struct Shape {
+  static constexpr int NW = NWARPS, BN = 32, STAGES = 1;
+};
 #define PMLA_MT4_KACC 1
 #endif
 constexpr int KSTEPS = PMLA_QK_DIM / 16;
@@ -80,7 +105,7 @@ int host_tiles(int H, int mq) {
 }
 
 template <int MT> struct Cfg {
-  static constexpr int NW = MT == 4 ? MT4_WARPS : NWARPS;
+  static constexpr int NW = Shape<MT>::NW, BN = Shape<MT>::BN, STAGES = Shape<MT>::STAGES;
   static constexpr int NT = NW * WARP;
   static constexpr int QKU = MT == 4 ? PMLA_MT4_KACC : 4; /* QK unroll: MT 4 is register bound */
   /* independent QK accumulator sets, to break the 36-deep mma chain */
@@ -172,7 +197,7 @@ template <int MT>
 __global__ void __launch_bounds__(Cfg<MT>::NT, 1)
     pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
   using C = Cfg<MT>;
-  constexpr int NT = C::NT, QKU = C::QKU, KACC = C::KACC;
+  constexpr int NT = C::NT, QKU = C::QKU, KACC = C::KACC, BN = C::BN, STAGES = C::STAGES;
   constexpr int ROWS = C::ROWS, TG = C::TG, TW = C::TW, NTQ = C::NTQ, DW = C::DW, NTV = C::NTV,
                 TPT = C::TPT;
   extern __shared__ __align__(16) char smem[];
