@@ -1,6 +1,7 @@
 /* devmem_gpu.c - GPU memory, a stream and event timing through the CUDA
  * runtime (NVIDIA) or HIP (AMD), for tests and the benchmark. */
 #include <stddef.h>
+#include <stdio.h>
 
 #include "devmem.h"
 
@@ -75,16 +76,21 @@ static rt_graph graph;
 static rt_graph_exec graph_exec;
 static int gpu_capture_begin(void) { return rt(StreamBeginCapture)(stream, CAPTURE_MODE) != RT_OK; }
 static int gpu_capture_end(void) {
-  if (graph_exec) {
-    rt(GraphExecDestroy)(graph_exec);
-    graph_exec = NULL;
-  }
-  if (graph) {
-    rt(GraphDestroy)(graph);
-    graph = NULL;
-  }
-  if (rt(StreamEndCapture)(stream, &graph) != RT_OK)
+  rt_graph captured = NULL;
+  /* End the capture before touching the previous graph: destroying one
+   * while this thread captures would invalidate the capture. */
+  int e = (int)rt(StreamEndCapture)(stream, &captured);
+  if (e != (int)RT_OK) {
+    fprintf(stderr, "devmem: stream capture failed: %s\n", rt(GetErrorString)(e));
+    rt(GetLastError)();
     return 1;
+  }
+  if (graph_exec)
+    rt(GraphExecDestroy)(graph_exec);
+  if (graph)
+    rt(GraphDestroy)(graph);
+  graph = captured;
+  graph_exec = NULL;
 #if defined(PMLA_GPU_NVIDIA)
   return cudaGraphInstantiate(&graph_exec, graph, 0) != RT_OK;
 #else /* HIP 5.2 keeps the CUDA 11 signature */

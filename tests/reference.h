@@ -68,11 +68,16 @@ typedef struct ref_problem {
  * Returns 0, or -1 when a listed slot is outside [0, num_slots). */
 int ref_mla_decode(const ref_problem *problem, double *out, double *lse);
 
-/* Tolerance (bf16 rounding of the output): per element
- * |got - ref| <= 2/128 * |ref| + 1e-3, and over the whole output the cosine
- * similarity >= 1 - 1e-5. lse: |got - ref| <= 1e-3, or both -inf. */
+/* Tolerance (bf16 rounding): per element |got - ref| <= 2/128 * |ref| +
+ * 2^-8, and over the whole output the cosine similarity >= 1 - 1e-5 (the
+ * check FlashMLA's tests make). lse: |got - ref| <= 1e-3, or both -inf.
+ * The absolute term is 2^-8, not 1e-3: tensor-core kernels (FlashMLA, pmla
+ * on GPUs) feed the softmax weights P to the PV product as bf16, a 2^-9
+ * relative error per weight; over a short KV range (a few tokens, weights
+ * near 1) against test values |V| <= 1 that reaches ~3e-3 in a few of ~10^5
+ * elements (measured on the H200), while the cosine stays > 1 - 2e-6. */
 #define REF_REL_TOL (2.0 / 128.0)
-#define REF_ABS_TOL 1e-3
+#define REF_ABS_TOL (1.0 / 256.0)
 #define REF_COS_TOL 1e-5
 #define REF_LSE_TOL 1e-3
 
