@@ -46,10 +46,7 @@ static void cpu_destroy(pmla_builder *b) {
 static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **out) {
   pmla_builder_config cfg;
   pmla_status st;
-  pmla_clear_error(NULL);
-  if (!out)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: out is NULL");
-  if ((st = pmla_validate_config(config, &cfg)))
+  if ((st = pmla_validate_init(config, out, &cfg)))
     return st;
   if (cfg.device != 0)
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
@@ -134,7 +131,7 @@ static pmla_status cpu_build_decode(pmla_builder *b, const pmla_decode_batch *ba
   pmla_decode_batch copy;
   pmla_status st;
   if (!b)
-    return PMLA_ERR_INVALID_ARGUMENT;
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_decode: builder is NULL");
   pmla_clear_error(b);
   b->step.kind = PLAN_NONE;
   if ((st = pmla_check_decode_batch(b, batch, kDLCPU, &copy)) || (st = validate_dense_step(b)))
@@ -156,7 +153,7 @@ static pmla_status cpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *ba
   pmla_sparse_batch copy;
   pmla_status st;
   if (!b)
-    return PMLA_ERR_INVALID_ARGUMENT;
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_sparse: builder is NULL");
   pmla_clear_error(b);
   b->step.kind = PLAN_NONE;
   if ((st = pmla_check_sparse_batch(b, batch, kDLCPU, &copy)))
@@ -234,7 +231,7 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   int64_t num_slots;
   pmla_status st;
   if (!b)
-    return PMLA_ERR_INVALID_ARGUMENT;
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "decode: builder is NULL");
   pmla_clear_error(b);
   if ((st = pmla_check_decode_args(b, args, kDLCPU, &a, &num_slots)) ||
       (st = validate_indices(b, num_slots)))
@@ -265,7 +262,7 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
 
 static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
   if (!b)
-    return PMLA_ERR_INVALID_ARGUMENT;
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "check_device_error: builder is NULL");
   int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];
   uint32_t bits = (uint32_t)meta[PMLA_META_ERROR];
   meta[PMLA_META_ERROR] = 0;
@@ -279,7 +276,7 @@ static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
 
 static pmla_status cpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
   if (!b)
-    return PMLA_ERR_INVALID_ARGUMENT;
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "copy_buffer: builder is NULL");
   if ((unsigned)which >= PMLA_BUF_COUNT)
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                      "copy_buffer: which = %d; accepted: 0..%d", (int)which, PMLA_BUF_COUNT - 1);

@@ -48,10 +48,7 @@ static void gpu_destroy(pmla_builder *b) {
 static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **out) {
   pmla_builder_config cfg;
   pmla_status st;
-  pmla_clear_error(NULL);
-  if (!out)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: out is NULL");
-  if ((st = pmla_validate_config(config, &cfg)))
+  if ((st = pmla_validate_init(config, out, &cfg)))
     return st;
   int count = 0;
   gpu_error_t e = gpuGetDeviceCount(&count);

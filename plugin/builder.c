@@ -57,8 +57,12 @@ static pmla_status check_dtype(const char *field, uint32_t d) {
                    d, PMLA_DTYPE_BF16);
 }
 
-pmla_status pmla_validate_config(const pmla_builder_config *cfg, pmla_builder_config *out) {
+pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **builder,
+                               pmla_builder_config *out) {
   pmla_status st;
+  pmla_clear_error(NULL);
+  if (!builder)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: out is NULL");
   if (!cfg)
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: config is NULL");
   if (cfg->struct_size < sizeof(pmla_builder_config))

@@ -48,9 +48,11 @@ pmla_status pmla_fail(pmla_builder *b, pmla_status status, const char *fmt, ...)
 void pmla_clear_error(pmla_builder *b);
 const char *pmla_builder_last_error(const pmla_builder *b);
 
-/* Checks every config field (message names field, value and what is
- * accepted) and copies the 1.0 prefix into *out. */
-pmla_status pmla_validate_config(const pmla_builder_config *cfg, pmla_builder_config *out);
+/* init_builder's common checks: `builder` (the out pointer) and every
+ * config field (the message names field, value and what is accepted);
+ * copies the config's 1.0 prefix into *out. Clears this thread's message. */
+pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **builder,
+                               pmla_builder_config *out);
 
 /* Fills sizes in b->info from cfg, cu_count and sched_units. */
 void pmla_size_buffers(pmla_builder *b, uint32_t cu_count, uint32_t sched_units);
