@@ -30,9 +30,9 @@ static int64_t kv_slot(const pmla_kv_map *m, int32_t r, int32_t p, int32_t *err)
   int64_t slot;
   if (m->topk) {
     slot = m->topk[(int64_t)r * m->topk_stride + p];
-    if (slot < 0)
+    if (slot == -1) /* an unused top-k entry */
       return -1;
-    if (slot >= m->num_slots) {
+    if (slot < 0 || slot >= m->num_slots) {
       *err |= PMLA_PLAN_ERR_SLOT_INDEX;
       return -1;
     }

@@ -32,9 +32,11 @@
  * zeroed every step; pmla_gpu_problem has no such buffer, so it is not done
  * here (the reduce launch costs a few microseconds; entries <= num_units).
  *
- * NVIDIA tiles: 8 warps, BN 64, 2 stages (64-row tile: 72 KiB Q + 144 KiB
- * KV). 16 warps for 64-row tiles and split QK accumulators were measured
- * slower on an H200 and are left as PMLA_MT4_WARPS / PMLA_MT4_KACC knobs.
+ * NVIDIA tiles (Shape<MT>): 64- and 32-row tiles 8 warps, BN 64, 2 stages
+ * (64-row tile: 72 KiB Q + 144 KiB KV), one work-group per SM; 16-row tiles
+ * 4 warps, BN 32, 2 stages, two work-groups per SM. 16 warps for 64-row
+ * tiles and split QK accumulators were measured slower on an H200 and are
+ * left as PMLA_MT4_WARPS / PMLA_MT4_KACC knobs.
  *
  * Launchers allocate nothing and never synchronise (graph-capturable). */
 #include <math.h>
@@ -52,8 +54,14 @@ using namespace pmla_mma;
 #ifndef PMLA_MT4_WARPS
 #define PMLA_MT4_WARPS 8
 #endif
-/* 16/32-row tiles are memory bound: 32-token blocks through more stages
- * keep more KV bytes in flight per SM (knobs for measurement). */
+/* Per-tile-size shapes (knobs for measurement). 16-row tiles are latency
+ * bound per warp (few rows, three barriers per block; H200 stall samples:
+ * fixed-latency and shared-memory dependencies, not DRAM), so two small
+ * independent work-groups share an SM (OCC, and twice the planner units)
+ * and overlap each other's barriers and softmax: 212 -> 200 us at
+ * b=128 L=4096 h=16. Deeper pipelines alone (32-token blocks x 4-5 stages,
+ * one work-group) were slower (259 us), as was OCC 2 for 32-row tiles (no
+ * gain) and 2 warps x 16 tokens x OCC 4 (same as OCC 2). */
 #ifndef PMLA_MT1_WARPS
 #define PMLA_MT1_WARPS 4
 #endif
@@ -61,20 +69,30 @@ using namespace pmla_mma;
 #define PMLA_MT1_BN 32
 #endif
 #ifndef PMLA_MT1_STAGES
-#define PMLA_MT1_STAGES 5
+#define PMLA_MT1_STAGES 2
+#endif
+#ifndef PMLA_MT1_OCC
+#define PMLA_MT1_OCC 2
+#endif
+#ifndef PMLA_MT2_WARPS
+#define PMLA_MT2_WARPS 8
 #endif
 #ifndef PMLA_MT2_BN
-#define PMLA_MT2_BN 32
+#define PMLA_MT2_BN 64
 #endif
 #ifndef PMLA_MT2_STAGES
-#define PMLA_MT2_STAGES 5
+#define PMLA_MT2_STAGES 2
 #endif
-constexpr int NWARPS = 8, MAX_MT = 4;
+#ifndef PMLA_MT2_OCC
+#define PMLA_MT2_OCC 1
+#endif
+constexpr int MAX_MT = 4;
 constexpr int MT4_WARPS = PMLA_MT4_WARPS; /* 64-row tiles: 16 measured slower */
 template <int MT> struct Shape {
-  static constexpr int NW = MT == 4 ? MT4_WARPS : MT == 1 ? PMLA_MT1_WARPS : NWARPS;
+  static constexpr int NW = MT == 4 ? MT4_WARPS : MT == 1 ? PMLA_MT1_WARPS : PMLA_MT2_WARPS;
   static constexpr int BN = MT == 4 ? 64 : MT == 1 ? PMLA_MT1_BN : PMLA_MT2_BN;
   static constexpr int STAGES = MT == 4 ? 2 : MT == 1 ? PMLA_MT1_STAGES : PMLA_MT2_STAGES;
+  static constexpr int OCC = MT == 4 ? 1 : MT == 1 ? PMLA_MT1_OCC : PMLA_MT2_OCC; /* per SM */
 };
 #ifndef PMLA_MT4_KACC
 #define PMLA_MT4_KACC 1
@@ -84,7 +102,7 @@ template <int MT> struct Shape {
 constexpr int NWARPS = 2, MAX_MT = 1;
 constexpr int MT4_WARPS = NWARPS;
 template <int MT> struct Shape {
-  static constexpr int NW = NWARPS, BN = 32, STAGES = 1;
+  static constexpr int NW = NWARPS, BN = 32, STAGES = 1, OCC = 1;
 };
 #define PMLA_MT4_KACC 1
 #endif
@@ -120,6 +138,9 @@ template <int MT> struct Cfg {
   static constexpr size_t SMEM = (size_t)ROWS * PITCH + (size_t)STAGES * BN * PITCH +
                                  sizeof(float) * (2 * TG * ROWS + 4 * ROWS) +
                                  sizeof(int) * STAGES * BN;
+#ifdef PMLA_PLATFORM_NVIDIA
+  static_assert((SMEM + 1024) * Shape<MT>::OCC <= 233472, "shared memory per SM (sm_90)");
+#endif
   static_assert(NW % MT == 0, "warps per row group");
   static_assert(TW % MMA_N == 0 && NTQ >= 1, "QK tokens per warp");
   static_assert(NTQ == 1 || NTQ % 2 == 0, "QK n-tiles");
@@ -175,9 +196,9 @@ __device__ __forceinline__ int32_t kv_raw(const pmla_kv_map &m, int32_t r, int32
 __device__ __forceinline__ int64_t kv_slot(const pmla_kv_map &m, int32_t raw, int32_t p,
                                            int32_t *err, bool flag) {
   if (m.topk) {
-    if (raw < 0)
+    if (raw == -1) /* an unused top-k entry */
       return -1;
-    if (raw >= m.num_slots) {
+    if (raw < 0 || raw >= m.num_slots) {
       if (flag)
         atomicOr(err, (int)PMLA_PLAN_ERR_SLOT_INDEX);
       return -1;
@@ -194,7 +215,7 @@ __device__ __forceinline__ int64_t kv_slot(const pmla_kv_map &m, int32_t raw, in
 }
 
 template <int MT>
-__global__ void __launch_bounds__(Cfg<MT>::NT, 1)
+__global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
     pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
   using C = Cfg<MT>;
   constexpr int NT = C::NT, QKU = C::QKU, KACC = C::KACC, BN = C::BN, STAGES = C::STAGES;
@@ -624,7 +645,21 @@ extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int
     num_heads = 1;
   if (max_q_len < 1)
     max_q_len = 1;
-  int32_t n = cu_count / host_tiles(num_heads, max_q_len);
+  int occ = 1;
+  switch (host_mt(num_heads, max_q_len)) {
+  case 1:
+    occ = Shape<1>::OCC;
+    break;
+#ifdef PMLA_PLATFORM_NVIDIA
+  case 2:
+    occ = Shape<2>::OCC;
+    break;
+  case 4:
+    occ = Shape<4>::OCC;
+    break;
+#endif
+  }
+  int32_t n = cu_count * occ / host_tiles(num_heads, max_q_len);
   return n < 1 ? 1 : n;
 }
 
