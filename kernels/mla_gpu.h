@@ -37,6 +37,10 @@ typedef struct pmla_gpu_problem {
   const int32_t *reduce_partial_map;
 } pmla_gpu_problem;
 
+/* The most planner units the metadata kernel takes (its cut table lives in
+ * shared memory); the plugin clamps pmla_gpu_sched_units to it. */
+#define PMLA_GPU_MAX_UNITS 2048
+
 /* Planner units for a device with cu_count CUs/SMs and this head count
  * (a head tile may take several CUs per unit). */
 int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len);

@@ -165,6 +165,20 @@ PMLA_HD static inline int64_t pmla_plan_cut(int64_t n, int64_t total, int64_t un
   return n * total / units;
 }
 
+/* Whole-step values every request's placement depends on. */
+typedef struct pmla_plan_shape {
+  int64_t total;       /* sum of OH + blocks over requests (>= 1) */
+  int32_t piece_mode;  /* the line-cut would exceed the cap somewhere */
+  int64_t piece_total; /* piece mode: sum of OH * pieces + blocks (>= 1) */
+  const int64_t *cuts; /* optional table of pmla_plan_cut(u) for u in 0..N
+                          (the device keeps one in shared memory; NULL: divide) */
+} pmla_plan_shape;
+
+PMLA_HD static inline int64_t pmla_plan_cut_of(const pmla_plan_shape *sh, int64_t u,
+                                               int64_t units) {
+  return sh->cuts ? sh->cuts[u] : pmla_plan_cut(u, sh->total, units);
+}
+
 /* Line-cut: the unit owning the start of a request whose line begins at s:
  * the last unit whose cut is <= s + OH (cuts in (s, s + OH] snap back to s). */
 PMLA_HD static inline int32_t pmla_plan_first_unit(int64_t s, int64_t total, int64_t units) {
@@ -176,11 +190,12 @@ PMLA_HD static inline int32_t pmla_plan_first_unit(int64_t s, int64_t total, int
  * `blocks` blocks) on *unit. Returns the first block of the next piece
  * (== blocks for the last piece) and leaves *unit on the unit that takes it;
  * cuts that coincide produce no empty piece. */
-PMLA_HD static inline int64_t pmla_plan_line_next(int64_t s, int64_t blocks, int64_t start,
-                                                  int64_t total, int64_t units, int32_t *unit) {
+PMLA_HD static inline int64_t pmla_plan_line_next(const pmla_plan_shape *sh, int64_t s,
+                                                  int64_t blocks, int64_t start, int64_t units,
+                                                  int32_t *unit) {
   int64_t base = s + PMLA_SPLIT_OVERHEAD;
   while (*unit + 1 < units) {
-    int64_t cut = pmla_plan_cut(*unit + 1, total, units);
+    int64_t cut = pmla_plan_cut_of(sh, *unit + 1, units);
     if (cut >= base + blocks)
       break;
     (*unit)++;
@@ -190,11 +205,11 @@ PMLA_HD static inline int64_t pmla_plan_line_next(int64_t s, int64_t blocks, int
   return blocks;
 }
 
-PMLA_HD static inline int32_t pmla_plan_line_count(int64_t s, int64_t blocks, int64_t total,
-                                                   int64_t units) {
-  int32_t unit = pmla_plan_first_unit(s, total, units), pieces = 1;
-  for (int64_t b = pmla_plan_line_next(s, blocks, 0, total, units, &unit); b < blocks;
-       b = pmla_plan_line_next(s, blocks, b, total, units, &unit))
+PMLA_HD static inline int32_t pmla_plan_line_count(const pmla_plan_shape *sh, int64_t s,
+                                                   int64_t blocks, int64_t units) {
+  int32_t unit = pmla_plan_first_unit(s, sh->total, units), pieces = 1;
+  for (int64_t b = pmla_plan_line_next(sh, s, blocks, 0, units, &unit); b < blocks;
+       b = pmla_plan_line_next(sh, s, blocks, b, units, &unit))
     pieces++;
   return pieces;
 }
@@ -209,13 +224,6 @@ PMLA_HD static inline int32_t pmla_plan_piece_count(int64_t blocks, int64_t tota
     n = blocks;
   return n < 1 ? 1 : (int32_t)n;
 }
-
-/* Whole-step values every request's placement depends on. */
-typedef struct pmla_plan_shape {
-  int64_t total;       /* sum of OH + blocks over requests (>= 1) */
-  int32_t piece_mode;  /* the line-cut would exceed the cap somewhere */
-  int64_t piece_total; /* piece mode: sum of OH * pieces + blocks (>= 1) */
-} pmla_plan_shape;
 
 /* One request's validated inputs. */
 typedef struct pmla_plan_req {
@@ -249,7 +257,7 @@ PMLA_HD static inline int32_t pmla_plan_pieces(const pmla_plan_input *in,
                                                const pmla_plan_req *q, int64_t s) {
   if (sh->piece_mode)
     return pmla_plan_piece_count(q->blocks, sh->total, in->num_units, in->split_cap);
-  return pmla_plan_line_count(s, q->blocks, sh->total, in->num_units);
+  return pmla_plan_line_count(sh, s, q->blocks, in->num_units);
 }
 
 /* Where a request's items go: the exclusive prefix over earlier requests. */
@@ -296,7 +304,7 @@ PMLA_HD static inline int32_t pmla_plan_place(const pmla_plan_input *in,
       ps += cost;
     } else {
       piece_unit = unit;
-      next = pmla_plan_line_next(base->line, q->blocks, first, sh->total, N, &unit);
+      next = pmla_plan_line_next(sh, base->line, q->blocks, first, N, &unit);
     }
     if (out && fits) {
       int32_t item = base->items + p;
@@ -351,7 +359,7 @@ PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_pl
   const int32_t R = in->num_requests;
   const int64_t N = in->num_units;
   int32_t err = 0, scratch = 0;
-  pmla_plan_shape sh = {0, 0, 1};
+  pmla_plan_shape sh = {0, 0, 1, 0};
   for (int32_t r = 0; r < R; r++)
     sh.total += PMLA_SPLIT_OVERHEAD + pmla_plan_describe(in, r, &err).blocks;
   if (sh.total == 0)
@@ -360,7 +368,7 @@ PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_pl
     int64_t s = 0;
     for (int32_t r = 0; r < R && !sh.piece_mode; r++) {
       pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-      sh.piece_mode = pmla_plan_line_count(s, q.blocks, sh.total, N) > in->split_cap;
+      sh.piece_mode = pmla_plan_line_count(&sh, s, q.blocks, N) > in->split_cap;
       s += PMLA_SPLIT_OVERHEAD + q.blocks;
     }
     if (sh.piece_mode) {

@@ -12,7 +12,7 @@
 #include "mla_gpu.h"
 
 #define PLAN_THREADS 256
-#define FIELD_BITS 21 /* per-chunk sums of pieces stay below 2^21 (256 * 1024 units) */
+#define FIELD_BITS 21 /* per-chunk sums of pieces stay below 2^21 (256 requests * 2048 units) */
 #define FIELD_MASK ((1ll << FIELD_BITS) - 1)
 
 namespace {
@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
                                                                   pmla_plan_output out) {
   __shared__ int64_t buf[PLAN_THREADS];
   __shared__ int32_t last_unit[PLAN_THREADS];
+  __shared__ int64_t cuts[PMLA_GPU_MAX_UNITS]; /* the line's cut points, divided once */
   __shared__ unsigned long long s_total, s_piece_total;
   __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
   const int t = threadIdx.x;
@@ -62,6 +63,10 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   sh.total = s_total ? (int64_t)s_total : 1;
   sh.piece_mode = 0;
   sh.piece_total = 1;
+  for (int32_t u = t; u < N; u += PLAN_THREADS)
+    cuts[u] = pmla_plan_cut(u, sh.total, N);
+  sh.cuts = cuts;
+  __syncthreads();
 
   /* Piece mode when the line-cut gives any request more pieces than the cap. */
   if (in.split_cap > 0 && in.split_cap < N) {
@@ -72,7 +77,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       if (r < R)
         q = pmla_plan_describe(&in, r, &scratch);
       int64_t sum, s = line + block_exclusive_scan(r < R ? OH + q.blocks : 0, buf, &sum);
-      if (r < R && pmla_plan_line_count(s, q.blocks, sh.total, N) > in.split_cap)
+      if (r < R && pmla_plan_line_count(&sh, s, q.blocks, N) > in.split_cap)
         s_piece_mode = 1;
       line += sum;
     }
@@ -139,7 +144,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
 
 extern "C" int pmla_gpu_plan(const pmla_plan_input *in, const pmla_plan_output *out,
                              void *stream) {
-  if (!in || !out || in->num_requests < 0 || in->num_units < 1 || in->num_units > 1024)
+  if (!in || !out || in->num_requests < 0 || in->num_units < 1 ||
+      in->num_units > PMLA_GPU_MAX_UNITS)
     return (int)hipErrorInvalidValue;
   pmla_plan_kernel<<<1, PLAN_THREADS, 0, (hipStream_t)stream>>>(*in, *out);
   return (int)hipGetLastError();
