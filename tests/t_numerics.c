@@ -292,6 +292,7 @@ typedef struct sparse_case {
   int hole_pct, dup_pct;
   int32_t valid; /* listed entries per token (0: topk); the rest are -1 */
   int empty_token0; /* token 0 lists only -1 */
+  int nocap;        /* build with PMLA_SPARSE_NO_SPLIT_CAP */
 } sparse_case;
 
 static void run_sparse(const sparse_case *c, uint64_t seed) {
@@ -341,20 +342,28 @@ static void run_sparse(const sparse_case *c, uint64_t seed) {
   sb.struct_size = sizeof sb;
   sb.topk_indices = &t_idx.t;
   sb.max_seq_len = c->max_seq_len;
+  sb.flags = c->nocap ? PMLA_SPARSE_NO_SPLIT_CAP : 0;
   sb.stream = harness_stream();
   pmla_status s = g_be->build_sparse(b, &sb);
   ck_assert_msg(s == PMLA_OK, "%s: build_sparse returned %s: %s", c->name,
                 harness_status_name(s), g_be->last_error(b));
   pmla_builder_info info = harness_query(b);
-  int32_t want_cap = pmla_sparse_split_cap(c->max_seq_len, c->topk, info.cu_count);
+  int32_t want_cap =
+      c->nocap ? 0 : pmla_sparse_split_cap(c->max_seq_len, c->topk, info.cu_count);
   ck_assert_msg(info.split_cap == (uint32_t)want_cap,
                 "%s: split_cap %u, want min(next_pow2(max(1, min(%lld, %u) / 128)), %u) = %d",
                 c->name, info.split_cap, (long long)c->max_seq_len, c->topk, info.cu_count,
                 want_cap);
   int32_t meta[PMLA_META_WORDS];
   ck_assert_int_eq(g_be->copy_buffer(b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta), PMLA_OK);
-  ck_assert_msg(meta[PMLA_META_MAX_PIECES] <= want_cap, "%s: a token has %d pieces > cap %d",
-                c->name, meta[PMLA_META_MAX_PIECES], want_cap);
+  if (c->nocap) /* uncapped, few tokens over many units: tokens split wider */
+    ck_assert_msg(meta[PMLA_META_MAX_PIECES] > pmla_sparse_split_cap(c->max_seq_len, c->topk,
+                                                                    info.cu_count),
+                  "%s: uncapped schedule has only %d pieces per token", c->name,
+                  meta[PMLA_META_MAX_PIECES]);
+  else
+    ck_assert_msg(meta[PMLA_META_MAX_PIECES] <= want_cap, "%s: a token has %d pieces > cap %d",
+                  c->name, meta[PMLA_META_MAX_PIECES], want_cap);
 
   ref_slot_lists lists;
   ck_assert_int_eq(ref_slots_from_topk(T, K, idx, &lists), 0);
@@ -380,15 +389,17 @@ static void run_sparse(const sparse_case *c, uint64_t seed) {
 }
 
 static const sparse_case sparse_cases[] = {
-    {"topk 512, max_seq_len below topk, holes, dups", 16, 64, 512, 7, 3, 40, 300, 10, 5, 0, 0},
-    {"topk 512, max_seq_len above topk", 16, 16, 512, 7, 4, 200, 10000, 5, 10, 0, 0},
-    {"topk 2048, max_seq_len 4096, cu 7", 16, 16, 2048, 7, 2, 400, 4096, 3, 3, 0, 0},
+    {"topk 512, max_seq_len below topk, holes, dups", 16, 64, 512, 7, 3, 40, 300, 10, 5, 0, 0, 0},
+    {"topk 512, max_seq_len above topk", 16, 16, 512, 7, 4, 200, 10000, 5, 10, 0, 0, 0},
+    {"topk 2048, max_seq_len 4096, cu 7", 16, 16, 2048, 7, 2, 400, 4096, 3, 3, 0, 0, 0},
     {"topk 2048, short lists of 100", 16, 64, 2048, 2, 4, 50, 100, 0, 0, 100, 0},
-    {"topk 2048, one token empty", 16, 1, 2048, 3, 3, 3000, 2048, 20, 5, 0, 1},
-    {"topk 512, heads 128", 128, 16, 512, 2, 2, 64, 512, 10, 10, 0, 0},
-    {"topk 64, page 1, 8 tokens", 32, 1, 64, 3, 8, 500, 64, 25, 25, 0, 0},
+    {"topk 2048, one token empty", 16, 1, 2048, 3, 3, 3000, 2048, 20, 5, 0, 1, 0},
+    {"topk 512, heads 128", 128, 16, 512, 2, 2, 64, 512, 10, 10, 0, 0, 0},
+    {"topk 64, page 1, 8 tokens", 32, 1, 64, 3, 8, 500, 64, 25, 25, 0, 0, 0},
     {"topk 512, cu 1", 64, 256, 512, 1, 3, 6, 100000, 5, 5, 300, 0},
-    {"topk 2048, max_seq_len 0", 16, 16, 2048, 7, 2, 300, 0, 0, 50, 0, 0},
+    {"topk 2048, max_seq_len 0", 16, 16, 2048, 7, 2, 300, 0, 0, 50, 0, 0, 0},
+    {"topk 2048, uncapped (PMLA_SPARSE_NO_SPLIT_CAP), cu 16", 16, 16, 2048, 16, 2, 400, 300, 5,
+     5, 0, 0, 1, 0},
 };
 #define N_SPARSE ((int)(sizeof sparse_cases / sizeof sparse_cases[0]))
 
@@ -431,11 +442,40 @@ START_TEST(test_sparse_split_cap_through_query) {
 }
 END_TEST
 
+/* flags other than PMLA_SPARSE_NO_SPLIT_CAP are refused, naming the field. */
+START_TEST(test_sparse_unknown_flags_are_refused) {
+  REQUIRE_BACKEND();
+  pmla_builder_config cfg = harness_config(16, 64, 2, 1, 64, 2);
+  pmla_builder *b = harness_init(&cfg);
+  int32_t idx[2 * 64];
+  for (int i = 0; i < 2 * 64; i++)
+    idx[i] = i;
+  test_tensor t;
+  tt_make2(&t, TT_I32, idx, 2, 64);
+  pmla_sparse_batch sb;
+  memset(&sb, 0, sizeof sb);
+  sb.struct_size = sizeof sb;
+  sb.topk_indices = &t.t;
+  sb.max_seq_len = 64;
+  sb.stream = harness_stream();
+  sb.flags = 0x80;
+  pmla_status st = g_be->build_sparse(b, &sb);
+  ck_assert_msg(st == PMLA_ERR_INVALID_ARGUMENT, "flags 0x80 gave %s", harness_status_name(st));
+  ck_assert_msg(strstr(g_be->last_error(b), "flags") != NULL, "message does not name flags: %s",
+                g_be->last_error(b));
+  sb.flags = PMLA_SPARSE_NO_SPLIT_CAP;
+  ck_assert_int_eq(g_be->build_sparse(b, &sb), PMLA_OK);
+  ck_assert_uint_eq(harness_query(b).split_cap, 0);
+  tt_free(&t);
+  g_be->destroy_builder(b);
+}
+END_TEST
+
 /* One builder alternates dense and sparse steps; each is right. */
 START_TEST(test_builder_alternates_dense_and_sparse_steps) {
   REQUIRE_BACKEND();
   dense_case d = {"dense step", 16, 16, 3, BT, 3, {1, 2, 1}, {40, 130, 7}, 0, 1, 0};
-  sparse_case s = {"sparse step", 16, 16, 512, 3, 4, 64, 1000, 10, 5, 0, 0};
+  sparse_case s = {"sparse step", 16, 16, 512, 3, 4, 64, 1000, 10, 5, 0, 0, 0};
   /* separate builders per run_* call; repeat to catch state carried across
    * builders in the same process */
   for (int i = 0; i < 2; i++) {
@@ -456,6 +496,7 @@ Suite *suite_numerics(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_sparse_decode_matches_reference, 0, N_SPARSE);
   tcase_add_test(tc, test_sparse_split_cap_through_query);
+  tcase_add_test(tc, test_sparse_unknown_flags_are_refused);
   tcase_add_test(tc, test_builder_alternates_dense_and_sparse_steps);
   suite_add_tcase(s, tc);
   return s;
