@@ -392,14 +392,14 @@ static const sparse_case sparse_cases[] = {
     {"topk 512, max_seq_len below topk, holes, dups", 16, 64, 512, 7, 3, 40, 300, 10, 5, 0, 0, 0},
     {"topk 512, max_seq_len above topk", 16, 16, 512, 7, 4, 200, 10000, 5, 10, 0, 0, 0},
     {"topk 2048, max_seq_len 4096, cu 7", 16, 16, 2048, 7, 2, 400, 4096, 3, 3, 0, 0, 0},
-    {"topk 2048, short lists of 100", 16, 64, 2048, 2, 4, 50, 100, 0, 0, 100, 0},
+    {"topk 2048, short lists of 100", 16, 64, 2048, 2, 4, 50, 100, 0, 0, 100, 0, 0},
     {"topk 2048, one token empty", 16, 1, 2048, 3, 3, 3000, 2048, 20, 5, 0, 1, 0},
     {"topk 512, heads 128", 128, 16, 512, 2, 2, 64, 512, 10, 10, 0, 0, 0},
     {"topk 64, page 1, 8 tokens", 32, 1, 64, 3, 8, 500, 64, 25, 25, 0, 0, 0},
-    {"topk 512, cu 1", 64, 256, 512, 1, 3, 6, 100000, 5, 5, 300, 0},
+    {"topk 512, cu 1", 64, 256, 512, 1, 3, 6, 100000, 5, 5, 300, 0, 0},
     {"topk 2048, max_seq_len 0", 16, 16, 2048, 7, 2, 300, 0, 0, 50, 0, 0, 0},
     {"topk 2048, uncapped (PMLA_SPARSE_NO_SPLIT_CAP), cu 16", 16, 16, 2048, 16, 2, 400, 300, 5,
-     5, 0, 0, 1, 0},
+     5, 0, 0, 1},
 };
 #define N_SPARSE ((int)(sizeof sparse_cases / sizeof sparse_cases[0]))
 
