@@ -127,49 +127,31 @@ static pmla_status validate_dense_step(pmla_builder *b) {
   return PMLA_OK;
 }
 
-static pmla_status cpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
-  pmla_decode_batch copy;
-  pmla_status st;
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_decode: builder is NULL");
-  pmla_clear_error(b);
-  b->step.kind = PLAN_NONE;
-  if ((st = pmla_check_decode_batch(b, batch, kDLCPU, &copy)) || (st = validate_dense_step(b)))
-    return st;
+/* Plans on the host; a dense step's host data is validated first. */
+static pmla_status cpu_plan(pmla_builder *b, int32_t cap, void *stream, const char *what) {
   pmla_step *s = &b->step;
-  s->num_tokens = s->qo_indptr[s->num_requests];
-  pmla_plan_input in;
-  pmla_plan_output o;
-  pmla_step_plan_input(b, 0, &in);
-  pmla_plan_buffers(b, &o);
-  if (pmla_plan(&in, &o))
-    return pmla_fail(b, PMLA_ERR_INTERNAL, "build_decode: the planner rejected a validated batch");
-  b->info.split_cap = 0;
-  s->kind = PLAN_DENSE;
-  return PMLA_OK;
-}
-
-static pmla_status cpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
-  pmla_sparse_batch copy;
   pmla_status st;
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_sparse: builder is NULL");
-  pmla_clear_error(b);
-  b->step.kind = PLAN_NONE;
-  if ((st = pmla_check_sparse_batch(b, batch, kDLCPU, &copy)))
-    return st;
-  int32_t cap = copy.flags & PMLA_SPARSE_NO_SPLIT_CAP
-                    ? 0
-                    : pmla_sparse_split_cap(copy.max_seq_len, b->cfg.topk, b->info.cu_count);
+  (void)stream;
+  if (s->topk_stride == 0) {
+    if ((st = validate_dense_step(b)))
+      return st;
+    s->num_tokens = s->qo_indptr[s->num_requests];
+  }
   pmla_plan_input in;
   pmla_plan_output o;
   pmla_step_plan_input(b, cap, &in);
   pmla_plan_buffers(b, &o);
   if (pmla_plan(&in, &o))
-    return pmla_fail(b, PMLA_ERR_INTERNAL, "build_sparse: the planner failed");
-  b->info.split_cap = (uint32_t)cap;
-  b->step.kind = PLAN_SPARSE;
+    return pmla_fail(b, PMLA_ERR_INTERNAL, "%s: the planner rejected a validated batch", what);
   return PMLA_OK;
+}
+
+static pmla_status cpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
+  return pmla_build_dense(b, batch, kDLCPU, cpu_plan);
+}
+
+static pmla_status cpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
+  return pmla_build_sparse(b, batch, kDLCPU, cpu_plan);
 }
 
 /* The page and slot indices the step will read, checked against the cache. */

@@ -111,37 +111,11 @@ static pmla_status gpu_plan(pmla_builder *b, int32_t cap, void *stream, const ch
 }
 
 static pmla_status gpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
-  pmla_decode_batch copy;
-  pmla_status st;
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_decode: builder is NULL");
-  pmla_clear_error(b);
-  b->step.kind = PLAN_NONE;
-  if ((st = pmla_check_decode_batch(b, batch, GPU_DLPACK_DEVICE, &copy)) ||
-      (st = gpu_plan(b, 0, copy.stream, "build_decode")))
-    return st;
-  b->info.split_cap = 0;
-  b->step.kind = PLAN_DENSE;
-  return PMLA_OK;
+  return pmla_build_dense(b, batch, GPU_DLPACK_DEVICE, gpu_plan);
 }
 
 static pmla_status gpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
-  pmla_sparse_batch copy;
-  pmla_status st;
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_sparse: builder is NULL");
-  pmla_clear_error(b);
-  b->step.kind = PLAN_NONE;
-  if ((st = pmla_check_sparse_batch(b, batch, GPU_DLPACK_DEVICE, &copy)))
-    return st;
-  int32_t cap = copy.flags & PMLA_SPARSE_NO_SPLIT_CAP
-                    ? 0
-                    : pmla_sparse_split_cap(copy.max_seq_len, b->cfg.topk, b->info.cu_count);
-  if ((st = gpu_plan(b, cap, copy.stream, "build_sparse")))
-    return st;
-  b->info.split_cap = (uint32_t)cap;
-  b->step.kind = PLAN_SPARSE;
-  return PMLA_OK;
+  return pmla_build_sparse(b, batch, GPU_DLPACK_DEVICE, gpu_plan);
 }
 
 static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {

@@ -425,3 +425,39 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
                             device_type, dev));
   return PMLA_OK;
 }
+
+pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, int device_type,
+                             pmla_plan_fn plan) {
+  pmla_decode_batch copy;
+  pmla_status st;
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_decode: builder is NULL");
+  pmla_clear_error(b);
+  b->step.kind = PLAN_NONE;
+  if ((st = pmla_check_decode_batch(b, batch, device_type, &copy)) ||
+      (st = plan(b, 0, copy.stream, "build_decode")))
+    return st;
+  b->info.split_cap = 0;
+  b->step.kind = PLAN_DENSE;
+  return PMLA_OK;
+}
+
+pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, int device_type,
+                              pmla_plan_fn plan) {
+  pmla_sparse_batch copy;
+  pmla_status st;
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_sparse: builder is NULL");
+  pmla_clear_error(b);
+  b->step.kind = PLAN_NONE;
+  if ((st = pmla_check_sparse_batch(b, batch, device_type, &copy)))
+    return st;
+  int32_t cap = copy.flags & PMLA_SPARSE_NO_SPLIT_CAP
+                    ? 0
+                    : pmla_sparse_split_cap(copy.max_seq_len, b->cfg.topk, b->info.cu_count);
+  if ((st = plan(b, cap, copy.stream, "build_sparse")))
+    return st;
+  b->info.split_cap = (uint32_t)cap;
+  b->step.kind = PLAN_SPARSE;
+  return PMLA_OK;
+}

@@ -76,6 +76,18 @@ pmla_status pmla_check_sparse_batch(pmla_builder *b, const pmla_sparse_batch *ba
 pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args,
                                    int device_type, pmla_decode_args *copy, int64_t *num_slots);
 
+/* A backend's planning of the step just remembered in b->step, under the
+ * given split cap (0: uncapped), on `stream`; `what` names the ABI call. */
+typedef pmla_status (*pmla_plan_fn)(pmla_builder *b, int32_t cap, void *stream, const char *what);
+
+/* build_decode / build_sparse for every backend: check the batch against
+ * device_type, remember the step, choose the split cap, let the backend
+ * plan it. A step counts as built only when all of that succeeded. */
+pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, int device_type,
+                             pmla_plan_fn plan);
+pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, int device_type,
+                              pmla_plan_fn plan);
+
 /* Answers the query call from b->info. */
 pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info);
 
