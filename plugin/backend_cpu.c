@@ -156,7 +156,9 @@ static pmla_status cpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *ba
 
 /* The page and slot indices the step will read, checked against the cache. */
 static pmla_status validate_indices(pmla_builder *b, int64_t num_slots) {
-  const pmla_step *s = &b->step;
+  pmla_step *s = &b->step;
+  if (s->checked_slots == num_slots) /* every layer of a step shares one check */
+    return PMLA_OK;
   const int64_t P = b->cfg.page_size, pages = num_slots / P;
   if (s->kind == PLAN_SPARSE) {
     for (int64_t i = 0; i < (int64_t)s->num_requests * s->topk_stride; i++)
@@ -166,6 +168,7 @@ static pmla_status validate_indices(pmla_builder *b, int64_t num_slots) {
                          "cache slots)",
                          (long long)(i / s->topk_stride), (long long)(i % s->topk_stride),
                          s->topk[i], (long long)num_slots - 1);
+    s->checked_slots = num_slots;
     return PMLA_OK;
   }
   for (int32_t r = 0; r < s->num_requests; r++) {
@@ -187,6 +190,7 @@ static pmla_status validate_indices(pmla_builder *b, int64_t num_slots) {
                          s->kv_layout == PMLA_KV_BLOCK_TABLE ? "block_table" : "kv_indices",
                          (long long)pages - 1);
   }
+  s->checked_slots = num_slots;
   return PMLA_OK;
 }
 

@@ -306,6 +306,7 @@ pmla_status pmla_check_decode_batch(pmla_builder *b, const pmla_decode_batch *ba
                      (long long)R, (long long)R + 1, b->cfg.max_batch);
   pmla_step *s = &b->step;
   memset(s, 0, sizeof *s);
+  s->checked_slots = -1;
   s->num_requests = (int32_t)R;
   s->num_tokens = -1;
   s->kv_layout = batch->kv_layout;
@@ -378,6 +379,7 @@ pmla_status pmla_check_sparse_batch(pmla_builder *b, const pmla_sparse_batch *ba
                      (long long)batch->max_seq_len);
   pmla_step *s = &b->step;
   memset(s, 0, sizeof *s);
+  s->checked_slots = -1;
   s->num_requests = (int32_t)T;
   s->num_tokens = T;
   s->topk = pmla_tensor_data(batch->topk_indices);

@@ -29,6 +29,9 @@ typedef struct pmla_step {
   const int32_t *kv_last_page_len;
   const int32_t *topk;
   int32_t topk_stride;
+  int64_t checked_slots;     /* pmla-cpu: indices already checked against a cache
+                                of this many slots (-1: not yet); the host keeps
+                                the step's tensors unchanged until its last decode */
 } pmla_step;
 
 struct pmla_builder {
