@@ -33,7 +33,9 @@
  * here (the reduce launch costs a few microseconds; entries <= num_units).
  *
  * NVIDIA tiles (Shape<MT>): 64- and 32-row tiles 8 warps, BN 64, 2 stages
- * (64-row tile: 72 KiB Q + 144 KiB KV), one work-group per SM; 16-row tiles
+ * (64-row tile: 72 KiB Q + 144 KiB KV), one work-group per SM; on sm_90a the
+ * 64-row tile runs the wgmma kernel pmla_decode_wg_kernel (see wg:: below,
+ * same semantics, two warpgroups); 16-row tiles
  * 4 warps, BN 32, 2 stages, two work-groups per SM. 16 warps for 64-row
  * tiles and split QK accumulators were measured slower on an H200 and are
  * left as PMLA_MT4_WARPS / PMLA_MT4_KACC knobs.
@@ -215,8 +217,7 @@ __device__ __forceinline__ int64_t kv_slot(const pmla_kv_map &m, int32_t raw, in
 }
 
 template <int MT>
-__global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
-    pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
+__device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float scale_log2) {
   using C = Cfg<MT>;
   constexpr int NT = C::NT, QKU = C::QKU, KACC = C::KACC, BN = C::BN, STAGES = C::STAGES;
   constexpr int ROWS = C::ROWS, TG = C::TG, TW = C::TW, NTQ = C::NTQ, DW = C::DW, NTV = C::NTV,
@@ -551,6 +552,669 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
   }
 }
 
+template <int MT>
+__global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
+    pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
+  decode_body<MT>(p, scale_log2);
+}
+
+#ifdef PMLA_PLATFORM_NVIDIA
+/* ------------------------------------------------ sm_90a wgmma 64-row tile
+ * Same work, masking and outputs as decode_body<4>, on two warpgroups.
+ * Shared memory holds every 576-dim row (Q and each KV stage) as 9 column
+ * blocks of 64 rows x 64 bf16 (128 B), each block in the canonical K-major
+ * 128-byte-swizzle layout (16-byte chunk j of row r at chunk j ^ (r & 7);
+ * blocks 1024-byte aligned), filled by the same cp.async gather. Per
+ * 64-token block:
+ *   QK  warpgroup g: S[64 x 32] for tokens 32g.. = 36 wgmma m64n32k16, A = Q
+ *       and B = K straight from shared memory through descriptors
+ *   max row maxima of the two halves meet in shared memory
+ *   P   exp2(S - m) as bf16 into the stage's rope block (block 8: 64 rows x
+ *       64 tokens, the same swizzled layout, free once QK is done)
+ *   PV  warpgroup g: O[64 x 256] (columns 256g..) += P V, 4 wgmma
+ *       m64n256k16 with V read MN-major (transposed B) from the stage
+ * Generic-proxy writes (cp.async, P stores) are made visible to the wgmma
+ * async proxy with fence.proxy.async before the barrier that publishes them.
+ * That is `body` (PMLA_WG_PP=0). The default is `body_pp` below: warpgroup 0
+ * alone computes S with m64n64 and the softmax while warpgroup 1 loads and
+ * runs its PV half (H200, us, b=128 L=4096 h=128: mma.sync 701, body 517,
+ * body_pp 494; b=4 L=32768: 193 / 148 / 141; b=128 L=1024: 204 / 162 / 166).
+ * Without KV traffic (PMLA_WG_NOLOAD diagnostic) body_pp takes 323 us at
+ * b=128 L=4096 h=128, so both the per-block chain (QK -> softmax -> PV on
+ * one warpgroup) and the exposed load latency (one 72 KiB block in flight:
+ * Q + two stages fill shared memory) still matter.
+ * Compiled only for sm_90a (wgmma); every other NVIDIA target runs
+ * decode_body<4> inside the same kernel (same block size and smem bound).
+ * PMLA_WGMMA=0 selects the mma.sync kernel for 64-row tiles everywhere. */
+#ifndef PMLA_WGMMA
+#define PMLA_WGMMA 1
+#endif
+#ifndef PMLA_WG_PP
+#define PMLA_WG_PP 1
+#endif
+/* PMLA_WG_EARLY 1: in body_pp the loader issues block b + 1 before publishing
+ * block b (two blocks in flight). Measured slower on an H200 (620 vs 494 us
+ * at b=128 L=4096 h=128): publishing block b waits for the 36-chunk-per-thread
+ * issue. Left as a knob. */
+#ifndef PMLA_WG_EARLY
+#define PMLA_WG_EARLY 0
+#endif
+#if PMLA_WGMMA && defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PMLA_WG_DEVICE 1
+#endif
+namespace wg {
+constexpr int BN = 64, ROWS = 64, NT = 256;
+constexpr int BLK = 64 * 128;     /* one column block: 64 rows x 128 B */
+constexpr int TILE = 9 * BLK;     /* 64 rows x 576 bf16 */
+constexpr size_t SMEM = 1024 /* alignment slack */ + 3 * (size_t)TILE +
+                        sizeof(float) * 8 * ROWS + sizeof(int) * 2 * BN;
+static_assert(SMEM <= 232448, "shared memory per block (sm_90)");
+static_assert(Cfg<4>::NT == NT, "the fallback body runs with the same block");
+constexpr size_t LAUNCH_SMEM = SMEM > Cfg<4>::SMEM ? SMEM : Cfg<4>::SMEM;
+
+#ifdef PMLA_WG_DEVICE
+/* byte offset of 16-byte chunk c (0..71) of row r (0..63) */
+__device__ __forceinline__ uint32_t off(int r, int c) {
+  return (uint32_t)((c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+/* smem matrix descriptor: start, leading / stride byte offsets, 128B swizzle */
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+         ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void proxy_fence() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* keeps uses of the accumulators after the wait that completes them */
+template <int N> __device__ __forceinline__ void reg_fence(float *d) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void mma_n32(float *d, uint64_t da, uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void mma_n64(float *d, uint64_t da, uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                 "+f"(d[30]), "+f"(d[31])
+               : "l"(da), "l"(db));
+}
+/* B stored MN-major (V rows: [token][dim]) */
+__device__ __forceinline__ void mma_n256_tb(float *d, uint64_t da, uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+               "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+               "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+               "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+               "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+               "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+               "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+               "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                 "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                 "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                 "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                 "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                 "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+                 "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+                 "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                 "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+                 "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+                 "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+                 "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+                 "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+                 "+f"(d[126]), "+f"(d[127])
+               : "l"(da), "l"(db));
+}
+
+__device__ __forceinline__ void body(const pmla_gpu_problem &p, float scale_log2) {
+  extern __shared__ __align__(1024) char smem_wg[];
+  char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
+  char *sKV = sQ + TILE;
+  float *sPmax = (float *)(sKV + 2 * TILE); /* [2][ROWS], by warpgroup */
+  float *sPsum = sPmax + 2 * ROWS;
+  float *sM = sPsum + 2 * ROWS; /* [2][ROWS], by block parity */
+  float *sL = sM + 2 * ROWS;
+  float *sCorr = sL + ROWS;
+  int *sValid = (int *)(sCorr + ROWS);
+
+  const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+  const int H = p.num_heads;
+  const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
+  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  const char *kvbase = (const char *)p.kv;
+  const uint32_t aQ = smem_u32(sQ);
+  /* rows of this thread in the accumulators: 16 wi + lane / 4 (+ 8) */
+  int myrow[2];
+  myrow[0] = wi * 16 + (lane >> 2);
+  myrow[1] = myrow[0] + 8;
+
+  const int it_end = p.work_indptr[u + 1];
+  for (int it = p.work_indptr[u]; it < it_end; it++) {
+    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int qlen = qe - qb, rows_item = qlen * H;
+    if (qlen <= 0 || row0 >= rows_item)
+      continue;
+    if (qb < 0 || qe > p.num_tokens) {
+      if (tid == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
+    }
+    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
+    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+
+    {
+      const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
+      for (int c = tid; c < ROWS * PMLA_TILE_CHUNKS; c += NT) {
+        int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
+        bool v = rr < nrows;
+        cp16(sQ + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
+      }
+    }
+    if (tid < ROWS) {
+      sM[tid] = -INFINITY;
+      sL[tid] = 0.f;
+    }
+
+    const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+  constexpr int TPT = NT / BN; /* loader threads per token */
+    const int ld_t = tid / TPT, ld_sub = tid % TPT;
+    auto raw_at = [&](int blk) -> int32_t {
+      int pos = kb + blk * BN + ld_t;
+      return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+    };
+    int32_t raw_next = raw_at(0);
+    auto load_block = [&](int blk, int st) {
+      const int pos = kb + blk * BN + ld_t;
+      int64_t slot = pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0)
+                              : -1;
+      bool v = slot >= 0;
+      if (ld_sub == 0)
+        sValid[st * BN + ld_t] = v;
+      const char *src = v ? kvbase + slot * PITCH : kvbase;
+      char *dst = sKV + st * TILE;
+#pragma unroll
+      for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
+        int c = ld_sub + k * TPT;
+        cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
+      }
+      raw_next = raw_at(blk + 1);
+    };
+    if (nblk > 0)
+      load_block(0, 0);
+    cp_commit();
+
+    int lim[2];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+      int i = row0 + myrow[s];
+      int causal = len - qlen + 1 + i / H;
+      lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+    }
+
+    float o[128];
+#pragma unroll
+    for (int e = 0; e < 128; e++)
+      o[e] = 0.f;
+
+    for (int b = 0; b < nblk; b++) {
+      cp_wait<0>();
+      proxy_fence();
+      __syncthreads();
+      if (b + 1 < nblk)
+        load_block(b + 1, (b + 1) & 1);
+      cp_commit();
+      const int st = b & 1;
+      char *sK = sKV + st * TILE;
+      const uint32_t aK = smem_u32(sK);
+      const int *vld = sValid + st * BN;
+      const int pos0 = kb + b * BN;
+      const int cur = (b & 1) * ROWS, nxt = ROWS - cur;
+
+      /* ---- S[64 x 32] = Q K^T for tokens 32g.. */
+      float s[16];
+#pragma unroll
+      for (int e = 0; e < 16; e++)
+        s[e] = 0.f;
+      reg_fence<16>(s);
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ks++) {
+        uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
+        mma_n32(s, desc(aQ + ko, 16, 1024), desc(aK + g * 32 * 128 + ko, 16, 1024));
+      }
+      wg_commit();
+      wg_wait0();
+      reg_fence<16>(s);
+
+      /* ---- scale, mask, row maxima (element e of n-tile j: row myrow[e/2 % 2],
+       * token 32g + 8j + 2(lane % 4) + e % 2) */
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int e = 0; e < 16; e++) {
+        int col = g * 32 + (e >> 2) * 8 + ((lane & 3) << 1) + (e & 1);
+        int sl = (e >> 1) & 1;
+        float v = s[e] * scale_log2;
+        if (!(pos0 + col < lim[sl] && vld[col]))
+          v = -INFINITY;
+        s[e] = v;
+        mx[sl] = fmaxf(mx[sl], v);
+      }
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++) {
+        float m = row_max(mx[sl]);
+        if (row_leader(lane))
+          sPmax[g * ROWS + myrow[sl]] = m;
+      }
+      __syncthreads();
+
+      /* ---- P = exp2(S - m) into the stage's rope block */
+      float muse[2], corr[2], sum[2];
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++) {
+        int row = myrow[sl];
+        float m_old = sM[cur + row];
+        float m = fmaxf(m_old, fmaxf(sPmax[row], sPmax[ROWS + row]));
+        muse[sl] = m == -INFINITY ? 0.f : m;
+        corr[sl] = exp2f(m_old - muse[sl]);
+        sum[sl] = 0.f;
+        if (g == 0 && row_leader(lane)) {
+          sCorr[row] = corr[sl];
+          sM[nxt + row] = m;
+        }
+      }
+      char *sP = sK + 8 * BLK;
+#pragma unroll
+      for (int e = 0; e < 16; e += 2) {
+        int sl = (e >> 1) & 1, row = myrow[sl];
+        int col = g * 32 + (e >> 2) * 8 + ((lane & 3) << 1);
+        float p0 = exp2f(s[e] - muse[sl]), p1 = exp2f(s[e + 1] - muse[sl]);
+        sum[sl] += p0 + p1;
+        uint32_t pk = (uint32_t)f_to_bf16(p0) | ((uint32_t)f_to_bf16(p1) << 16);
+        *(uint32_t *)(sP + row * 128 + ((((col >> 3) ^ (row & 7))) << 4) + ((col & 7) << 1)) = pk;
+      }
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++) {
+        float t = row_sum(sum[sl]);
+        if (row_leader(lane))
+          sPsum[g * ROWS + myrow[sl]] = t;
+      }
+      proxy_fence();
+      __syncthreads();
+
+      if (tid < ROWS)
+        sL[tid] = sL[tid] * sCorr[tid] + sPsum[tid] + sPsum[ROWS + tid];
+
+      /* ---- O = O * corr + P V (columns 256g..) */
+#pragma unroll
+      for (int e = 0; e < 128; e++)
+        o[e] *= corr[(e >> 1) & 1];
+      reg_fence<128>(o);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++)
+        mma_n256_tb(o, desc(aK + 8 * BLK + kk * 32, 16, 1024),
+                    desc(aK + g * 4 * BLK + kk * 16 * 128, BLK, 1024));
+      wg_commit();
+      wg_wait0();
+      reg_fence<128>(o);
+    }
+    cp_wait<0>();
+    __syncthreads();
+
+    /* ---- epilogue */
+    const int mfin = (nblk & 1) * ROWS;
+    const int64_t obase =
+        pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++) {
+      int rl = myrow[sl];
+      if (rl >= nrows)
+        continue;
+      float l = sL[rl], inv = l > 0.f ? 1.f / l : 0.f;
+      int64_t ro = (obase + rl) * PMLA_V_DIM;
+#pragma unroll
+      for (int j = 0; j < 32; j++) {
+        int col = g * 256 + j * 8 + ((lane & 3) << 1);
+        float v0 = o[4 * j + 2 * sl] * inv, v1 = o[4 * j + 2 * sl + 1] * inv;
+        if (pslot >= 0)
+          *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
+        else
+          *(uint32_t *)(p.out + ro + col) =
+              (uint32_t)f_to_bf16(v0) | ((uint32_t)f_to_bf16(v1) << 16);
+      }
+    }
+    if (tid < nrows) {
+      float l = sL[tid];
+      float lse = l > 0.f ? (sM[mfin + tid] + log2f(l)) * LN2_F : -INFINITY;
+      if (pslot >= 0)
+        p.partial_lse[obase + tid] = lse;
+      else if (p.lse)
+        p.lse[obase + tid] = lse;
+    }
+    __syncthreads();
+  }
+}
+/* One QK warpgroup (PMLA_WG_PP): warpgroup 0 computes all of S[64 x 64]
+ * (36 wgmma m64n64k16: K and Q each read once per block, a third less
+ * shared-memory traffic than two m64n32 halves) and the softmax, keeping the
+ * running max and sum of its rows in registers; warpgroup 1 is the loader
+ * (all cp.async) and runs its half of PV while warpgroup 0 computes the next
+ * block's S. Hand-offs are named barriers (arrive / sync, 256 threads), two
+ * ids per hand-off alternating by block parity so a fast side can never
+ * complete a barrier twice:
+ *   FULL[b&1]    wg1 arrives when block b is in shared memory; wg0 waits
+ *   PREADY[b&1]  wg0 arrives when P(b) and corr(b) are written; wg1 waits
+ *   EMPTY[b&1]   wg0 arrives when its PV(b) is done and block b + 2 exists;
+ *                wg1 waits before loading block b + 2 into that stage */
+__device__ __forceinline__ void nb_sync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void nb_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2) {
+  extern __shared__ __align__(1024) char smem_wg[];
+  char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
+  char *sKV = sQ + TILE;
+  float *sCorr = (float *)(sKV + 2 * TILE); /* [2][ROWS], by block parity */
+  float *sM = sCorr + 2 * ROWS;
+  float *sL = sM + ROWS;
+  int *sValid = (int *)(sL + ROWS); /* [2][BN] */
+
+  const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+  const int H = p.num_heads;
+  const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
+  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  const char *kvbase = (const char *)p.kv;
+  const uint32_t aQ = smem_u32(sQ);
+  int myrow[2];
+  myrow[0] = wi * 16 + (lane >> 2);
+  myrow[1] = myrow[0] + 8;
+  enum { FULL = 1, PREADY = 3, EMPTY = 5 };
+
+  const int it_end = p.work_indptr[u + 1];
+  for (int it = p.work_indptr[u]; it < it_end; it++) {
+    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int qlen = qe - qb, rows_item = qlen * H;
+    if (qlen <= 0 || row0 >= rows_item)
+      continue;
+    if (qb < 0 || qe > p.num_tokens) {
+      if (tid == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
+    }
+    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
+    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+    float o[128];
+#pragma unroll
+    for (int e = 0; e < 128; e++)
+      o[e] = 0.f;
+
+    if (g == 1) {
+      /* ---------------- warpgroup 1: loader + PV columns 256.. */
+      const int t = tid - 128;
+      {
+        const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
+        for (int c = t; c < ROWS * PMLA_TILE_CHUNKS; c += 128) {
+          int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
+          bool v = rr < nrows;
+          cp16(sQ + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
+        }
+      }
+      constexpr int TPT = 128 / BN; /* loader threads per token */
+      const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+      const int ld_t = t / TPT, ld_sub = t % TPT;
+      auto raw_at = [&](int blk) -> int32_t {
+        int pos = kb + blk * BN + ld_t;
+        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+      };
+      int32_t raw_next = raw_at(0);
+      auto load_block = [&](int blk, int st) {
+        const int pos = kb + blk * BN + ld_t;
+        int64_t slot =
+            pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
+        bool v = slot >= 0;
+        if (ld_sub == 0)
+          sValid[st * BN + ld_t] = v;
+#ifdef PMLA_WG_NOLOAD /* diagnostic: time without KV traffic (wrong results) */
+        if (blk >= 2) {
+          raw_next = -1;
+          return;
+        }
+#endif
+        const char *src = v ? kvbase + slot * PITCH : kvbase;
+        char *dst = sKV + st * TILE;
+#pragma unroll
+        for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
+          int c = ld_sub + k * TPT;
+          cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
+        }
+        raw_next = raw_at(blk + 1);
+      };
+      if (nblk > 0)
+        load_block(0, 0);
+      cp_commit();
+      for (int b = 0; b < nblk; b++) {
+#if PMLA_WG_EARLY
+        /* block b + 1 goes out as soon as its stage is free (wg0's PV(b - 1)
+         * done), while block b may still be in flight: two blocks in flight */
+        if (b + 1 < nblk) {
+          if (b >= 1)
+            nb_sync(EMPTY + ((b - 1) & 1));
+          load_block(b + 1, (b + 1) & 1);
+        }
+        cp_commit();
+        cp_wait<1>();
+        proxy_fence();
+        nb_arrive(FULL + (b & 1));
+#else
+        cp_wait<0>();
+        proxy_fence();
+        nb_arrive(FULL + (b & 1));
+        if (b + 1 < nblk) {
+          if (b >= 1)
+            nb_sync(EMPTY + ((b - 1) & 1));
+          load_block(b + 1, (b + 1) & 1);
+        }
+        cp_commit();
+#endif
+        nb_sync(PREADY + (b & 1));
+        const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
+        float c0 = sCorr[(b & 1) * ROWS + myrow[0]], c1 = sCorr[(b & 1) * ROWS + myrow[1]];
+#pragma unroll
+        for (int e = 0; e < 128; e++)
+          o[e] *= (e & 2) ? c1 : c0;
+        reg_fence<128>(o);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+          mma_n256_tb(o, desc(aK + 8 * BLK + kk * 32, 16, 1024),
+                      desc(aK + 4 * BLK + kk * 16 * 128, BLK, 1024));
+        wg_commit();
+        wg_wait0();
+        reg_fence<128>(o);
+      }
+      cp_wait<0>();
+    } else {
+      /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
+      int lim[2];
+#pragma unroll
+      for (int s = 0; s < 2; s++) {
+        int i = row0 + myrow[s];
+        int causal = len - qlen + 1 + i / H;
+        lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+      }
+      float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+      for (int b = 0; b < nblk; b++) {
+        nb_sync(FULL + (b & 1));
+        char *sK = sKV + (b & 1) * TILE;
+        const uint32_t aK = smem_u32(sK);
+        const int *vld = sValid + (b & 1) * BN;
+        const int pos0 = kb + b * BN;
+        float s[32];
+#pragma unroll
+        for (int e = 0; e < 32; e++)
+          s[e] = 0.f;
+        reg_fence<32>(s);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+          uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
+          mma_n64(s, desc(aQ + ko, 16, 1024), desc(aK + ko, 16, 1024));
+        }
+        wg_commit();
+        wg_wait0();
+        reg_fence<32>(s);
+
+        /* element e: row myrow[e/2 % 2], token 8(e/4) + 2(lane % 4) + e % 2 */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int e = 0; e < 32; e++) {
+          int col = (e >> 2) * 8 + ((lane & 3) << 1) + (e & 1);
+          int sl = (e >> 1) & 1;
+          float v = s[e] * scale_log2;
+          if (!(pos0 + col < lim[sl] && vld[col]))
+            v = -INFINITY;
+          s[e] = v;
+          mx[sl] = fmaxf(mx[sl], v);
+        }
+        float muse[2], corr[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+          float m = fmaxf(m_run[sl], row_max(mx[sl]));
+          muse[sl] = m == -INFINITY ? 0.f : m;
+          corr[sl] = exp2f(m_run[sl] - muse[sl]);
+          m_run[sl] = m;
+          if (row_leader(lane))
+            sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
+        }
+        char *sP = sK + 8 * BLK;
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+          int sl = (e >> 1) & 1, row = myrow[sl];
+          int col = (e >> 2) * 8 + ((lane & 3) << 1);
+          float p0 = exp2f(s[e] - muse[sl]), p1 = exp2f(s[e + 1] - muse[sl]);
+          sum[sl] += p0 + p1;
+          uint32_t pk = (uint32_t)f_to_bf16(p0) | ((uint32_t)f_to_bf16(p1) << 16);
+          *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) = pk;
+        }
+        proxy_fence();
+        nb_arrive(PREADY + (b & 1));
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++)
+          l_run[sl] = l_run[sl] * corr[sl] + row_sum(sum[sl]);
+#pragma unroll
+        for (int e = 0; e < 128; e++)
+          o[e] *= corr[(e >> 1) & 1];
+        reg_fence<128>(o);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+          mma_n256_tb(o, desc(aK + 8 * BLK + kk * 32, 16, 1024),
+                      desc(aK + kk * 16 * 128, BLK, 1024));
+        wg_commit();
+        wg_wait0();
+        reg_fence<128>(o);
+        if (b + 2 < nblk)
+          nb_arrive(EMPTY + (b & 1));
+      }
+      if (row_leader(lane)) {
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+          sM[myrow[sl]] = m_run[sl];
+          sL[myrow[sl]] = l_run[sl];
+        }
+      }
+    }
+    __syncthreads();
+
+    /* ---- epilogue */
+    const int64_t obase =
+        pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++) {
+      int rl = myrow[sl];
+      if (rl >= nrows)
+        continue;
+      float l = sL[rl], inv = l > 0.f ? 1.f / l : 0.f;
+      int64_t ro = (obase + rl) * PMLA_V_DIM;
+#pragma unroll
+      for (int j = 0; j < 32; j++) {
+        int col = g * 256 + j * 8 + ((lane & 3) << 1);
+        float v0 = o[4 * j + 2 * sl] * inv, v1 = o[4 * j + 2 * sl + 1] * inv;
+        if (pslot >= 0)
+          *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
+        else
+          *(uint32_t *)(p.out + ro + col) =
+              (uint32_t)f_to_bf16(v0) | ((uint32_t)f_to_bf16(v1) << 16);
+      }
+    }
+    if (tid < nrows) {
+      float l = sL[tid];
+      float lse = l > 0.f ? (sM[tid] + log2f(l)) * LN2_F : -INFINITY;
+      if (pslot >= 0)
+        p.partial_lse[obase + tid] = lse;
+      else if (p.lse)
+        p.lse[obase + tid] = lse;
+    }
+    __syncthreads();
+  }
+}
+#endif /* PMLA_WG_DEVICE */
+} /* namespace wg */
+
+__global__ void __launch_bounds__(wg::NT, 1) pmla_decode_wg_kernel(pmla_gpu_problem p,
+                                                                   float scale_log2) {
+#if defined(PMLA_WG_DEVICE) && PMLA_WG_PP
+  wg::body_pp(p, scale_log2);
+#elif defined(PMLA_WG_DEVICE)
+  wg::body(p, scale_log2);
+#else
+  decode_body<4>(p, scale_log2);
+#endif
+}
+#endif /* PMLA_PLATFORM_NVIDIA */
+
 /* One warp per (reduce entry, row): merge the pieces' partials by lse. */
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
   constexpr int V4 = PMLA_V_DIM / 4 / WARP; /* float4 per lane */
@@ -638,6 +1302,23 @@ template <int MT> hipError_t launch_decode(const pmla_gpu_problem &p, int tiles,
   return hipGetLastError();
 }
 
+#ifdef PMLA_PLATFORM_NVIDIA
+hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+  static bool attr_done = false;
+  const size_t smem = wg::LAUNCH_SMEM;
+  if (!attr_done) {
+    hipError_t e = hipFuncSetAttribute((const void *)pmla_decode_wg_kernel,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != hipSuccess)
+      return e;
+    attr_done = true;
+  }
+  dim3 grid((unsigned)p.num_units, (unsigned)tiles);
+  pmla_decode_wg_kernel<<<grid, wg::NT, smem, st>>>(p, p.softmax_scale * LOG2E_F);
+  return hipGetLastError();
+}
+#endif
+
 } /* namespace */
 
 extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len) {
@@ -676,7 +1357,11 @@ extern "C" int pmla_gpu_decode(const pmla_gpu_problem *problem, void *stream) {
     e = launch_decode<2>(p, tiles, st);
     break;
   case 4:
+#if PMLA_WGMMA
+    e = launch_decode_wg(p, tiles, st);
+#else
     e = launch_decode<4>(p, tiles, st);
+#endif
     break;
 #endif
   default:
