@@ -1,4 +1,5 @@
-/* decode.hip - the persistent split-KV MLA decode kernel and the reduce.
+/* decode.hip - the persistent split-KV MLA decode kernel (the reduce of
+ * split requests is combine.hip, launched right after it).
  *
  * Grid (num_units, head_tiles). Work-group (u, t) walks the work items of
  * unit u (work_indptr[u] .. work_indptr[u+1]) for the rows [t*ROWS,
@@ -21,7 +22,7 @@
  *        rescaled by exp2(m_old - m_new) first
  * Unsplit items write bf16 out (+ natural-log lse); split items write the
  * normalised fp32 partial and its lse into slot `partial` (layout
- * [slot][q_local][head][512]); the reduce kernel merges them by lse.
+ * [slot][q_local][head][512]); combine.hip merges them by lse.
  *
  * Bad device input never faults: a page/slot outside [0, num_slots) is
  * skipped and ORs PAGE_INDEX / SLOT_INDEX into work_meta_data[ERROR]; query
@@ -45,6 +46,7 @@
 #include <stdint.h>
 
 #include "hip_compat.h"
+#include "combine.h"
 #include "mla_gpu.h"
 #include "mma.h"
 
@@ -112,7 +114,6 @@ constexpr int KSTEPS = PMLA_QK_DIM / 16;
 constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr float LOG2E_F = 1.4426950408889634f;
 constexpr float LN2_F = 0.6931471805599453f;
-constexpr int REDUCE_THREADS = 256;
 
 int host_mt(int H, int mq) {
   long rows = (long)H * mq;
@@ -171,16 +172,6 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 #if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = WARP / 2; o > 0; o >>= 1)
-#ifdef PMLA_PLATFORM_NVIDIA
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-#else
-    v = fmaxf(v, __shfl_xor(v, o));
-#endif
-  return v;
 }
 
 /* The raw map entry of position p of request r (page, or top-k slot), read
@@ -1215,78 +1206,6 @@ __global__ void __launch_bounds__(wg::NT, 1) pmla_decode_wg_kernel(pmla_gpu_prob
 }
 #endif /* PMLA_PLATFORM_NVIDIA */
 
-/* One warp per (reduce entry, row): merge the pieces' partials by lse. */
-__global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
-  constexpr int V4 = PMLA_V_DIM / 4 / WARP; /* float4 per lane */
-  const int H = p.num_heads, mq = p.max_q_len;
-  const int64_t rows_max = (int64_t)mq * H;
-  const int nred = p.work_meta_data[PMLA_META_NUM_REDUCE];
-  const int64_t max_slots = 2LL * p.num_units;
-  const int lane = threadIdx.x % WARP;
-  const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP);
-  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
-  for (int64_t pair = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-       pair < nred * rows_max; pair += nw) {
-    const int k = (int)(pair / rows_max), i = (int)(pair % rows_max);
-    const int r = p.reduce_final_map[k];
-    const int qb = p.qo_indptr ? p.qo_indptr[r] : r;
-    const int qe = p.qo_indptr ? p.qo_indptr[r + 1] : r + 1;
-    if (qb < 0 || qe < qb || qe > p.num_tokens || qe - qb > mq) {
-      if (lane == 0 && i == 0)
-        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
-      continue;
-    }
-    if (i >= (qe - qb) * H)
-      continue;
-    const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
-    float best = -INFINITY;
-    for (int q = p0 + lane; q < p1; q += WARP) {
-      int s = p.reduce_partial_map[q];
-      if (s >= 0 && s < max_slots)
-        best = fmaxf(best, p.partial_lse[(int64_t)s * rows_max + i]);
-    }
-    best = warp_max(best);
-    float4 acc[V4];
-#pragma unroll
-    for (int v = 0; v < V4; v++)
-      acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-    float total = 0.f;
-    if (best != -INFINITY) {
-      for (int q = p0; q < p1; q++) {
-        int s = p.reduce_partial_map[q];
-        if (s < 0 || s >= max_slots)
-          continue;
-        int64_t base = (int64_t)s * rows_max + i;
-        float l = p.partial_lse[base];
-        if (l == -INFINITY)
-          continue;
-        float wgt = expf(l - best);
-        total += wgt;
-        const float4 *src = (const float4 *)(p.partial_out + base * PMLA_V_DIM);
-#pragma unroll
-        for (int v = 0; v < V4; v++) {
-          float4 x = src[lane + v * WARP];
-          acc[v].x += wgt * x.x;
-          acc[v].y += wgt * x.y;
-          acc[v].z += wgt * x.z;
-          acc[v].w += wgt * x.w;
-        }
-      }
-    }
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    uint16_t *dst = p.out + ((int64_t)qb * H + i) * PMLA_V_DIM;
-#pragma unroll
-    for (int v = 0; v < V4; v++) {
-      uint2 pk;
-      pk.x = (uint32_t)f_to_bf16(acc[v].x * inv) | ((uint32_t)f_to_bf16(acc[v].y * inv) << 16);
-      pk.y = (uint32_t)f_to_bf16(acc[v].z * inv) | ((uint32_t)f_to_bf16(acc[v].w * inv) << 16);
-      *(uint2 *)(dst + (lane + v * WARP) * 4) = pk;
-    }
-    if (lane == 0 && p.lse)
-      p.lse[(int64_t)qb * H + i] = total > 0.f ? best + logf(total) : -INFINITY;
-  }
-}
-
 template <int MT> hipError_t launch_decode(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static bool attr_done = false; /* benign race: the call is idempotent */
   const size_t smem = Cfg<MT>::SMEM;
@@ -1370,13 +1289,7 @@ extern "C" int pmla_gpu_decode(const pmla_gpu_problem *problem, void *stream) {
   }
   if (e != hipSuccess)
     return (int)e;
-  /* reduce: one warp per (entry, row); entries <= num_units */
-  int64_t pairs = (int64_t)p.num_units * p.max_q_len * p.num_heads;
-  int64_t blocks = (pairs + REDUCE_THREADS / WARP - 1) / (REDUCE_THREADS / WARP);
-  if (blocks > 65535)
-    blocks = 65535;
-  pmla_reduce_kernel<<<(unsigned)blocks, REDUCE_THREADS, 0, st>>>(p);
-  return (int)hipGetLastError();
+  return (int)pmla_gpu_combine(p, st);
 }
 
 extern "C" const char *pmla_gpu_error_string(int code) {

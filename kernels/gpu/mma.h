@@ -357,6 +357,17 @@ __device__ __forceinline__ void mma(Acc &c, const FragA &a, const FragB &b) {
 }
 #endif
 
+/* Maximum over all lanes of the warp (wave). */
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = WARP / 2; o > 0; o >>= 1)
+#ifdef PMLA_PLATFORM_NVIDIA
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+#else
+    v = fmaxf(v, __shfl_xor(v, o));
+#endif
+  return v;
+}
+
 } /* namespace pmla_mma */
 
 #endif

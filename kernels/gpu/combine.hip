@@ -1,0 +1,100 @@
+/* combine.hip - the reduce of split requests: for each reduce entry
+ * (reduce_indptr / reduce_final_map / reduce_partial_map) and each of its
+ * rows, merge the pieces' normalised fp32 partials weighted by
+ * exp(lse - max lse) into bf16 out and the natural-log lse. A request whose
+ * rows are outside the query tensor is skipped and flagged (QO_INDPTR). */
+#include <math.h>
+#include <stdint.h>
+
+#include "combine.h"
+#include "mma.h"
+
+namespace {
+
+using namespace pmla_mma;
+
+constexpr int REDUCE_THREADS = 256;
+
+/* One warp per (reduce entry, row): merge the pieces' partials by lse. */
+__global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP; /* float4 per lane */
+  const int H = p.num_heads, mq = p.max_q_len;
+  const int64_t rows_max = (int64_t)mq * H;
+  const int nred = p.work_meta_data[PMLA_META_NUM_REDUCE];
+  const int64_t max_slots = 2LL * p.num_units;
+  const int lane = threadIdx.x % WARP;
+  const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP);
+  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  for (int64_t pair = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+       pair < nred * rows_max; pair += nw) {
+    const int k = (int)(pair / rows_max), i = (int)(pair % rows_max);
+    const int r = p.reduce_final_map[k];
+    const int qb = p.qo_indptr ? p.qo_indptr[r] : r;
+    const int qe = p.qo_indptr ? p.qo_indptr[r + 1] : r + 1;
+    if (qb < 0 || qe < qb || qe > p.num_tokens || qe - qb > mq) {
+      if (lane == 0 && i == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
+    }
+    if (i >= (qe - qb) * H)
+      continue;
+    const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
+    float best = -INFINITY;
+    for (int q = p0 + lane; q < p1; q += WARP) {
+      int s = p.reduce_partial_map[q];
+      if (s >= 0 && s < max_slots)
+        best = fmaxf(best, p.partial_lse[(int64_t)s * rows_max + i]);
+    }
+    best = warp_max(best);
+    float4 acc[V4];
+#pragma unroll
+    for (int v = 0; v < V4; v++)
+      acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+    float total = 0.f;
+    if (best != -INFINITY) {
+      for (int q = p0; q < p1; q++) {
+        int s = p.reduce_partial_map[q];
+        if (s < 0 || s >= max_slots)
+          continue;
+        int64_t base = (int64_t)s * rows_max + i;
+        float l = p.partial_lse[base];
+        if (l == -INFINITY)
+          continue;
+        float wgt = expf(l - best);
+        total += wgt;
+        const float4 *src = (const float4 *)(p.partial_out + base * PMLA_V_DIM);
+#pragma unroll
+        for (int v = 0; v < V4; v++) {
+          float4 x = src[lane + v * WARP];
+          acc[v].x += wgt * x.x;
+          acc[v].y += wgt * x.y;
+          acc[v].z += wgt * x.z;
+          acc[v].w += wgt * x.w;
+        }
+      }
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    uint16_t *dst = p.out + ((int64_t)qb * H + i) * PMLA_V_DIM;
+#pragma unroll
+    for (int v = 0; v < V4; v++) {
+      uint2 pk;
+      pk.x = (uint32_t)f_to_bf16(acc[v].x * inv) | ((uint32_t)f_to_bf16(acc[v].y * inv) << 16);
+      pk.y = (uint32_t)f_to_bf16(acc[v].z * inv) | ((uint32_t)f_to_bf16(acc[v].w * inv) << 16);
+      *(uint2 *)(dst + (lane + v * WARP) * 4) = pk;
+    }
+    if (lane == 0 && p.lse)
+      p.lse[(int64_t)qb * H + i] = total > 0.f ? best + logf(total) : -INFINITY;
+  }
+}
+
+} /* namespace */
+
+hipError_t pmla_gpu_combine(const pmla_gpu_problem &p, hipStream_t stream) {
+  /* entries <= num_units, rows per entry <= max_q_len * heads */
+  int64_t pairs = (int64_t)p.num_units * p.max_q_len * p.num_heads;
+  int64_t blocks = (pairs + REDUCE_THREADS / WARP - 1) / (REDUCE_THREADS / WARP);
+  if (blocks > 65535)
+    blocks = 65535;
+  pmla_reduce_kernel<<<(unsigned)blocks, REDUCE_THREADS, 0, stream>>>(p);
+  return hipGetLastError();
+}
