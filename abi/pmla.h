@@ -34,6 +34,11 @@
  *   those tensors alive and unchanged until the last decode of that step.
  *   decode may then be called any number of times (once per layer).
  *   Neither allocates: every buffer is sized and allocated by init_builder.
+ *   GPU work is queued on the stream each call is given. Queue a step's
+ *   build_*, its decodes and the next step's build_* on one stream (or order
+ *   them with events): the next build overwrites the schedule earlier
+ *   decodes read. A failed build_* leaves the builder with no step (decode
+ *   answers PMLA_ERR_BAD_STATE) until the next successful one.
  */
 #ifndef PMLA_H
 #define PMLA_H

@@ -25,7 +25,8 @@ typedef struct pmla_registry pmla_registry;
 /* search_path may be NULL. Fails only on allocation failure; an empty
  * registry is a valid answer. */
 pmla_status pmla_registry_open(const char *search_path, pmla_registry **out);
-void pmla_registry_close(pmla_registry *registry); /* NULL-safe; dlcloses */
+/* NULL-safe; dlcloses the plugins, so destroy their builders first. */
+void pmla_registry_close(pmla_registry *registry);
 
 size_t pmla_registry_count(const pmla_registry *registry);
 const pmla_backend *pmla_registry_backend(const pmla_registry *registry, size_t index);
