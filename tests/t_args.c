@@ -178,6 +178,22 @@ START_TEST(test_decode_before_any_build_is_bad_state) {
 }
 END_TEST
 
+/* A failed build leaves no step behind: decode refuses until a build succeeds. */
+START_TEST(test_failed_build_leaves_no_step) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "first build");
+  pmla_decode_batch bad = f.bt_batch;
+  bad.kv_layout = 77;
+  expect_status(g_be->build_decode(f.b, &bad), PMLA_ERR_INVALID_ARGUMENT, &f, "bad kv_layout");
+  expect_decode_fails(&f, &f.args, PMLA_ERR_BAD_STATE, "decode after a failed build");
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "rebuild");
+  expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "decode after the rebuild");
+  fx_teardown(&f);
+}
+END_TEST
+
 START_TEST(test_valid_fixture_builds_and_decodes) {
   REQUIRE_BACKEND();
   fx f;
@@ -593,6 +609,7 @@ Suite *suite_args(void) {
   Suite *s = suite_create("arguments");
   TCase *tc = tcase_create("build_decode");
   tcase_add_test(tc, test_decode_before_any_build_is_bad_state);
+  tcase_add_test(tc, test_failed_build_leaves_no_step);
   tcase_add_test(tc, test_valid_fixture_builds_and_decodes);
   tcase_add_test(tc, test_build_decode_rejects_null_and_struct_size);
   tcase_add_loop_test(tc, test_build_decode_rejects_malformed_index_tensors, 0, N_BATCH_MUTS);
