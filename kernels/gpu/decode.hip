@@ -28,10 +28,9 @@
  * skipped and ORs PAGE_INDEX / SLOT_INDEX into work_meta_data[ERROR]; query
  * rows beyond num_tokens skip the item and OR QO_INDPTR.
  *
- * The reduce is a second launch (one warp per (reduce entry, row)). A fused
- * last-piece-merges reduce needs a per-request arrival counter that is
- * zeroed every step; pmla_gpu_problem has no such buffer, so it is not done
- * here (the reduce launch costs a few microseconds; entries <= num_units).
+ * The reduce is a second launch (combine.hip). A fused last-piece-merges
+ * reduce needs a per-entry arrival counter that is zeroed every step;
+ * pmla_gpu_problem has no such buffer, so it is not done (nor measured).
  *
  * NVIDIA tiles (Shape<MT>): 64- and 32-row tiles 8 warps, BN 64, 2 stages
  * (64-row tile: 72 KiB Q + 144 KiB KV), one work-group per SM; on sm_90a the
