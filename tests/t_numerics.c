@@ -97,6 +97,20 @@ static void decode_and_check(const char *name, pmla_builder *b, const pmla_decod
   free(rl);
 }
 
+/* decode's arguments over test tensors, on the harness stream. */
+static pmla_decode_args decode_args(test_tensor *q, test_tensor *kv, test_tensor *out,
+                                    test_tensor *lse) {
+  pmla_decode_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.q = &q->t;
+  args.kv_cache = &kv->t;
+  args.out = &out->t;
+  args.lse = &lse->t;
+  args.stream = harness_stream();
+  return args;
+}
+
 static void run_dense(const dense_case *c, uint64_t seed) {
   uint64_t rng = seed;
   const int32_t B = c->batch, ps = (int32_t)c->page_size;
@@ -194,14 +208,7 @@ static void run_dense(const dense_case *c, uint64_t seed) {
                : ref_slots_from_csr(B, qo, kv_indptr, kv_indices, last, ps, &lists);
   ck_assert_int_eq(rc, 0);
   ref_problem p = {tokens, H, q, kv, (int64_t)slots, &lists, cfg.softmax_scale};
-  pmla_decode_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.q = &t_q.t;
-  args.kv_cache = &t_kv.t;
-  args.out = &t_out.t;
-  args.lse = &t_lse.t;
-  args.stream = harness_stream();
+  pmla_decode_args args = decode_args(&t_q, &t_kv, &t_out, &t_lse);
   decode_and_check(c->name, b, &args, &t_out, &t_lse, &p);
   if (c->twice) { /* the next layer: new q, same schedule */
     fill_q(q, nq, &rng);
@@ -368,14 +375,7 @@ static void run_sparse(const sparse_case *c, uint64_t seed) {
   ref_slot_lists lists;
   ck_assert_int_eq(ref_slots_from_topk(T, K, idx, &lists), 0);
   ref_problem p = {T, H, q, kv, slots, &lists, cfg.softmax_scale};
-  pmla_decode_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.q = &t_q.t;
-  args.kv_cache = &t_kv.t;
-  args.out = &t_out.t;
-  args.lse = &t_lse.t;
-  args.stream = harness_stream();
+  pmla_decode_args args = decode_args(&t_q, &t_kv, &t_out, &t_lse);
   decode_and_check(c->name, b, &args, &t_out, &t_lse, &p);
   ref_slot_lists_free(&lists);
   test_tensor *all[] = {&t_idx, &t_q, &t_kv, &t_out, &t_lse};
