@@ -245,7 +245,17 @@ typedef struct pmla_negotiation {
 
 typedef pmla_status (*pmla_entry_fn)(pmla_negotiation *negotiation);
 
-/* Work-item and metadata layouts, shared by every backend (see kernels/). */
+/* Work-item and metadata layouts, shared by every backend (what copy_buffer
+ * returns). work_info_set item k, int32 words: 0 request, 1 partial slot
+ * (-1: writes the final output), 2..3 query rows [begin, end) of the step,
+ * 4..5 KV positions [begin, end) of the request, 6 the request's KV length,
+ * 7 the piece's index within its request. Unit n runs items
+ * work_indptr[n] .. work_indptr[n + 1] in order. work_meta_data words:
+ * 0 items, 1 reduce entries, 2 partial slots used, 3 schedule mode (0 even
+ * line cut, 1 capped pieces), 4 most pieces of one request, 5 requests,
+ * 6 the device error word, 7 query rows. Reduce entry k merges partial
+ * slots reduce_partial_map[reduce_indptr[k] .. reduce_indptr[k + 1]] into
+ * request reduce_final_map[k]. */
 #define PMLA_WORK_INFO_WORDS 8
 #define PMLA_META_WORDS 8
 
