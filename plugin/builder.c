@@ -11,6 +11,15 @@
 
 _Static_assert(PMLA_WI_WORDS == PMLA_WORK_INFO_WORDS, "work item layout matches the ABI");
 _Static_assert(PMLA_META_WORDS_ == PMLA_META_WORDS, "meta layout matches the ABI");
+_Static_assert(PMLA_WI_REQUEST == 0 && PMLA_WI_PARTIAL == 1 && PMLA_WI_Q_BEGIN == 2 &&
+                   PMLA_WI_Q_END == 3 && PMLA_WI_KV_BEGIN == 4 && PMLA_WI_KV_END == 5 &&
+                   PMLA_WI_KV_LEN == 6 && PMLA_WI_PIECE == 7,
+               "work item words as pmla.h documents them");
+_Static_assert(PMLA_META_NUM_ITEMS == 0 && PMLA_META_NUM_REDUCE == 1 &&
+                   PMLA_META_NUM_PARTIALS == 2 && PMLA_META_MODE == 3 &&
+                   PMLA_META_MAX_PIECES == 4 && PMLA_META_NUM_REQUESTS == 5 &&
+                   PMLA_META_ERROR == 6 && PMLA_META_NUM_ROWS == 7,
+               "meta words as pmla.h documents them");
 _Static_assert((int)PMLA_PLAN_ERR_SLOT_INDEX == (int)PMLA_DEVERR_SLOT_INDEX &&
                    (int)PMLA_PLAN_ERR_LAST_PAGE == (int)PMLA_DEVERR_LAST_PAGE,
                "error bits match the ABI");
