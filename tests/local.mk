@@ -55,3 +55,10 @@ tests_mock_dup_b_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=6
 tests_mock_dup_b_la_LDFLAGS = $(MOCK_LDFLAGS)
 tests_mock_not_plugin_la_SOURCES = tests/mock_not_plugin.c
 tests_mock_not_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)
+
+# ---- the CPU-only plugin's dependencies (skips for GPU builds)
+TESTS += tests/check-needed.sh
+EXTRA_DIST += tests/check-needed.sh
+AM_TESTS_ENVIRONMENT = GPU_PLATFORM='$(GPU_PLATFORM)'; \
+	PMLA_TEST_PLUGIN='$(abs_top_builddir)/plugin/.libs/pmla.so'; \
+	export GPU_PLATFORM PMLA_TEST_PLUGIN;
