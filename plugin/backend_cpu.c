@@ -252,28 +252,14 @@ static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
   int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];
   uint32_t bits = (uint32_t)meta[PMLA_META_ERROR];
   meta[PMLA_META_ERROR] = 0;
-  if (flags)
-    *flags = bits;
-  if (bits)
-    return pmla_fail(b, PMLA_ERR_DEVICE_INPUT,
-                     "check_device_error: kernels skipped bad input (bits 0x%x)", bits);
-  return PMLA_OK;
+  return pmla_device_error_status(b, bits, flags);
 }
 
 static pmla_status cpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "copy_buffer: builder is NULL");
-  if ((unsigned)which >= PMLA_BUF_COUNT)
-    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                     "copy_buffer: which = %d; accepted: 0..%d", (int)which, PMLA_BUF_COUNT - 1);
-  if (!dst || bytes != b->info.buffer_bytes[which])
-    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                     "copy_buffer: bytes = %llu, host_dst %s; accepted: bytes = %llu and a "
-                     "non-NULL host_dst",
-                     (unsigned long long)bytes, dst ? "set" : "NULL",
-                     (unsigned long long)b->info.buffer_bytes[which]);
-  memcpy(dst, b->buf[which], (size_t)bytes);
-  return PMLA_OK;
+  pmla_status st = pmla_check_copy_args(b, which, dst, bytes);
+  if (st == PMLA_OK)
+    memcpy(dst, b->buf[which], (size_t)bytes);
+  return st;
 }
 
 const pmla_backend pmla_cpu_backend = {

@@ -167,24 +167,13 @@ static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
   leave_device(d);
   if (e != GPU_SUCCESS)
     return runtime_fail(b, "check_device_error", (int)e);
-  if (flags)
-    *flags = (uint32_t)meta[PMLA_META_ERROR];
-  if (meta[PMLA_META_ERROR])
-    return pmla_fail(b, PMLA_ERR_DEVICE_INPUT,
-                     "check_device_error: kernels skipped bad device-side input (bits 0x%x: "
-                     "1 kv_len, 2 page index, 4 slot index, 8 qo_indptr, 16 last_page_len)",
-                     (unsigned)meta[PMLA_META_ERROR]);
-  return PMLA_OK;
+  return pmla_device_error_status(b, (uint32_t)meta[PMLA_META_ERROR], flags);
 }
 
 static pmla_status gpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "copy_buffer: builder is NULL");
-  if ((unsigned)which >= PMLA_BUF_COUNT || !dst || bytes != b->info.buffer_bytes[which])
-    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                     "copy_buffer: which = %d, bytes = %llu; accepted: which 0..%d, bytes equal "
-                     "to buffer_bytes[which], a non-NULL host_dst",
-                     (int)which, (unsigned long long)bytes, PMLA_BUF_COUNT - 1);
+  pmla_status st = pmla_check_copy_args(b, which, dst, bytes);
+  if (st != PMLA_OK)
+    return st;
   device_scope d = enter_device(b->cfg.device);
   gpu_error_t e = gpuDeviceSynchronize();
   if (e == GPU_SUCCESS)

@@ -472,3 +472,31 @@ pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, i
   b->step.kind = PLAN_SPARSE;
   return PMLA_OK;
 }
+
+pmla_status pmla_check_copy_args(pmla_builder *b, pmla_buffer which, const void *dst,
+                                 uint64_t bytes) {
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "copy_buffer: builder is NULL");
+  pmla_clear_error(b);
+  if ((unsigned)which >= PMLA_BUF_COUNT)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "copy_buffer: which = %d; accepted: 0..%d",
+                     (int)which, PMLA_BUF_COUNT - 1);
+  if (!dst || bytes != b->info.buffer_bytes[which])
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "copy_buffer: bytes = %llu, host_dst %s; accepted: bytes = %llu and a "
+                     "non-NULL host_dst",
+                     (unsigned long long)bytes, dst ? "set" : "NULL",
+                     (unsigned long long)b->info.buffer_bytes[which]);
+  return PMLA_OK;
+}
+
+pmla_status pmla_device_error_status(pmla_builder *b, uint32_t bits, uint32_t *flags) {
+  if (flags)
+    *flags = bits;
+  if (bits)
+    return pmla_fail(b, PMLA_ERR_DEVICE_INPUT,
+                     "check_device_error: kernels skipped bad device-side input (bits 0x%x: "
+                     "1 kv_len, 2 page index, 4 slot index, 8 qo_indptr, 16 last_page_len)",
+                     bits);
+  return PMLA_OK;
+}

@@ -91,6 +91,14 @@ pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, in
 pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, int device_type,
                               pmla_plan_fn plan);
 
+/* copy_buffer's argument checks (NULL builder included), for both backends. */
+pmla_status pmla_check_copy_args(pmla_builder *b, pmla_buffer which, const void *dst,
+                                 uint64_t bytes);
+
+/* check_device_error's answer for the error word `bits` the backend read
+ * (and cleared): writes *flags, explains set bits, returns the status. */
+pmla_status pmla_device_error_status(pmla_builder *b, uint32_t bits, uint32_t *flags);
+
 /* Answers the query call from b->info. */
 pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info);
 
