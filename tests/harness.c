@@ -2,6 +2,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
 
+#include "test_config.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,23 +96,7 @@ void tt_free(test_tensor *x) {
 /* ---- configs ---- */
 pmla_builder_config harness_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
                                    uint32_t max_q_len, uint32_t topk, uint32_t cu_count) {
-  pmla_builder_config c;
-  memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  c.num_heads = heads;
-  c.kv_lora_rank = 512;
-  c.rope_dim = 64;
-  c.q_dtype = PMLA_DTYPE_BF16;
-  c.kv_dtype = PMLA_DTYPE_BF16;
-  c.out_dtype = PMLA_DTYPE_BF16;
-  c.page_size = page_size;
-  c.max_batch = max_batch;
-  c.max_q_len = max_q_len;
-  c.topk = topk;
-  c.softmax_scale = (float)(1.0 / sqrt(576.0));
-  c.device = 0;
-  c.cu_count = cu_count;
-  return c;
+  return test_config(heads, page_size, max_batch, max_q_len, topk, cu_count);
 }
 
 pmla_builder *harness_init(const pmla_builder_config *config) {

@@ -5,7 +5,7 @@
 # ---- pmla-conformance: installed, and run by make check on the in-tree plugin
 bin_PROGRAMS += tests/pmla-conformance
 tests_pmla_conformance_SOURCES = tests/conformance.c \
-	tests/harness.c tests/harness.h \
+	tests/harness.c tests/harness.h tests/test_config.c tests/test_config.h \
 	tests/reference.c tests/reference.h \
 	tests/devmem.h tests/devmem_cpu.c $(DEVMEM_GPU_SOURCE) \
 	tests/t_abi.c tests/t_builder.c tests/t_args.c tests/t_planner.c tests/t_numerics.c \
@@ -20,8 +20,8 @@ tests_pmla_conformance_LDADD = abi/libpmla-registry.la $(CHECK_LIBS) $(GPU_LIBS)
 
 # ---- noalloc: interposes malloc & co, so it is its own program (no Check)
 check_PROGRAMS += tests/noalloc
-tests_noalloc_SOURCES = tests/noalloc.c
-tests_noalloc_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi \
+tests_noalloc_SOURCES = tests/noalloc.c tests/test_config.c tests/test_config.h
+tests_noalloc_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi -I$(top_srcdir)/tests \
 	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so"'
 tests_noalloc_LDADD = abi/libpmla-registry.la $(LIBM)
 tests_noalloc_LDFLAGS = -export-dynamic

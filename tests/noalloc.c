@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "test_config.h"
 #include "pmla.h"
 #include "pmla_registry.h"
 
@@ -158,19 +159,7 @@ int main(int argc, char **argv) {
   }
 
   enum { H = 16, PS = 16, B = 3, MAXQ = 2, TOPK = 128, PAGES = 16, T = 4 };
-  pmla_builder_config c;
-  memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  c.num_heads = H;
-  c.kv_lora_rank = 512;
-  c.rope_dim = 64;
-  c.q_dtype = c.kv_dtype = c.out_dtype = PMLA_DTYPE_BF16;
-  c.page_size = PS;
-  c.max_batch = B;
-  c.max_q_len = MAXQ;
-  c.topk = TOPK;
-  c.softmax_scale = (float)(1.0 / sqrt(576.0));
-  c.cu_count = 3;
+  pmla_builder_config c = test_config(H, PS, B, MAXQ, TOPK, 3);
   pmla_builder *b = NULL;
   pmla_status s = be->init_builder(&c, &b);
   if (s == PMLA_ERR_NO_DEVICE) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test_config.h"
 #include "devmem.h"
 #include "pmla.h"
 #include "pmla_registry.h"
@@ -220,20 +221,11 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   memset(&res, 0, sizeof res);
   problem p;
   make_problem(s, 64, o->check, &p);
-  pmla_builder_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.struct_size = sizeof cfg;
-  cfg.num_heads = (uint32_t)s->h;
-  cfg.kv_lora_rank = 512;
-  cfg.rope_dim = 64;
-  cfg.q_dtype = cfg.kv_dtype = cfg.out_dtype = PMLA_DTYPE_BF16;
-  cfg.page_size = 64;
-  cfg.max_batch = (uint32_t)(s->sparse_topk ? p.tokens : s->b);
-  cfg.max_q_len = (uint32_t)(s->sparse_topk ? 1 : s->sq);
-  cfg.topk = (uint32_t)s->sparse_topk;
-  cfg.softmax_scale = 1.f / sqrtf(576.f);
+  pmla_builder_config cfg =
+      test_config((uint32_t)s->h, 64, (uint32_t)(s->sparse_topk ? p.tokens : s->b),
+                  (uint32_t)(s->sparse_topk ? 1 : s->sq), (uint32_t)s->sparse_topk,
+                  (uint32_t)o->cu);
   cfg.device = m->device_id;
-  cfg.cu_count = (uint32_t)o->cu;
   pmla_builder *b = NULL;
   pmla_status st = be->init_builder(&cfg, &b);
   if (st)

@@ -1,0 +1,23 @@
+/* test_config.c - see test_config.h. */
+#include "test_config.h"
+
+#include <math.h>
+#include <string.h>
+
+pmla_builder_config test_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
+                                uint32_t max_q_len, uint32_t topk, uint32_t cu_count) {
+  pmla_builder_config c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.num_heads = heads;
+  c.kv_lora_rank = 512;
+  c.rope_dim = 64;
+  c.q_dtype = c.kv_dtype = c.out_dtype = PMLA_DTYPE_BF16;
+  c.page_size = page_size;
+  c.max_batch = max_batch;
+  c.max_q_len = max_q_len;
+  c.topk = topk;
+  c.softmax_scale = (float)(1.0 / sqrt(576.0));
+  c.cu_count = cu_count;
+  return c;
+}
