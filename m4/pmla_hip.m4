@@ -38,7 +38,21 @@ AC_DEFUN([PMLA_CHECK_HIP], [
   AS_CASE([$with_hip],
     [nvidia], [
       AS_IF([test -z "$NVCC"], [AC_MSG_ERROR([--with-hip=nvidia needs nvcc (set NVCC or --with-cuda)])])
-      AS_IF([test -z "$with_cuda"], [with_cuda=`dirname "$NVCC"`; with_cuda=`dirname "$with_cuda"`])
+      AS_IF([test -z "$with_cuda"], [
+        # nvcc is often a wrapper script or a symlink (/usr/local/bin/nvcc):
+        # ask it where its toolkit is rather than guessing from its path.
+        AC_MSG_CHECKING([for the CUDA toolkit of $NVCC])
+        echo > conftest.cu
+        with_cuda=`$NVCC --dryrun -c conftest.cu -o conftest.$OBJEXT 2>&1 | sed -n 's/^.* TOP=//p' | sed 1q`
+        rm -f conftest.cu conftest.$OBJEXT
+        AS_IF([test -n "$with_cuda" && test -d "$with_cuda"],
+              [with_cuda=`cd "$with_cuda" && pwd -P`],
+              [with_cuda=`dirname "$NVCC"`; with_cuda=`dirname "$with_cuda"`])
+        AC_MSG_RESULT([$with_cuda])])
+      AS_IF([test -f "$with_cuda/include/cuda_runtime_api.h"], [],
+            [AC_MSG_ERROR([no cuda_runtime_api.h under $with_cuda/include: give the toolkit root with --with-cuda=DIR, or build without a GPU backend with --with-hip=no])])
+      pmla_cuda_libdir="$with_cuda/lib64"
+      AS_IF([test -d "$pmla_cuda_libdir"], [], [pmla_cuda_libdir="$with_cuda/lib"])
       AS_IF([test -z "$pmla_arch_list"], [pmla_arch_list=sm_90a])
       pmla_gencode=
       for a in $pmla_arch_list; do
@@ -48,7 +62,7 @@ AC_DEFUN([PMLA_CHECK_HIP], [
       GPU_PLATFORM=nvidia
       GPU_COMPILE="$NVCC -std=c++17 -O3 -x cu$pmla_gencode -Xcompiler -fPIC,-fvisibility=hidden -DPMLA_GPU_NVIDIA"
       GPU_CPPFLAGS="-DPMLA_GPU_NVIDIA -I$with_cuda/include"
-      GPU_LIBS="-L$with_cuda/lib64 -Wl,-rpath,$with_cuda/lib64 -lcudart -lstdc++"
+      GPU_LIBS="-L$pmla_cuda_libdir -Wl,-rpath,$pmla_cuda_libdir -lcudart -lstdc++"
       AC_MSG_CHECKING([whether nvcc compiles for $pmla_arch_list])
       echo '__global__ void pmla_probe(int *p) { *p = 1; }' > conftest.hip
       AS_IF([$GPU_COMPILE -c conftest.hip -o conftest.$OBJEXT >&AS_MESSAGE_LOG_FD 2>&1],
