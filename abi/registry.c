@@ -194,7 +194,8 @@ static void load_dir(pmla_registry *r, const char *dir) {
     names[n++] = full;
   }
   closedir(d);
-  qsort(names, n, sizeof *names, by_name);
+  if (n > 1) /* names is NULL when the directory held no .so */
+    qsort(names, n, sizeof *names, by_name);
   for (size_t i = 0; i < n; i++) {
     load_file(r, names[i]);
     free(names[i]);

@@ -45,7 +45,8 @@ PMLA_EXPORT pmla_status pmla_plugin_entry(pmla_negotiation *n) {
   if (!best) {
     snprintf(n->message, sizeof n->message,
              "pmla %s implements ABI %u.0..%u.%u; the host offered %u.%u..%u.%u", PACKAGE_VERSION,
-             PMLA_ABI_MAJOR, PMLA_ABI_MAJOR, PMLA_ABI_MINOR, PMLA_VERSION_MAJOR(lo),
+             (unsigned)PMLA_ABI_MAJOR, (unsigned)PMLA_ABI_MAJOR, (unsigned)PMLA_ABI_MINOR,
+             PMLA_VERSION_MAJOR(lo),
              PMLA_VERSION_MINOR(lo), PMLA_VERSION_MAJOR(hi), PMLA_VERSION_MINOR(hi));
     return PMLA_ERR_VERSION;
   }
