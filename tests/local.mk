@@ -58,7 +58,7 @@ tests_mock_not_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)
 
 # ---- the CPU-only plugin's dependencies (skips for GPU builds)
 TESTS += tests/check-needed.sh
-EXTRA_DIST += tests/check-needed.sh
+EXTRA_DIST += tests/check-needed.sh tests/models/seesaw.py
 AM_TESTS_ENVIRONMENT = GPU_PLATFORM='$(GPU_PLATFORM)'; \
 	PMLA_TEST_PLUGIN='$(abs_top_builddir)/plugin/.libs/pmla.so'; \
 	export GPU_PLATFORM PMLA_TEST_PLUGIN;

@@ -573,6 +573,10 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
  * b=128 L=4096 h=128, so both the per-block chain (QK -> softmax -> PV on
  * one warpgroup) and the exposed load latency (one 72 KiB block in flight:
  * Q + two stages fill shared memory) still matter.
+ * PMLA_WG_PP=2 selects `body_ss`, the seesaw (both warpgroups compute QK,
+ * on alternate blocks; see its comment). It compiles (254 registers, no
+ * spills, no wgmma serialisation) and its hand-offs were reviewed, but it
+ * has not run on a GPU yet, so it is not the default.
  * Compiled only for sm_90a (wgmma); every other NVIDIA target runs
  * decode_body<4> inside the same kernel (same block size and smem bound).
  * PMLA_WGMMA=0 selects the mma.sync kernel for 64-row tiles everywhere. */
@@ -618,6 +622,9 @@ __device__ __forceinline__ void wg_commit() {
 }
 __device__ __forceinline__ void wg_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait1() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
 }
 __device__ __forceinline__ void proxy_fence() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -1095,6 +1102,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         wg_commit();
         wg_wait0();
         reg_fence<32>(s);
+        /* every warp's QK has read the rope block before P overwrites it */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
         /* element e: row myrow[e/2 % 2], token 8(e/4) + 2(lane % 4) + e % 2 */
         float mx[2] = {-INFINITY, -INFINITY};
@@ -1190,12 +1199,438 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     __syncthreads();
   }
 }
+/* The seesaw (PMLA_WG_PP=2): the two warpgroups take KV blocks in pairs,
+ * warpgroup 0 the even block (stage 0), warpgroup 1 the odd one (stage 1);
+ * each loads its own block and computes its S = Q K^T, so the 36-step QK no
+ * longer sits on one warpgroup's chain. Warpgroup 0 owns O[:, 0:256],
+ * warpgroup 1 O[:, 256:512]. Per pair (b0 = 2i in stage 0, b1 = 2i + 1 in
+ * stage 1), with m the running row max both sides keep:
+ *   wg0: S0; m_a = max(m, rowmax S0); P0 = exp2(S0 - m_a)    -> SCALE0 (m_a)
+ *   wg1: S1;                      (waits SCALE0) m_b = max(m_a, rowmax S1)
+ *        P1 = exp2(S1 - m_b); O_R *= exp2(m - m_b)            -> SCALE1 (m_b)
+ *        P1 to stage 1's rope block                           -> P1READY
+ *        O_R += P1 V1_R (A = P1 from registers)
+ *   wg0: O_L *= exp2(m - m_a); O_L += P0 V0_L (A from registers); (waits
+ *        SCALE1) P0 * exp2(m_a - m_b) to stage 0's rope block -> P0READY
+ *   wg1: (waits P0READY) O_R += P0' V0_R, then O_R += P1 V1_R (A from
+ *        registers); when the first is done                    -> FREE0
+ *   wg0: O_L *= exp2(m_a - m_b); (waits FREE0) loads the next even block
+ *        into stage 0 (no wgmma in flight: ptxas serialises wgmma across the
+ *        loader's divergent code); (waits P1READY) O_L += P1 V1_L; done
+ *                                                               -> FREE1
+ *   wg1: (waits FREE1) loads the next odd block into stage 1
+ * Each side keeps its own row sum; they add up in the epilogue. A pair
+ * without an odd block runs the same hand-offs with m_b = m_a and no P1.
+ * One barrier id per hand-off is enough: before either side can arrive at
+ * a hand-off a second time it must have waited on the other side's later
+ * hand-off, which comes after the first one was consumed. Writing P over
+ * the rope block is safe once every warp of the warpgroup has finished its
+ * QK; the wait on SCALE0 / SCALE1 (all 128 threads of the writer's
+ * warpgroup take part) guarantees that. */
+__device__ __forceinline__ void nb_sync_wg(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+/* B stored MN-major (V rows), A = four registers of packed bf16 per thread */
+__device__ __forceinline__ void mma_n256_rs(float *d, const uint32_t *a, uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+               "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+               "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+               "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+               "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+               "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+               "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+               "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                 "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                 "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                 "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                 "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                 "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+                 "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+                 "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                 "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+                 "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+                 "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+                 "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+                 "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+                 "+f"(d[126]), "+f"(d[127])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+/* S[64 x 64] = Q K^T over 576 dims, both from shared memory */
+__device__ __forceinline__ void ss_qk(float (&s)[32], uint32_t aQ, uint32_t aK) {
+#pragma unroll
+  for (int e = 0; e < 32; e++)
+    s[e] = 0.f;
+  reg_fence<32>(s);
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < KSTEPS; ks++) {
+    uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
+    mma_n64(s, desc(aQ + ko, 16, 1024), desc(aK + ko, 16, 1024));
+  }
+  wg_commit();
+  wg_wait0();
+  reg_fence<32>(s);
+}
+/* scale to base 2, mask (element e: row myrow[e/2 % 2], token 8(e/4) +
+ * 2(lane % 4) + e % 2), and the row maxima */
+__device__ __forceinline__ void ss_mask(float (&s)[32], float (&mx)[2], const int *vld, int pos0,
+                                        const int (&lim)[2], float scale_log2, int lane) {
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < 32; e++) {
+    int col = (e >> 2) * 8 + ((lane & 3) << 1) + (e & 1);
+    int sl = (e >> 1) & 1;
+    float v = s[e] * scale_log2;
+    if (!(pos0 + col < lim[sl] && vld[col]))
+      v = -INFINITY;
+    s[e] = v;
+    mx[sl] = fmaxf(mx[sl], v);
+  }
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+    mx[sl] = row_max(mx[sl]);
+}
+/* P = exp2(S - m) in place; returns the row sums (whole rows) */
+__device__ __forceinline__ void ss_exp(float (&s)[32], const float (&muse)[2], float (&sum)[2]) {
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int e = 0; e < 32; e++) {
+    s[e] = exp2f(s[e] - muse[(e >> 1) & 1]);
+    sum[(e >> 1) & 1] += s[e];
+  }
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+    sum[sl] = row_sum(sum[sl]);
+}
+/* the accumulator of S, as bf16, is the A operand of the PV k-steps:
+ * k-step kk takes n-tiles 2kk and 2kk + 1 */
+__device__ __forceinline__ void ss_pack(const float (&s)[32], uint32_t (&pa)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; i++)
+    pa[i] = (uint32_t)f_to_bf16(s[2 * i]) | ((uint32_t)f_to_bf16(s[2 * i + 1]) << 16);
+}
+/* P * (f0, f1 by row) as bf16 into a stage's rope block (64 rows x 64
+ * tokens, swizzled) */
+__device__ __forceinline__ void ss_store_p(char *sP, const float (&s)[32], float f0, float f1,
+                                           const int (&myrow)[2], int lane) {
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    int row = myrow[i & 1], col = (i >> 1) * 8 + ((lane & 3) << 1);
+    float f = (i & 1) ? f1 : f0;
+    *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
+        (uint32_t)f_to_bf16(s[2 * i] * f) | ((uint32_t)f_to_bf16(s[2 * i + 1] * f) << 16);
+  }
+}
+/* the registers an RS wgmma reads stay live (and unmoved) until its wait */
+__device__ __forceinline__ void reg_fence_u(uint32_t (&a)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; i++)
+    asm volatile("" : "+r"(a[i])::"memory");
+}
+__device__ __forceinline__ void ss_scale(float (&o)[128], float c0, float c1) {
+#pragma unroll
+  for (int e = 0; e < 128; e++)
+    o[e] *= (e & 2) ? c1 : c0;
+}
+/* O[:, 256 half..] += P V over one stage; P from registers or from the
+ * stage's rope block */
+__device__ __forceinline__ void ss_pv_rs(float (&o)[128], uint32_t (&pa)[16], uint32_t aK,
+                                         int half) {
+  reg_fence<128>(o);
+  reg_fence_u(pa); /* the packing happens before the fence */
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++)
+    mma_n256_rs(o, pa + 4 * kk, desc(aK + half * 4 * BLK + kk * 16 * 128, BLK, 1024));
+  wg_commit();
+}
+__device__ __forceinline__ void ss_pv_ss(float (&o)[128], uint32_t aK, int half) {
+  reg_fence<128>(o);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++)
+    mma_n256_tb(o, desc(aK + 8 * BLK + kk * 32, 16, 1024),
+                desc(aK + half * 4 * BLK + kk * 16 * 128, BLK, 1024));
+  wg_commit();
+}
+__device__ __forceinline__ void ss_pv_wait(float (&o)[128]) {
+  wg_wait0();
+  reg_fence<128>(o);
+}
+__device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_log2) {
+  extern __shared__ __align__(1024) char smem_wg[];
+  char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
+  char *sKV = sQ + TILE;
+  float *sMa = (float *)(sKV + 2 * TILE); /* m_a of the current pair */
+  float *sMb = sMa + ROWS;               /* m_b of the current pair */
+  float *sM = sMb + ROWS;                /* final row max */
+  float *sL0 = sM + ROWS, *sL1 = sL0 + ROWS;
+  int *sValid = (int *)(sL1 + ROWS); /* [2][BN] */
+
+  const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+  const int t = tid & 127;
+  const int H = p.num_heads;
+  const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
+  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  const char *kvbase = (const char *)p.kv;
+  const uint32_t aQ = smem_u32(sQ);
+  char *sK = sKV + g * TILE; /* this warpgroup's stage */
+  const uint32_t aK0 = smem_u32(sKV), aK1 = aK0 + TILE;
+  int myrow[2];
+  myrow[0] = wi * 16 + (lane >> 2);
+  myrow[1] = myrow[0] + 8;
+  enum { LOC = 1 /* + g */, SCALE0 = 3, SCALE1, P0READY, P1READY, FREE0, FREE1 };
+
+  const int it_end = p.work_indptr[u + 1];
+  for (int it = p.work_indptr[u]; it < it_end; it++) {
+    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int qlen = qe - qb, rows_item = qlen * H;
+    if (qlen <= 0 || row0 >= rows_item)
+      continue;
+    if (qb < 0 || qe > p.num_tokens) {
+      if (tid == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
+    }
+    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
+    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+    const int npair = (nblk + 1) / 2;
+
+    /* loader: this warpgroup's blocks g, g + 2, ... into its own stage */
+    constexpr int TPT = 128 / BN;
+    const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+    const int ld_t = t / TPT, ld_sub = t % TPT;
+    auto raw_at = [&](int blk) -> int32_t {
+      int pos = kb + blk * BN + ld_t;
+      return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+    };
+    int32_t raw_next = raw_at(g);
+    auto load_block = [&](int blk) {
+      const int pos = kb + blk * BN + ld_t;
+      int64_t slot =
+          pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
+      bool v = slot >= 0;
+      if (ld_sub == 0)
+        sValid[g * BN + ld_t] = v;
+      const char *src = v ? kvbase + slot * PITCH : kvbase;
+#pragma unroll
+      for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
+        int c = ld_sub + k * TPT;
+        cp16(sK + off(ld_t, c), src + (v ? c * 16 : 0), v);
+      }
+      raw_next = raw_at(blk + 2);
+    };
+    {
+      const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
+      for (int c = tid; c < ROWS * PMLA_TILE_CHUNKS; c += NT) {
+        int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
+        bool v = rr < nrows;
+        cp16(sQ + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
+      }
+    }
+    if (g < nblk)
+      load_block(g);
+    cp_commit();
+    cp_wait<0>();
+    proxy_fence();
+    __syncthreads();
+
+    int lim[2];
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++) {
+      int i = row0 + myrow[sl];
+      int causal = len - qlen + 1 + i / H;
+      lim[sl] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+    }
+    float o[128];
+#pragma unroll
+    for (int e = 0; e < 128; e++)
+      o[e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    float s[32];
+    uint32_t pa[16];
+
+    for (int i = 0; i < npair; i++) {
+      const bool has1 = 2 * i + 1 < nblk;
+      const bool next0 = 2 * i + 2 < nblk, next1 = 2 * i + 3 < nblk;
+      if (g == 0) {
+        /* ---------------- warpgroup 0: block 2i, O[:, 0:256] */
+        if (i > 0) {
+          cp_wait<0>();
+          proxy_fence();
+          nb_sync_wg(LOC);
+        }
+        ss_qk(s, aQ, aK0);
+        float mx[2], muse[2], corr[2], sum[2], m_a[2];
+        ss_mask(s, mx, sValid, kb + 2 * i * BN, lim, scale_log2, lane);
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+          m_a[sl] = fmaxf(m_run[sl], mx[sl]);
+          muse[sl] = m_a[sl] == -INFINITY ? 0.f : m_a[sl];
+          corr[sl] = exp2f(m_run[sl] - muse[sl]);
+          if (row_leader(lane))
+            sMa[myrow[sl]] = m_a[sl];
+        }
+        nb_arrive(SCALE0);
+        ss_exp(s, muse, sum);
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++)
+          l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
+        ss_scale(o, corr[0], corr[1]);
+        ss_pack(s, pa);
+        ss_pv_rs(o, pa, aK0, 0);
+        /* P0 for warpgroup 1, relative to m_b */
+        nb_sync(SCALE1);
+        float c1[2];
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+          float m_b = sMb[myrow[sl]];
+          c1[sl] = exp2f(m_a[sl] - (m_b == -INFINITY ? 0.f : m_b));
+          m_run[sl] = m_b;
+        }
+        ss_store_p(sKV + 8 * BLK, s, c1[0], c1[1], myrow, lane);
+        proxy_fence();
+        nb_arrive(P0READY);
+        ss_pv_wait(o);
+        reg_fence_u(pa);
+        ss_scale(o, c1[0], c1[1]);
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++)
+          l_run[sl] *= c1[sl];
+        /* no wgmma may be in flight across the loader's divergent code */
+        if (next0) {
+          nb_sync(FREE0);
+          load_block(2 * i + 2);
+          cp_commit();
+        }
+        if (has1) {
+          nb_sync(P1READY);
+          ss_pv_ss(o, aK1, 0);
+          ss_pv_wait(o);
+          if (next1)
+            nb_arrive(FREE1);
+        }
+      } else {
+        /* ---------------- warpgroup 1: block 2i + 1, O[:, 256:512] */
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (has1) {
+          if (i > 0) {
+            cp_wait<0>();
+            proxy_fence();
+            nb_sync_wg(LOC + 1);
+          }
+          ss_qk(s, aQ, aK1);
+          ss_mask(s, mx, sValid + BN, kb + (2 * i + 1) * BN, lim, scale_log2, lane);
+        }
+        nb_sync(SCALE0);
+        float muse[2], corr[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+          float m_b = fmaxf(sMa[myrow[sl]], mx[sl]);
+          muse[sl] = m_b == -INFINITY ? 0.f : m_b;
+          corr[sl] = exp2f(m_run[sl] - muse[sl]);
+          m_run[sl] = m_b;
+          if (row_leader(lane))
+            sMb[myrow[sl]] = m_b;
+        }
+        nb_arrive(SCALE1);
+        ss_scale(o, corr[0], corr[1]);
+        if (has1) {
+          ss_exp(s, muse, sum);
+          ss_pack(s, pa);
+          ss_store_p(sKV + TILE + 8 * BLK, s, 1.f, 1.f, myrow, lane);
+          proxy_fence();
+          nb_arrive(P1READY);
+        }
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++)
+          l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
+        /* P0 V0 first: stage 0 is what warpgroup 0 reloads next */
+        nb_sync(P0READY);
+        ss_pv_ss(o, aK0, 1);
+        if (has1) {
+          ss_pv_rs(o, pa, aK1, 1);
+          wg_wait1();
+        } else {
+          wg_wait0();
+        }
+        if (next0)
+          nb_arrive(FREE0);
+        ss_pv_wait(o);
+        reg_fence_u(pa);
+        if (next1) {
+          nb_sync(FREE1);
+          load_block(2 * i + 3);
+          cp_commit();
+        }
+      }
+    }
+    cp_wait<0>();
+    if (row_leader(lane)) {
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++) {
+        if (g == 0)
+          sM[myrow[sl]] = m_run[sl];
+        (g == 0 ? sL0 : sL1)[myrow[sl]] = l_run[sl];
+      }
+    }
+    __syncthreads();
+
+    /* ---- epilogue */
+    const int64_t obase =
+        pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++) {
+      int rl = myrow[sl];
+      if (rl >= nrows)
+        continue;
+      float l = sL0[rl] + sL1[rl], inv = l > 0.f ? 1.f / l : 0.f;
+      int64_t ro = (obase + rl) * PMLA_V_DIM;
+#pragma unroll
+      for (int j = 0; j < 32; j++) {
+        int col = g * 256 + j * 8 + ((lane & 3) << 1);
+        float v0 = o[4 * j + 2 * sl] * inv, v1 = o[4 * j + 2 * sl + 1] * inv;
+        if (pslot >= 0)
+          *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
+        else
+          *(uint32_t *)(p.out + ro + col) =
+              (uint32_t)f_to_bf16(v0) | ((uint32_t)f_to_bf16(v1) << 16);
+      }
+    }
+    if (tid < nrows) {
+      float l = sL0[tid] + sL1[tid];
+      float lse = l > 0.f ? (sM[tid] + log2f(l)) * LN2_F : -INFINITY;
+      if (pslot >= 0)
+        p.partial_lse[obase + tid] = lse;
+      else if (p.lse)
+        p.lse[obase + tid] = lse;
+    }
+    __syncthreads();
+  }
+}
 #endif /* PMLA_WG_DEVICE */
 } /* namespace wg */
 
 __global__ void __launch_bounds__(wg::NT, 1) pmla_decode_wg_kernel(pmla_gpu_problem p,
                                                                    float scale_log2) {
-#if defined(PMLA_WG_DEVICE) && PMLA_WG_PP
+#if defined(PMLA_WG_DEVICE) && PMLA_WG_PP == 2
+  wg::body_ss(p, scale_log2);
+#elif defined(PMLA_WG_DEVICE) && PMLA_WG_PP
   wg::body_pp(p, scale_log2);
 #elif defined(PMLA_WG_DEVICE)
   wg::body(p, scale_log2);
