@@ -114,9 +114,17 @@ constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr float LOG2E_F = 1.4426950408889634f;
 constexpr float LN2_F = 0.6931471805599453f;
 
+/* PMLA_MIN_MT=4 runs every head count on 64-row tiles (h=16 with 48 rows
+ * of zero padding, as FlashMLA does): a knob to measure whether the 64-row
+ * body's deeper loads beat the 16-row body on memory-bound shapes. */
+#ifndef PMLA_MIN_MT
+#define PMLA_MIN_MT 1
+#endif
 int host_mt(int H, int mq) {
   long rows = (long)H * mq;
   int mt = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+  if (mt < PMLA_MIN_MT)
+    mt = PMLA_MIN_MT;
   return mt > MAX_MT ? MAX_MT : mt;
 }
 int host_tiles(int H, int mq) {
