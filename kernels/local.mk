@@ -2,7 +2,10 @@
 noinst_LTLIBRARIES += kernels/libpmla-kernels.la
 kernels_libpmla_kernels_la_SOURCES = kernels/planner.h kernels/bf16.h kernels/mla_types.h \
 	kernels/mla_cpu.h kernels/mla_cpu.c
-kernels_libpmla_kernels_la_CFLAGS = $(AM_CFLAGS) -O3 $(VISIBILITY_CFLAGS)
+# -ffp-contract=fast: -std=c11 turns FMA contraction off, and the CPU
+# kernels are multiply-add loops; -Wno-psabi: the 32-byte vector helpers are
+# always inlined, so no call ever passes one
+kernels_libpmla_kernels_la_CFLAGS = $(AM_CFLAGS) -O3 -ffp-contract=fast -Wno-psabi $(VISIBILITY_CFLAGS)
 kernels_libpmla_kernels_la_LIBADD = $(LIBM)
 
 # GPU device code (HIP), built by hipcc (AMD) or nvcc (NVIDIA) as libtool

@@ -1,7 +1,10 @@
 /* mla_cpu.c - the CPU twin of the persistent decode kernel. Each work item
  * streams its KV range in chunks of PMLA_CPU_CHUNK tokens (converted to fp32
  * once, then reused by every query row and head) with a base-2 online
- * softmax; split requests leave a normalised fp32 partial plus its lse. */
+ * softmax; split requests leave a normalised fp32 partial plus its lse.
+ * Per chunk, like the GPU body: S = Q K^T (register tiles of 4 rows x 2
+ * tokens), the softmax of each row, then O = O * corr + P V (tiles of 2
+ * rows x 32 columns), so every loaded K / V vector feeds several rows. */
 #include "mla_cpu.h"
 
 #include <math.h>
@@ -22,7 +25,9 @@
 
 size_t pmla_cpu_scratch_floats(int32_t num_heads, int32_t max_q_len) {
   size_t rows = (size_t)num_heads * (size_t)max_q_len;
-  return rows * (PMLA_QK_DIM + PMLA_V_DIM + 2) + (size_t)PMLA_CPU_CHUNK * (PMLA_QK_DIM + 1);
+  /* Q, O, max, sum, corr, S/P per row; one chunk of K/V */
+  return rows * (PMLA_QK_DIM + PMLA_V_DIM + 3 + PMLA_CPU_CHUNK) +
+         (size_t)PMLA_CPU_CHUNK * PMLA_QK_DIM;
 }
 
 /* Global slot of position p of request r, or -1 to skip; bad indices flag. */
@@ -49,25 +54,89 @@ static int64_t kv_slot(const pmla_kv_map *m, int32_t r, int32_t p, int32_t *err)
   return slot;
 }
 
-PMLA_INLINE float dot576(const float *restrict a, const float *restrict b) {
-  float acc[16] = {0};
-  for (int i = 0; i < PMLA_QK_DIM; i += 16)
-    for (int j = 0; j < 16; j++)
-      acc[j] += a[i + j] * b[i + j];
-  float s = 0;
-  for (int j = 0; j < 16; j++)
-    s += acc[j];
-  return s;
+/* 8 floats; GCC and clang split it into SSE halves where AVX is absent */
+typedef float pmla_v8 __attribute__((vector_size(32)));
+
+PMLA_INLINE pmla_v8 ld8(const float *p) {
+  pmla_v8 v;
+  memcpy(&v, p, sizeof v);
+  return v;
 }
 
-PMLA_INLINE void axpy512(float *restrict y, float a, const float *restrict x) {
-  for (int i = 0; i < PMLA_V_DIM; i++)
-    y[i] += a * x[i];
+PMLA_INLINE void st8(float *p, pmla_v8 v) { memcpy(p, &v, sizeof v); }
+
+PMLA_INLINE float hsum8(pmla_v8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-PMLA_INLINE void scale512(float *restrict y, float a) {
-  for (int i = 0; i < PMLA_V_DIM; i++)
-    y[i] *= a;
+/* s[r * stride + t] = q_r . k_t for 4 rows and 2 tokens over 576 dims;
+ * the accumulators are named so they stay in registers */
+PMLA_INLINE void qk_4x2(const float *restrict q, const float *restrict k, float *restrict s,
+                        size_t stride) {
+  const pmla_v8 z = {0};
+  pmla_v8 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
+  const float *q0 = q, *q1 = q + PMLA_QK_DIM, *q2 = q + 2 * PMLA_QK_DIM, *q3 = q + 3 * PMLA_QK_DIM;
+  const float *k0 = k, *k1 = k + PMLA_QK_DIM;
+  for (int d = 0; d < PMLA_QK_DIM; d += 8) {
+    const pmla_v8 x0 = ld8(k0 + d), x1 = ld8(k1 + d);
+    pmla_v8 y = ld8(q0 + d);
+    a00 += y * x0;
+    a01 += y * x1;
+    y = ld8(q1 + d);
+    a10 += y * x0;
+    a11 += y * x1;
+    y = ld8(q2 + d);
+    a20 += y * x0;
+    a21 += y * x1;
+    y = ld8(q3 + d);
+    a30 += y * x0;
+    a31 += y * x1;
+  }
+  s[0] = hsum8(a00);
+  s[1] = hsum8(a01);
+  s[stride] = hsum8(a10);
+  s[stride + 1] = hsum8(a11);
+  s[2 * stride] = hsum8(a20);
+  s[2 * stride + 1] = hsum8(a21);
+  s[3 * stride] = hsum8(a30);
+  s[3 * stride + 1] = hsum8(a31);
+}
+
+/* o_r = o_r * c_r + sum_t p_r[t] v_t for two rows, 32 columns at a time;
+ * v_t is row t of the chunk (pitch 576, the first 512 dims are V) */
+PMLA_INLINE void pv_2rows(float *restrict o0, float *restrict o1, float c0, float c1,
+                          const float *restrict p0, const float *restrict p1,
+                          const float *restrict v, int32_t n) {
+  for (int d = 0; d < PMLA_V_DIM; d += 32) {
+    pmla_v8 a0 = ld8(o0 + d) * c0, a1 = ld8(o0 + d + 8) * c0;
+    pmla_v8 a2 = ld8(o0 + d + 16) * c0, a3 = ld8(o0 + d + 24) * c0;
+    pmla_v8 b0 = ld8(o1 + d) * c1, b1 = ld8(o1 + d + 8) * c1;
+    pmla_v8 b2 = ld8(o1 + d + 16) * c1, b3 = ld8(o1 + d + 24) * c1;
+    const float *vt = v + d;
+    for (int32_t t = 0; t < n; t++, vt += PMLA_QK_DIM) {
+      const float w0 = p0[t], w1 = p1[t];
+      pmla_v8 x = ld8(vt);
+      a0 += w0 * x;
+      b0 += w1 * x;
+      x = ld8(vt + 8);
+      a1 += w0 * x;
+      b1 += w1 * x;
+      x = ld8(vt + 16);
+      a2 += w0 * x;
+      b2 += w1 * x;
+      x = ld8(vt + 24);
+      a3 += w0 * x;
+      b3 += w1 * x;
+    }
+    st8(o0 + d, a0);
+    st8(o0 + d + 8, a1);
+    st8(o0 + d + 16, a2);
+    st8(o0 + d + 24, a3);
+    st8(o1 + d, b0);
+    st8(o1 + d + 8, b1);
+    st8(o1 + d + 16, b2);
+    st8(o1 + d + 24, b3);
+  }
 }
 
 /* x86-64 hosts get an AVX2+FMA clone of the hot loop picked at load time;
@@ -95,8 +164,9 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
   float *acc = qf + (size_t)rows * PMLA_QK_DIM;
   float *mx = acc + (size_t)rows * PMLA_V_DIM;
   float *sum = mx + rows;
-  float *kf = sum + rows;
-  float *score = kf + PMLA_CPU_CHUNK * PMLA_QK_DIM;
+  float *corr = sum + rows;
+  float *score = corr + rows; /* S, then P: [rows][PMLA_CPU_CHUNK] */
+  float *kf = score + (size_t)rows * PMLA_CPU_CHUNK;
   const float qscale = pb->softmax_scale * LOG2E;
 
   for (int32_t i = 0; i < rows; i++) {
@@ -109,50 +179,60 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
   memset(acc, 0, sizeof(float) * (size_t)rows * PMLA_V_DIM);
 
   for (int32_t p0 = kb; p0 < ke; p0 += PMLA_CPU_CHUNK) {
-    int32_t n = ke - p0 < PMLA_CPU_CHUNK ? ke - p0 : PMLA_CPU_CHUNK;
+    const int32_t n = ke - p0 < PMLA_CPU_CHUNK ? ke - p0 : PMLA_CPU_CHUNK;
+    const int32_t n2 = (n + 1) & ~1; /* QK runs on token pairs */
     int valid[PMLA_CPU_CHUNK];
-    for (int32_t t = 0; t < n; t++) {
-      int64_t s = kv_slot(&pb->map, r, p0 + t, err);
+    for (int32_t t = 0; t < n2; t++) {
+      int64_t s = t < n ? kv_slot(&pb->map, r, p0 + t, err) : -1;
       valid[t] = s >= 0;
+      float *dst = kf + (size_t)t * PMLA_QK_DIM;
       if (valid[t]) {
         const uint16_t *src = pb->kv + (size_t)s * PMLA_QK_DIM;
         for (int d = 0; d < PMLA_QK_DIM; d++)
-          kf[t * PMLA_QK_DIM + d] = pmla_bf16_to_float(src[d]);
+          dst[d] = pmla_bf16_to_float(src[d]);
+      } else {
+        memset(dst, 0, sizeof(float) * PMLA_QK_DIM); /* never read NaN slots */
       }
     }
-    for (int32_t j = 0; j < qlen; j++) {
+    for (int32_t i = 0; i < rows; i += 4)
+      for (int32_t t = 0; t < n2; t += 2)
+        qk_4x2(qf + (size_t)i * PMLA_QK_DIM, kf + (size_t)t * PMLA_QK_DIM,
+               score + (size_t)i * PMLA_CPU_CHUNK + t, PMLA_CPU_CHUNK);
+    int any = 0;
+    for (int32_t i = 0; i < rows; i++) {
       /* causal inside the step: query j of qlen sees len - qlen + 1 + j */
-      int32_t limit = len - qlen + 1 + j;
-      int32_t visible = limit - p0 < n ? limit - p0 : n;
-      if (visible <= 0)
-        continue;
-      for (int32_t h = 0; h < H; h++) {
-        int32_t i = j * H + h;
-        float chunk_max = -INFINITY;
-        for (int32_t t = 0; t < visible; t++) {
-          score[t] = valid[t] ? dot576(qf + (size_t)i * PMLA_QK_DIM, kf + t * PMLA_QK_DIM)
-                              : -INFINITY;
-          chunk_max = score[t] > chunk_max ? score[t] : chunk_max;
-        }
-        if (chunk_max == -INFINITY)
-          continue;
-        float m_new = chunk_max > mx[i] ? chunk_max : mx[i];
-        float *o = acc + (size_t)i * PMLA_V_DIM;
-        if (m_new != mx[i]) {
-          float corr = exp2f(mx[i] - m_new);
-          sum[i] *= corr;
-          scale512(o, corr);
-          mx[i] = m_new;
-        }
-        for (int32_t t = 0; t < visible; t++) {
-          if (!valid[t])
-            continue;
-          float pr = exp2f(score[t] - m_new);
-          sum[i] += pr;
-          axpy512(o, pr, kf + t * PMLA_QK_DIM);
-        }
+      const int32_t limit = len - qlen + 1 + i / H;
+      const int32_t visible = limit - p0 < n ? limit - p0 : n;
+      float *pr = score + (size_t)i * PMLA_CPU_CHUNK;
+      float chunk_max = -INFINITY;
+      for (int32_t t = 0; t < n; t++) {
+        if (!(t < visible && valid[t]))
+          pr[t] = -INFINITY;
+        chunk_max = pr[t] > chunk_max ? pr[t] : chunk_max;
       }
+      if (chunk_max == -INFINITY) { /* nothing visible: O unchanged */
+        corr[i] = 1.f;
+        for (int32_t t = 0; t < n; t++)
+          pr[t] = 0.f;
+        continue;
+      }
+      any = 1;
+      const float m_new = chunk_max > mx[i] ? chunk_max : mx[i];
+      corr[i] = exp2f(mx[i] - m_new);
+      mx[i] = m_new;
+      float add = 0.f;
+      for (int32_t t = 0; t < n; t++) {
+        pr[t] = exp2f(pr[t] - m_new);
+        add += pr[t];
+      }
+      sum[i] = sum[i] * corr[i] + add;
     }
+    if (!any)
+      continue;
+    for (int32_t i = 0; i < rows; i += 2)
+      pv_2rows(acc + (size_t)i * PMLA_V_DIM, acc + (size_t)(i + 1) * PMLA_V_DIM, corr[i],
+               corr[i + 1], score + (size_t)i * PMLA_CPU_CHUNK,
+               score + (size_t)(i + 1) * PMLA_CPU_CHUNK, kf, n);
   }
 
   for (int32_t i = 0; i < rows; i++) {
@@ -181,6 +261,11 @@ int32_t pmla_cpu_run_items(const pmla_cpu_problem *pb, const int32_t *work_info_
   for (int32_t k = begin; k < end; k++)
     run_item(pb, work_info_set + (size_t)k * PMLA_WI_WORDS, scratch, &err);
   return err;
+}
+
+static void axpy512(float *restrict y, float a, const float *restrict x) {
+  for (int i = 0; i < PMLA_V_DIM; i++)
+    y[i] += a * x[i];
 }
 
 void pmla_cpu_reduce(const pmla_cpu_problem *pb, const int32_t *reduce_indptr,

@@ -12,7 +12,7 @@
 #define PMLA_CPU_CHUNK 16 /* KV tokens converted to fp32 at a time */
 
 typedef struct pmla_cpu_problem {
-  int32_t num_heads;
+  int32_t num_heads;            /* a multiple of 4 (the builder allows 16..128) */
   int32_t max_q_len;            /* rows per partial slot */
   float softmax_scale;
   const uint16_t *q;            /* bf16 [tokens, heads, 576] */
