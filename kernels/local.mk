@@ -12,9 +12,9 @@ kernels_libpmla_kernels_la_LIBADD = $(LIBM)
 # objects by the suffix rule below; the plugin links them when configured.
 PMLA_HIP_FILES = kernels/gpu/plan.hip kernels/gpu/decode.hip kernels/gpu/combine.hip
 PMLA_HIP_DEPS = kernels/mla_gpu.h kernels/planner.h kernels/mla_types.h \
-	kernels/gpu/hip_compat.h kernels/gpu/mma.h kernels/gpu/combine.h
+	kernels/gpu/hip_compat.h kernels/gpu/mma.h kernels/gpu/combine.h kernels/gpu/pdl.h
 PMLA_HIP_OBJS = $(PMLA_HIP_FILES:.hip=.lo)
-EXTRA_DIST += $(PMLA_HIP_FILES) kernels/mla_gpu.h kernels/gpu/hip_compat.h kernels/gpu/mma.h \
+EXTRA_DIST += $(PMLA_HIP_FILES) kernels/mla_gpu.h kernels/gpu/hip_compat.h kernels/gpu/mma.h kernels/gpu/pdl.h \
 	kernels/gpu/combine.h
 SUFFIXES = .hip .lo
 .hip.lo:

@@ -8,6 +8,7 @@
 
 #include "combine.h"
 #include "mma.h"
+#include "pdl.h"
 
 namespace {
 
@@ -17,6 +18,8 @@ constexpr int REDUCE_THREADS = 256;
 
 /* One warp per (reduce entry, row): merge the pieces' partials by lse. */
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
+  pdl_wait();
+  pdl_trigger();
   constexpr int V4 = PMLA_V_DIM / 4 / WARP; /* float4 per lane */
   const int H = p.num_heads, mq = p.max_q_len;
   const int64_t rows_max = (int64_t)mq * H;
@@ -95,6 +98,6 @@ hipError_t pmla_gpu_combine(const pmla_gpu_problem &p, hipStream_t stream) {
   int64_t blocks = (pairs + REDUCE_THREADS / WARP - 1) / (REDUCE_THREADS / WARP);
   if (blocks > 65535)
     blocks = 65535;
-  pmla_reduce_kernel<<<(unsigned)blocks, REDUCE_THREADS, 0, stream>>>(p);
-  return hipGetLastError();
+  return pdl_launch(pmla_reduce_kernel, dim3((unsigned)blocks), dim3(REDUCE_THREADS), 0, stream,
+                    p);
 }

@@ -48,6 +48,7 @@
 #include "combine.h"
 #include "mla_gpu.h"
 #include "mma.h"
+#include "pdl.h"
 
 namespace {
 
@@ -553,6 +554,8 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
 template <int MT>
 __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
     pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
+  pdl_wait();
+  pdl_trigger();
   decode_body<MT>(p, scale_log2);
 }
 
@@ -1636,6 +1639,8 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
 
 __global__ void __launch_bounds__(wg::NT, 1) pmla_decode_wg_kernel(pmla_gpu_problem p,
                                                                    float scale_log2) {
+  pdl_wait();
+  pdl_trigger();
 #if defined(PMLA_WG_DEVICE) && PMLA_WG_PP == 2
   wg::body_ss(p, scale_log2);
 #elif defined(PMLA_WG_DEVICE) && PMLA_WG_PP
@@ -1659,8 +1664,8 @@ template <int MT> hipError_t launch_decode(const pmla_gpu_problem &p, int tiles,
     attr_done = true;
   }
   dim3 grid((unsigned)p.num_units, (unsigned)tiles);
-  pmla_decode_kernel<MT><<<grid, Cfg<MT>::NT, smem, st>>>(p, p.softmax_scale * LOG2E_F);
-  return hipGetLastError();
+  return pdl_launch(pmla_decode_kernel<MT>, grid, dim3(Cfg<MT>::NT), smem, st, p,
+                    p.softmax_scale * LOG2E_F);
 }
 
 #ifdef PMLA_PLATFORM_NVIDIA
@@ -1675,8 +1680,8 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
     attr_done = true;
   }
   dim3 grid((unsigned)p.num_units, (unsigned)tiles);
-  pmla_decode_wg_kernel<<<grid, wg::NT, smem, st>>>(p, p.softmax_scale * LOG2E_F);
-  return hipGetLastError();
+  return pdl_launch(pmla_decode_wg_kernel, grid, dim3(wg::NT), smem, st, p,
+                    p.softmax_scale * LOG2E_F);
 }
 #endif
 

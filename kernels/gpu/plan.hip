@@ -10,6 +10,7 @@
 
 #include "hip_compat.h"
 #include "mla_gpu.h"
+#include "pdl.h"
 
 #define PLAN_THREADS 256
 #define FIELD_BITS 21 /* per-chunk sums of pieces stay below 2^21 (256 requests * 2048 units) */
@@ -41,6 +42,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int64_t cuts[PMLA_GPU_MAX_UNITS]; /* the line's cut points, divided once */
   __shared__ unsigned long long s_total, s_piece_total;
   __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
+  pdl_wait();
+  pdl_trigger();
   const int t = threadIdx.x;
   const int32_t R = in.num_requests;
   const int64_t N = in.num_units, OH = PMLA_SPLIT_OVERHEAD;
@@ -147,6 +150,6 @@ extern "C" int pmla_gpu_plan(const pmla_plan_input *in, const pmla_plan_output *
   if (!in || !out || in->num_requests < 0 || in->num_units < 1 ||
       in->num_units > PMLA_GPU_MAX_UNITS)
     return (int)hipErrorInvalidValue;
-  pmla_plan_kernel<<<1, PLAN_THREADS, 0, (hipStream_t)stream>>>(*in, *out);
-  return (int)hipGetLastError();
+  return (int)pdl_launch(pmla_plan_kernel, dim3(1), dim3(PLAN_THREADS), 0, (hipStream_t)stream,
+                         *in, *out);
 }

@@ -1,0 +1,59 @@
+/* pdl.h - programmatic dependent launch (NVIDIA sm_90, CUDA 12+), behind
+ * the knob PMLA_PDL (default 0: plain launches, the calls below are no-ops;
+ * always so on AMD).
+ *
+ * With PMLA_PDL=1 each of our kernels is launched with programmatic stream
+ * serialisation: the runtime may schedule it while the previous kernel in
+ * the stream is still running, which hides the launch gap between the
+ * metadata, decode and reduce kernels. Every kernel therefore calls
+ * pdl_wait() before it touches global memory (it returns once the previous
+ * grid has completed and its writes are visible: the caller's own kernels
+ * before ours are covered too), and pdl_trigger() early so that the next
+ * kernel may be scheduled. */
+#ifndef PMLA_GPU_PDL_H
+#define PMLA_GPU_PDL_H
+
+#include "hip_compat.h"
+
+#ifndef PMLA_PDL
+#define PMLA_PDL 0
+#endif
+#if PMLA_PDL && defined(PMLA_PLATFORM_NVIDIA)
+#define PMLA_PDL_ON 1
+#endif
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(PMLA_PDL_ON) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(PMLA_PDL_ON) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute
+ * when PMLA_PDL is on */
+template <typename... P, typename... A>
+static inline hipError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                                    hipStream_t stream, A... args) {
+#ifdef PMLA_PDL_ON
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+#else
+  kernel<<<grid, block, smem, stream>>>(args...);
+  return hipGetLastError();
+#endif
+}
+
+#endif
