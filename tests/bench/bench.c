@@ -24,8 +24,12 @@ typedef struct shape {
   int sparse_topk;       /* > 0: sparse, b = tokens, L = KV cache slots */
 } bench_shape;
 
+#define MAX_PLUGINS 8
+
 typedef struct options {
-  const char *backend, *plugin;
+  const char *backend;
+  const char *plugins[MAX_PLUGINS]; /* --plugin, repeatable: side by side */
+  int nplugins;
   int iters, warmup, check, json, cu, seed, flush;
   bench_shape shapes[64];
   int nshapes;
@@ -216,9 +220,10 @@ static int check_against_reference(const problem *p, const uint16_t *out, const 
 }
 
 static result run_shape(const options *o, const pmla_backend *be, const devmem *m, const bench_shape *s,
-                        double copy_gbps, int nocap) {
+                        double copy_gbps, int nocap, uint64_t seed) {
   result res;
   memset(&res, 0, sizeof res);
+  rng = seed; /* every plugin sees the same batch, pages and data */
   problem p;
   make_problem(s, 64, o->check, &p);
   pmla_builder_config cfg =
@@ -404,18 +409,18 @@ static void add_suite(options *o, const char *name) {
 }
 
 static void usage(void) {
-  puts("usage: pmla-bench [--backend NAME] [--plugin PATH] [--shape SPEC]... [--suite dense|sparse]\n"
+  puts("usage: pmla-bench [--backend NAME] [--plugin PATH]... [--shape SPEC]... [--suite dense|sparse]\n"
        "                  [--iters N] [--warmup N] [--cu N] [--check] [--no-flush] [--json]\n"
        "SPEC: b=128,L=4096,h=16[,sq=2] (L=2048-6144 for uniform lengths),\n"
        "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)");
 }
 
 int main(int argc, char **argv) {
-  options o = {.backend = "pmla-cpu", .plugin = NULL, .iters = 0, .warmup = -1, .flush = 1};
+  options o = {.backend = "pmla-cpu", .iters = 0, .warmup = -1, .flush = 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--backend") && v) o.backend = v, i++;
-    else if (!strcmp(a, "--plugin") && v) o.plugin = v, i++;
+    else if (!strcmp(a, "--plugin") && v && o.nplugins < MAX_PLUGINS) o.plugins[o.nplugins++] = v, i++;
     else if (!strcmp(a, "--shape") && v) add(&o, v), i++;
     else if (!strcmp(a, "--suite") && v) add_suite(&o, v), i++;
     else if (!strcmp(a, "--iters") && v) o.iters = atoi(v), i++;
@@ -428,17 +433,21 @@ int main(int argc, char **argv) {
   }
   if (!o.nshapes)
     add(&o, "b=8,L=4096,h=16");
-  pmla_registry *reg = NULL;
-  const char *path = o.plugin ? o.plugin : PMLA_BENCH_DEFAULT_PLUGIN;
-  if (pmla_registry_open(path, &reg)) {
-    fprintf(stderr, "pmla-bench: cannot open the registry\n");
-    return 1;
-  }
-  const pmla_backend *be = pmla_registry_find(reg, o.backend);
-  if (!be) {
-    fprintf(stderr, "pmla-bench: no backend '%s' on path %s\n%s", o.backend, path,
-            pmla_registry_diagnostics(reg));
-    return 1;
+  /* one registry per plugin: the same backend name may come from each */
+  pmla_registry *reg[MAX_PLUGINS] = {NULL};
+  const pmla_backend *be[MAX_PLUGINS];
+  if (!o.nplugins)
+    o.plugins[o.nplugins++] = PMLA_BENCH_DEFAULT_PLUGIN;
+  for (int k = 0; k < o.nplugins; k++) {
+    if (pmla_registry_open(o.plugins[k], &reg[k])) {
+      fprintf(stderr, "pmla-bench: cannot open the registry\n");
+      return 1;
+    }
+    if (!(be[k] = pmla_registry_find(reg[k], o.backend))) {
+      fprintf(stderr, "pmla-bench: no backend '%s' on path %s\n%s", o.backend, o.plugins[k],
+              pmla_registry_diagnostics(reg[k]));
+      return 1;
+    }
   }
   const devmem *m = &devmem_cpu;
   if (strcmp(o.backend, "pmla-cpu") != 0) {
@@ -457,6 +466,9 @@ int main(int argc, char **argv) {
   if (o.json)
     printf("{\n \"backend\": \"%s\", \"memory\": \"%s\", \"copy_GBps\": %.1f, \"iters\": %d,\n \"results\": [\n",
            o.backend, m->name, copy_gbps, o.iters);
+  else if (o.nplugins > 1)
+    for (int k = 0; k < o.nplugins; k++)
+      printf("plugin @%d: %s\n", k, o.plugins[k]);
   else
     printf("pmla-bench: backend %s (%s), copy bandwidth %.1f GB/s, median of %d runs%s\n", o.backend,
            m->name, copy_gbps, o.iters, cpu || !o.flush ? "" : ", L2 flushed before each");
@@ -466,33 +478,40 @@ int main(int argc, char **argv) {
   int failed = 0, first = 1;
   for (int i = 0; i < o.nshapes; i++) {
     const bench_shape *s = &o.shapes[i];
-    for (int nocap = 0; nocap <= (s->sparse_topk ? 1 : 0); nocap++) {
-      result r = run_shape(&o, be, m, s, copy_gbps, nocap);
-      char name[96];
-      if (s->sparse_topk)
-        snprintf(name, sizeof name, "sparse t=%d slots=%d h=%d topk=%d sq=%d%s", s->b, s->L, s->h,
-                 s->sparse_topk, s->sq, nocap ? " nocap" : "");
-      else if (s->L_max > s->L)
-        snprintf(name, sizeof name, "b=%d L=%d..%d h=%d sq=%d", s->b, s->L, s->L_max, s->h, s->sq);
-      else
-        snprintf(name, sizeof name, "b=%d L=%d h=%d sq=%d", s->b, s->L, s->h, s->sq);
-      failed |= r.checked && !r.ok;
-      if (o.json)
-        printf("%s  {\"shape\": \"%s\", \"median_us\": %.2f, \"tflops\": %.2f, \"gbps\": %.1f, "
-               "\"copy_frac\": %.3f, \"build_us\": %.2f, \"split_cap\": %u, \"checked\": %s, "
-               "\"ok\": %s}",
-               first ? "" : ",\n", name, r.us, r.tflops, r.gbps, r.copy_frac, r.meta_us, r.cap,
-               r.checked ? "true" : "false", r.ok || !r.checked ? "true" : "false");
-      else
-        printf("%-40s %10.1f %9.2f %9.1f %6.1f%% %10.1f %5u  %s%s\n", name, r.us, r.tflops, r.gbps,
-               100 * r.copy_frac, r.meta_us, r.cap, r.checked ? (r.ok ? "PASS " : "FAIL ") : "-",
-               r.note);
-      first = 0;
-      fflush(stdout);
-    }
+    const uint64_t seed = 0x9e3779b97f4a7c15ull ^ ((uint64_t)(i + 1) * 0xbf58476d1ce4e5b9ull);
+    for (int nocap = 0; nocap <= (s->sparse_topk ? 1 : 0); nocap++)
+      for (int k = 0; k < o.nplugins; k++) {
+        result r = run_shape(&o, be[k], m, s, copy_gbps, nocap, seed);
+        char name[96], tag[16] = "";
+        if (o.nplugins > 1)
+          snprintf(tag, sizeof tag, " @%d", k);
+        if (s->sparse_topk)
+          snprintf(name, sizeof name, "sparse t=%d slots=%d h=%d topk=%d sq=%d%s%s", s->b, s->L,
+                   s->h, s->sparse_topk, s->sq, nocap ? " nocap" : "", tag);
+        else if (s->L_max > s->L)
+          snprintf(name, sizeof name, "b=%d L=%d..%d h=%d sq=%d%s", s->b, s->L, s->L_max, s->h,
+                   s->sq, tag);
+        else
+          snprintf(name, sizeof name, "b=%d L=%d h=%d sq=%d%s", s->b, s->L, s->h, s->sq, tag);
+        failed |= r.checked && !r.ok;
+        if (o.json)
+          printf("%s  {\"shape\": \"%s\", \"plugin\": \"%s\", \"median_us\": %.2f, "
+                 "\"tflops\": %.2f, \"gbps\": %.1f, \"copy_frac\": %.3f, \"build_us\": %.2f, "
+                 "\"split_cap\": %u, \"checked\": %s, \"ok\": %s}",
+                 first ? "" : ",\n", name, o.plugins[k], r.us, r.tflops, r.gbps, r.copy_frac,
+                 r.meta_us, r.cap, r.checked ? "true" : "false",
+                 r.ok || !r.checked ? "true" : "false");
+        else
+          printf("%-40s %10.1f %9.2f %9.1f %6.1f%% %10.1f %5u  %s%s\n", name, r.us, r.tflops,
+                 r.gbps, 100 * r.copy_frac, r.meta_us, r.cap,
+                 r.checked ? (r.ok ? "PASS " : "FAIL ") : "-", r.note);
+        first = 0;
+        fflush(stdout);
+      }
   }
   if (o.json)
     printf("\n ]\n}\n");
-  pmla_registry_close(reg);
+  for (int k = 0; k < o.nplugins; k++)
+    pmla_registry_close(reg[k]);
   return failed ? 1 : 0;
 }
