@@ -58,7 +58,14 @@ tests_mock_not_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)
 
 # ---- the CPU-only plugin's dependencies (skips for GPU builds)
 TESTS += tests/check-needed.sh
-EXTRA_DIST += tests/check-needed.sh tests/models/seesaw.py
+EXTRA_DIST += tests/check-needed.sh
+
+# ---- models of the seesaw GPU body (kernels/gpu/decode.hip, PMLA_WG_PP=2):
+# its hand-off protocol under spin, its softmax bookkeeping in fp64; each
+# skips when its tool (spin, python3-numpy) is missing
+TESTS += tests/models/check-handoff.sh tests/models/check-seesaw-math.sh
+EXTRA_DIST += tests/models/check-handoff.sh tests/models/seesaw_handoff.pml \
+	tests/models/check-seesaw-math.sh tests/models/seesaw.py
 AM_TESTS_ENVIRONMENT = GPU_PLATFORM='$(GPU_PLATFORM)'; \
 	PMLA_TEST_PLUGIN='$(abs_top_builddir)/plugin/.libs/pmla.so'; \
 	export GPU_PLATFORM PMLA_TEST_PLUGIN;
