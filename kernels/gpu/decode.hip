@@ -597,6 +597,12 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
 #ifndef PMLA_WG_PP
 #define PMLA_WG_PP 1
 #endif
+/* PMLA_WG_SPLIT 1 (body_ss only): each warpgroup reloads the half of a
+ * stage that only its own PV read as soon as that PV is done, and the rest
+ * after the other warpgroup frees the stage (see body_ss). */
+#ifndef PMLA_WG_SPLIT
+#define PMLA_WG_SPLIT 0
+#endif
 /* PMLA_WG_EARLY 1: in body_pp the loader issues block b + 1 before publishing
  * block b (two blocks in flight). Measured slower on an H200 (620 vs 494 us
  * at b=128 L=4096 h=128): publishing block b waits for the 36-chunk-per-thread
@@ -1431,20 +1437,33 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
       return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
     };
     int32_t raw_next = raw_at(g);
-    auto load_block = [&](int blk) {
+    /* a block's load: its token's slot and validity, then its 16-byte
+     * chunks [2 k_lo, 2 k_hi) (this thread takes every TPT-th chunk) */
+    const char *ld_src = kvbase;
+    bool ld_v = false;
+    auto load_begin = [&](int blk) {
       const int pos = kb + blk * BN + ld_t;
       int64_t slot =
           pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
-      bool v = slot >= 0;
+      ld_v = slot >= 0;
       if (ld_sub == 0)
-        sValid[g * BN + ld_t] = v;
-      const char *src = v ? kvbase + slot * PITCH : kvbase;
-#pragma unroll
-      for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
-        int c = ld_sub + k * TPT;
-        cp16(sK + off(ld_t, c), src + (v ? c * 16 : 0), v);
-      }
+        sValid[g * BN + ld_t] = ld_v;
+      ld_src = ld_v ? kvbase + slot * PITCH : kvbase;
       raw_next = raw_at(blk + 2);
+    };
+    auto load_chunks = [&](int k_lo, int k_hi) {
+#pragma unroll
+      for (int k = k_lo; k < k_hi; k++) {
+        int c = ld_sub + k * TPT;
+        cp16(sK + off(ld_t, c), ld_src + (ld_v ? c * 16 : 0), ld_v);
+      }
+    };
+    constexpr int KC = PMLA_TILE_CHUNKS / TPT; /* chunk steps per block */
+    constexpr int KB = 8 / TPT;                /* chunk steps per 64-column block */
+    static_assert(TPT == 2 && KC == 36, "split loads assume two loader threads per token");
+    auto load_block = [&](int blk) {
+      load_begin(blk);
+      load_chunks(0, KC);
     };
     {
       const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
@@ -1524,11 +1543,25 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
         for (int sl = 0; sl < 2; sl++)
           l_run[sl] *= c1[sl];
         /* no wgmma may be in flight across the loader's divergent code */
+#if PMLA_WG_SPLIT
+        /* V_L (column blocks 0-3) of stage 0 was read only by our PV0_L:
+         * reload it as soon as every warp of ours is past that wait */
+        if (next0) {
+          nb_sync_wg(LOC);
+          load_begin(2 * i + 2);
+          load_chunks(0, 4 * KB);
+          cp_commit();
+          nb_sync(FREE0);
+          load_chunks(4 * KB, KC);
+          cp_commit();
+        }
+#else
         if (next0) {
           nb_sync(FREE0);
           load_block(2 * i + 2);
           cp_commit();
         }
+#endif
         if (has1) {
           nb_sync(P1READY);
           ss_pv_ss(o, aK1, 0);
@@ -1584,11 +1617,25 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
           nb_arrive(FREE0);
         ss_pv_wait(o);
         reg_fence_u(pa);
+#if PMLA_WG_SPLIT
+        /* V_R (column blocks 4-7) of stage 1 was read only by our P1 V1_R */
+        if (next1) {
+          nb_sync_wg(LOC + 1);
+          load_begin(2 * i + 3);
+          load_chunks(4 * KB, 8 * KB);
+          cp_commit();
+          nb_sync(FREE1);
+          load_chunks(0, 4 * KB);
+          load_chunks(8 * KB, KC);
+          cp_commit();
+        }
+#else
         if (next1) {
           nb_sync(FREE1);
           load_block(2 * i + 3);
           cp_commit();
         }
+#endif
       }
     }
     cp_wait<0>();

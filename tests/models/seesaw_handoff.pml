@@ -13,15 +13,25 @@
  *     reads held open from issue to wait) sees the block it expects, after
  *     the load that brought it has landed;
  *   - a stage is reloaded only when no read of it is in flight and all
- *     three uses of its block (QK, PV left, PV right) are done;
+ *     uses of its block are done. Each stage is two column groups: "own"
+ *     (read by the owner's QK and the owner's PV: V_L of stage 0, V_R of
+ *     stage 1) and "other" (the owner's QK and the other warpgroup's PV,
+ *     which also reads P in the rope block). With -DSPLIT (PMLA_WG_SPLIT)
+ *     the own group is reloaded right after the owner's PV, the other after
+ *     the FREE hand-off;
  *   - at the end no barrier phase is left half-completed (the next item
  *     starts clean).
- * Run: spin -a -DNBLK=5 seesaw_handoff.pml && cc -O2 -o pan pan.c && ./pan
- * (tests/models/check-handoff.sh runs NBLK = 0..6, then mutants of it). */
-#ifndef NBLK
-#define NBLK 5
+ * Run: spin -a [-DSPLIT] seesaw_handoff.pml && cc -o pan pan.c && ./pan
+ * (tests/models/check-handoff.sh runs both, then mutants of it). */
+/* the item's block count: every value 0..MAXBLK is explored (0..6 covers
+ * every case of the pair loop: odd and even counts, with and without a
+ * next pair) */
+#ifndef MAXBLK
+#define MAXBLK 6
 #endif
-#define NPAIR ((NBLK + 1) / 2)
+byte nblk;
+#define NBLK nblk
+#define NPAIR ((nblk + 1) / 2)
 
 /* barrier ids as in body_ss */
 #define SCALE0 0
@@ -35,10 +45,13 @@
 byte arrived[NBAR]; /* bit 0: warpgroup 0 arrived in this phase, bit 1: warpgroup 1 */
 byte phase[NBAR];
 
-byte blk[2];      /* block held by stage s */
-bool landed[2];   /* its load is complete (owner did cp.async.wait + barrier) */
-byte uses[2];     /* uses of that block still to come (QK, PV_L, PV_R) */
-byte readers[2];  /* reads in flight */
+/* column groups: stage s, group OWN or OTHER -> index 2 s + group */
+#define OWN 0
+#define OTHER 1
+byte blk[4];      /* block held by the group */
+bool landed[4];   /* its load is complete (owner did cp.async.wait + barrier) */
+byte uses[4];     /* reads of that block still to come: QK and one PV */
+byte readers[4];  /* reads in flight */
 byte finished;
 byte ma_of, mb_of, p0_of, p1_of; /* pair (+1) whose value the slot holds */
 
@@ -66,14 +79,22 @@ inline bsync(id, me, ph) {
   (phase[id] != ph) /* blocks until the phase completes */
 }
 
-inline read_open(s, b) {
-  atomic { assert(blk[s] == b && landed[s] && uses[s] > 0); readers[s]++ }
+inline read_open(x, b) {
+  atomic { assert(blk[x] == b && landed[x] && uses[x] > 0); readers[x]++ }
 }
-inline read_close(s) {
-  atomic { readers[s]--; uses[s]-- }
+inline read_close(x) {
+  atomic { readers[x]--; uses[x]-- }
 }
-inline load(s, b) {
-  atomic { assert(readers[s] == 0 && uses[s] == 0); blk[s] = b; landed[s] = false; uses[s] = 3 }
+/* QK reads both groups of its stage */
+inline qk(st, b) {
+  read_open(2 * st + OWN, b); read_open(2 * st + OTHER, b);
+  read_close(2 * st + OWN); read_close(2 * st + OTHER)
+}
+inline load(x, b) {
+  atomic { assert(readers[x] == 0 && uses[x] == 0); blk[x] = b; landed[x] = false; uses[x] = 2 }
+}
+inline land(st) {
+  landed[2 * st + OWN] = true; landed[2 * st + OTHER] = true
 }
 
 proctype wg0() {
@@ -82,25 +103,32 @@ proctype wg0() {
   do
   :: i < NPAIR ->
     has1 = 2 * i + 1 < NBLK; next0 = 2 * i + 2 < NBLK; next1 = 2 * i + 3 < NBLK;
-    if :: i > 0 -> landed[0] = true :: else -> skip fi /* cp.async.wait + LOC */
-    read_open(0, 2 * i); read_close(0);               /* S0 = Q K0^T */
+    if :: i > 0 -> land(0) :: else -> skip fi;        /* cp.async.wait + LOC */
+    qk(0, 2 * i);                                     /* S0 = Q K0^T */
     ma_of = i + 1;                                    /* m_a to sMa */
     arrive(SCALE0, 1);
-    read_open(0, 2 * i);                              /* PV0_L issued */
+    read_open(0, 2 * i);                              /* PV0_L issued (own group) */
     bsync(SCALE1, 1, ph);
     assert(mb_of == i + 1);                           /* m_b from sMb */
     p0_of = i + 1;                                    /* P0' to stage 0's rope */
     arrive(P0READY, 1);
     read_close(0);                                    /* PV0_L waited */
+#ifdef SPLIT
     if
-    :: next0 -> bsync(FREE0, 1, ph); load(0, 2 * i + 2)
+    :: next0 -> load(0, 2 * i + 2); bsync(FREE0, 1, ph); load(1, 2 * i + 2)
     :: else -> skip
     fi;
+#else
+    if
+    :: next0 -> bsync(FREE0, 1, ph); load(0, 2 * i + 2); load(1, 2 * i + 2)
+    :: else -> skip
+    fi;
+#endif
     if
     :: has1 ->
       bsync(P1READY, 1, ph);
       assert(p1_of == i + 1);
-      read_open(1, 2 * i + 1); read_close(1);         /* P1 V1_L, issued and waited */
+      read_open(3, 2 * i + 1); read_close(3);         /* P1 V1_L (other group of stage 1) */
       if :: next1 -> arrive(FREE1, 1) :: else -> skip fi
     :: else -> skip
     fi;
@@ -118,8 +146,8 @@ proctype wg1() {
     has1 = 2 * i + 1 < NBLK; next0 = 2 * i + 2 < NBLK; next1 = 2 * i + 3 < NBLK;
     if
     :: has1 ->
-      if :: i > 0 -> landed[1] = true :: else -> skip fi
-      read_open(1, 2 * i + 1); read_close(1)          /* S1 = Q K1^T */
+      if :: i > 0 -> land(1) :: else -> skip fi;
+      qk(1, 2 * i + 1)                                /* S1 = Q K1^T */
     :: else -> skip
     fi;
     bsync(SCALE0, 2, ph);
@@ -132,18 +160,25 @@ proctype wg1() {
     fi;
     bsync(P0READY, 2, ph);
     assert(p0_of == i + 1);
-    read_open(0, 2 * i);                              /* P0' V0_R issued */
+    read_open(1, 2 * i);                              /* P0' V0_R issued (other group of stage 0) */
     if
-    :: has1 -> read_open(1, 2 * i + 1)                /* P1 V1_R issued */
+    :: has1 -> read_open(2, 2 * i + 1)                /* P1 V1_R issued (own group of stage 1) */
     :: else -> skip
     fi;
-    read_close(0);                                    /* wait_group 1 (or 0) */
+    read_close(1);                                    /* wait_group 1 (or 0) */
     if :: next0 -> arrive(FREE0, 2) :: else -> skip fi;
-    if :: has1 -> read_close(1) :: else -> skip fi;   /* wait_group 0 */
+    if :: has1 -> read_close(2) :: else -> skip fi;   /* wait_group 0 */
+#ifdef SPLIT
     if
-    :: next1 -> bsync(FREE1, 2, ph); load(1, 2 * i + 3)
+    :: next1 -> load(2, 2 * i + 3); bsync(FREE1, 2, ph); load(3, 2 * i + 3)
     :: else -> skip
     fi;
+#else
+    if
+    :: next1 -> bsync(FREE1, 2, ph); load(2, 2 * i + 3); load(3, 2 * i + 3)
+    :: else -> skip
+    fi;
+#endif
     i++
   :: else -> break
   od;
@@ -151,11 +186,18 @@ proctype wg1() {
 }
 
 init {
+  select(nblk : 0 .. MAXBLK);
   atomic {
     /* item start: Q, block 0 (warpgroup 0) and block 1 (warpgroup 1) land
      * before __syncthreads */
-    if :: NBLK > 0 -> blk[0] = 0; landed[0] = true; uses[0] = 3 :: else -> skip fi;
-    if :: NBLK > 1 -> blk[1] = 1; landed[1] = true; uses[1] = 3 :: else -> skip fi;
+    if
+    :: NBLK > 0 -> blk[0] = 0; blk[1] = 0; landed[0] = true; landed[1] = true; uses[0] = 2; uses[1] = 2
+    :: else -> skip
+    fi;
+    if
+    :: NBLK > 1 -> blk[2] = 1; blk[3] = 1; landed[2] = true; landed[3] = true; uses[2] = 2; uses[3] = 2
+    :: else -> skip
+    fi;
     run wg0(); run wg1()
   }
   (finished == 2);
@@ -165,5 +207,9 @@ init {
   :: k < NBAR -> assert(arrived[k] == 0); k++
   :: else -> break
   od;
-  assert(readers[0] == 0 && readers[1] == 0 && uses[0] == 0 && uses[1] == 0)
+  k = 0;
+  do
+  :: k < 4 -> assert(readers[k] == 0 && uses[k] == 0); k++
+  :: else -> break
+  od
 }
