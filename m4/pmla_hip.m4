@@ -49,10 +49,19 @@ AC_DEFUN([PMLA_CHECK_HIP], [
               [with_cuda=`cd "$with_cuda" && pwd -P`],
               [with_cuda=`dirname "$NVCC"`; with_cuda=`dirname "$with_cuda"`])
         AC_MSG_RESULT([$with_cuda])])
-      AS_IF([test -f "$with_cuda/include/cuda_runtime_api.h"], [],
-            [AC_MSG_ERROR([no cuda_runtime_api.h under $with_cuda/include: give the toolkit root with --with-cuda=DIR, or build without a GPU backend with --with-hip=no])])
-      pmla_cuda_libdir="$with_cuda/lib64"
-      AS_IF([test -d "$pmla_cuda_libdir"], [], [pmla_cuda_libdir="$with_cuda/lib"])
+      # headers and libcudart: include/ and lib64/ (or lib/), or only under
+      # targets/<arch>-linux/ in some packagings
+      pmla_cuda_incdir=
+      for d in "$with_cuda/include" "$with_cuda"/targets/*/include; do
+        AS_IF([test -z "$pmla_cuda_incdir" && test -f "$d/cuda_runtime_api.h"], [pmla_cuda_incdir=$d])
+      done
+      AS_IF([test -n "$pmla_cuda_incdir"], [],
+            [AC_MSG_ERROR([no cuda_runtime_api.h under $with_cuda/include (or $with_cuda/targets/*/include): give the toolkit root with --with-cuda=DIR, or build without a GPU backend with --with-hip=no])])
+      pmla_cuda_libdir=
+      for d in "$with_cuda/lib64" "$with_cuda/lib" "$with_cuda"/targets/*/lib; do
+        AS_IF([test -z "$pmla_cuda_libdir" && test -d "$d"], [pmla_cuda_libdir=$d])
+      done
+      AS_IF([test -n "$pmla_cuda_libdir"], [], [pmla_cuda_libdir="$with_cuda/lib64"])
       AS_IF([test -z "$pmla_arch_list"], [pmla_arch_list=sm_90a])
       pmla_gencode=
       for a in $pmla_arch_list; do
@@ -61,7 +70,7 @@ AC_DEFUN([PMLA_CHECK_HIP], [
       done
       GPU_PLATFORM=nvidia
       GPU_COMPILE="$NVCC -std=c++17 -O3 -x cu$pmla_gencode -Xcompiler -fPIC,-fvisibility=hidden -DPMLA_GPU_NVIDIA"
-      GPU_CPPFLAGS="-DPMLA_GPU_NVIDIA -I$with_cuda/include"
+      GPU_CPPFLAGS="-DPMLA_GPU_NVIDIA -I$pmla_cuda_incdir"
       GPU_LIBS="-L$pmla_cuda_libdir -Wl,-rpath,$pmla_cuda_libdir -lcudart -lstdc++"
       AC_MSG_CHECKING([whether nvcc compiles for $pmla_arch_list])
       echo '__global__ void pmla_probe(int *p) { *p = 1; }' > conftest.hip

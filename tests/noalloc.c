@@ -28,11 +28,13 @@
 #define PMLA_TEST_DEFAULT_PLUGIN "plugin/.libs/pmla.so"
 #endif
 
-/* AddressSanitizer owns malloc: interposing it as well breaks both */
-#if defined(__SANITIZE_ADDRESS__)
+/* AddressSanitizer and ThreadSanitizer own malloc: interposing it as well
+ * breaks both (compile-time only: a build that only links a sanitizer is
+ * not detected) */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define PMLA_NOALLOC_UNDER_ASAN 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define PMLA_NOALLOC_UNDER_ASAN 1
 #endif
 #endif
@@ -140,7 +142,7 @@ int main(int argc, char **argv) {
 #ifdef PMLA_NOALLOC_UNDER_ASAN
   (void)argc;
   (void)argv;
-  fprintf(stderr, "SKIP: noalloc: built with AddressSanitizer, which owns malloc\n");
+  fprintf(stderr, "SKIP: noalloc: built with a sanitizer that owns malloc\n");
   return 77;
 #endif
   const char *env = getenv("PMLA_CONFORMANCE_PLUGIN");

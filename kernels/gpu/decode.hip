@@ -1460,7 +1460,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
     };
     constexpr int KC = PMLA_TILE_CHUNKS / TPT; /* chunk steps per block */
     constexpr int KB = 8 / TPT;                /* chunk steps per 64-column block */
-    static_assert(TPT == 2 && KC == 36, "split loads assume two loader threads per token");
+    static_assert(TPT == 2 && KC == 36 && KB == 4, "split loads: two loader threads per token");
     auto load_block = [&](int blk) {
       load_begin(blk);
       load_chunks(0, KC);

@@ -408,6 +408,20 @@ static void add_suite(options *o, const char *name) {
     add(o, list[i]);
 }
 
+/* a path as a JSON string: quotes, backslashes and control bytes escaped */
+static void json_string(const char *text) {
+  putchar('"');
+  for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
+    if (*c == '"' || *c == '\\')
+      printf("\\%c", *c);
+    else if (*c < 0x20)
+      printf("\\u%04x", *c);
+    else
+      putchar(*c);
+  }
+  putchar('"');
+}
+
 static void usage(void) {
   puts("usage: pmla-bench [--backend NAME] [--plugin PATH]... [--shape SPEC]... [--suite dense|sparse]\n"
        "                  [--iters N] [--warmup N] [--cu N] [--check] [--no-flush] [--json]\n"
@@ -420,7 +434,10 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--backend") && v) o.backend = v, i++;
-    else if (!strcmp(a, "--plugin") && v && o.nplugins < MAX_PLUGINS) o.plugins[o.nplugins++] = v, i++;
+    else if (!strcmp(a, "--plugin") && v && o.nplugins == MAX_PLUGINS) {
+      fprintf(stderr, "pmla-bench: --plugin %s: at most %d plugins side by side\n", v, MAX_PLUGINS);
+      return 2;
+    } else if (!strcmp(a, "--plugin") && v) o.plugins[o.nplugins++] = v, i++;
     else if (!strcmp(a, "--shape") && v) add(&o, v), i++;
     else if (!strcmp(a, "--suite") && v) add_suite(&o, v), i++;
     else if (!strcmp(a, "--iters") && v) o.iters = atoi(v), i++;
@@ -466,12 +483,12 @@ int main(int argc, char **argv) {
   if (o.json)
     printf("{\n \"backend\": \"%s\", \"memory\": \"%s\", \"copy_GBps\": %.1f, \"iters\": %d,\n \"results\": [\n",
            o.backend, m->name, copy_gbps, o.iters);
-  else if (o.nplugins > 1)
-    for (int k = 0; k < o.nplugins; k++)
-      printf("plugin @%d: %s\n", k, o.plugins[k]);
   else
     printf("pmla-bench: backend %s (%s), copy bandwidth %.1f GB/s, median of %d runs%s\n", o.backend,
            m->name, copy_gbps, o.iters, cpu || !o.flush ? "" : ", L2 flushed before each");
+  if (!o.json && o.nplugins > 1)
+    for (int k = 0; k < o.nplugins; k++)
+      printf("plugin @%d: %s\n", k, o.plugins[k]);
   if (!o.json)
     printf("%-40s %10s %9s %9s %7s %10s %5s  %s\n", "shape", "median_us", "TFLOP/s", "GB/s",
            "copy%", "build_us", "cap", "check");
@@ -494,14 +511,15 @@ int main(int argc, char **argv) {
         else
           snprintf(name, sizeof name, "b=%d L=%d h=%d sq=%d%s", s->b, s->L, s->h, s->sq, tag);
         failed |= r.checked && !r.ok;
-        if (o.json)
-          printf("%s  {\"shape\": \"%s\", \"plugin\": \"%s\", \"median_us\": %.2f, "
+        if (o.json) {
+          printf("%s  {\"shape\": \"%s\", \"plugin\": ", first ? "" : ",\n", name);
+          json_string(o.plugins[k]);
+          printf(", \"median_us\": %.2f, "
                  "\"tflops\": %.2f, \"gbps\": %.1f, \"copy_frac\": %.3f, \"build_us\": %.2f, "
                  "\"split_cap\": %u, \"checked\": %s, \"ok\": %s}",
-                 first ? "" : ",\n", name, o.plugins[k], r.us, r.tflops, r.gbps, r.copy_frac,
-                 r.meta_us, r.cap, r.checked ? "true" : "false",
-                 r.ok || !r.checked ? "true" : "false");
-        else
+                 r.us, r.tflops, r.gbps, r.copy_frac, r.meta_us, r.cap,
+                 r.checked ? "true" : "false", r.ok || !r.checked ? "true" : "false");
+        } else
           printf("%-40s %10.1f %9.2f %9.1f %6.1f%% %10.1f %5u  %s%s\n", name, r.us, r.tflops,
                  r.gbps, 100 * r.copy_frac, r.meta_us, r.cap,
                  r.checked ? (r.ok ? "PASS " : "FAIL ") : "-", r.note);

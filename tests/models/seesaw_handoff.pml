@@ -8,7 +8,10 @@
  *     completes that phase (one id per hand-off is enough);
  *   - each value handed over (m_a, m_b, P0', P1: one shared-memory slot
  *     each) is read after it was written for this pair and before the
- *     writer overwrites it for the next;
+ *     writer overwrites it for the next; P0' and P1 are written over the
+ *     rope block of this pair's block, with no read of it in flight;
+ *   - not modelled: the warps inside a warpgroup (the code's warpgroup-local
+ *     barriers order them) and the wgmma / cp.async data paths themselves.
  *   - every read of a stage (QK, each warpgroup's PV, asynchronous wgmma
  *     reads held open from issue to wait) sees the block it expects, after
  *     the load that brought it has landed;
@@ -90,6 +93,11 @@ inline qk(st, b) {
   read_open(2 * st + OWN, b); read_open(2 * st + OTHER, b);
   read_close(2 * st + OWN); read_close(2 * st + OTHER)
 }
+/* P0' / P1 go over the rope block, in the "other" group of the writer's
+ * stage: it must hold this pair's block, landed, with no read in flight */
+inline write_p(x, b) {
+  atomic { assert(blk[x] == b && landed[x] && readers[x] == 0 && uses[x] > 0) }
+}
 inline load(x, b) {
   atomic { assert(readers[x] == 0 && uses[x] == 0); blk[x] = b; landed[x] = false; uses[x] = 2 }
 }
@@ -110,7 +118,7 @@ proctype wg0() {
     read_open(0, 2 * i);                              /* PV0_L issued (own group) */
     bsync(SCALE1, 1, ph);
     assert(mb_of == i + 1);                           /* m_b from sMb */
-    p0_of = i + 1;                                    /* P0' to stage 0's rope */
+    write_p(1, 2 * i); p0_of = i + 1;                 /* P0' to stage 0's rope */
     arrive(P0READY, 1);
     read_close(0);                                    /* PV0_L waited */
 #ifdef SPLIT
@@ -155,7 +163,7 @@ proctype wg1() {
     mb_of = i + 1;                                    /* m_b to sMb */
     arrive(SCALE1, 2);
     if
-    :: has1 -> p1_of = i + 1; arrive(P1READY, 2)      /* P1 to stage 1's rope */
+    :: has1 -> write_p(3, 2 * i + 1); p1_of = i + 1; arrive(P1READY, 2) /* P1 to stage 1's rope */
     :: else -> skip
     fi;
     bsync(P0READY, 2, ph);
