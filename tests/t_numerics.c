@@ -251,6 +251,12 @@ static const dense_case dense_cases[] = {
     {"cu 1: nothing split", 16, 16, 1, BT, 4, {1, 2, 3, 4}, {500, 20, 0, 90}, 0, 0, 0},
     {"batch 0", 16, 16, 2, BT, 0, {0}, {0}, 0, 0, 0},
     {"zero-row request", 16, 16, 2, CSR, 3, {1, 0, 2}, {50, 40, 30}, 0, 0, 0},
+    /* long chains of 64-token blocks on 64-row tiles: every pair-loop case
+     * of the wgmma bodies (odd and even block counts, with and without a
+     * next pair) several times over, split and unsplit */
+    {"heads 128, 21 blocks, split, cu 4", 128, 64, 4, BT, 1, {1}, {1300}, 0, 1, 1},
+    {"heads 64, q_len 2, up to 18 blocks, cu 4", 64, 16, 4, CSR, 3, {2, 1, 2}, {1100, 700, 1153},
+     0, 0, 0},
 };
 #define N_DENSE ((int)(sizeof dense_cases / sizeof dense_cases[0]))
 
