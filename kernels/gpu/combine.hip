@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
 #pragma unroll
     for (int v = 0; v < V4; v++) {
       uint2 pk;
-      pk.x = (uint32_t)f_to_bf16(acc[v].x * inv) | ((uint32_t)f_to_bf16(acc[v].y * inv) << 16);
-      pk.y = (uint32_t)f_to_bf16(acc[v].z * inv) | ((uint32_t)f_to_bf16(acc[v].w * inv) << 16);
+      pk.x = pack_bf16x2(acc[v].x * inv, acc[v].y * inv);
+      pk.y = pack_bf16x2(acc[v].z * inv, acc[v].w * inv);
       *(uint2 *)(dst + (lane + v * WARP) * 4) = pk;
     }
     if (lane == 0 && p.lse)

@@ -418,7 +418,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
         muse[sl] = m == -INFINITY ? 0.f : m;
         sum[sl] = 0.f;
         if (tg == 0 && row_leader(lane)) {
-          sCorr[row] = exp2f(m_old - muse[sl]);
+          sCorr[row] = fast_exp2(m_old - muse[sl]);
           sM[nxt + row] = m;
         }
       }
@@ -428,9 +428,9 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
 #pragma unroll
           for (int e = 0; e < ACC; e += 2) {
             int sl = slot_of(e);
-            float p0 = exp2f(s[nt].x[e] - muse[sl]), p1 = exp2f(s[nt].x[e + 1] - muse[sl]);
+            float p0 = fast_exp2(s[nt].x[e] - muse[sl]), p1 = fast_exp2(s[nt].x[e + 1] - muse[sl]);
             sum[sl] += p0 + p1;
-            uint32_t pk = (uint32_t)f_to_bf16(p0) | ((uint32_t)f_to_bf16(p1) << 16);
+            uint32_t pk = pack_bf16x2(p0, p1);
             *(uint32_t *)(sK + elem_off(rg * 16 + acc_row(lane, e), 64,
                                         n0 + nt * MMA_N + acc_col(lane, e))) = pk;
           }
@@ -438,7 +438,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
 #pragma unroll
           for (int e = 0; e < ACC; e++) {
             int sl = slot_of(e);
-            float p0 = exp2f(s[nt].x[e] - muse[sl]);
+            float p0 = fast_exp2(s[nt].x[e] - muse[sl]);
             sum[sl] += p0;
             *(uint16_t *)(sK + elem_off(rg * 16 + acc_row(lane, e), 64,
                                         n0 + nt * MMA_N + acc_col(lane, e))) = f_to_bf16(p0);
@@ -521,7 +521,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
                 *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
               } else {
                 *(uint32_t *)(p.out + ro + col) =
-                    (uint32_t)f_to_bf16(v0) | ((uint32_t)f_to_bf16(v1) << 16);
+                    pack_bf16x2(v0, v1);
               }
             }
           } else {
@@ -866,7 +866,7 @@ __device__ __forceinline__ void body(const pmla_gpu_problem &p, float scale_log2
         float m_old = sM[cur + row];
         float m = fmaxf(m_old, fmaxf(sPmax[row], sPmax[ROWS + row]));
         muse[sl] = m == -INFINITY ? 0.f : m;
-        corr[sl] = exp2f(m_old - muse[sl]);
+        corr[sl] = fast_exp2(m_old - muse[sl]);
         sum[sl] = 0.f;
         if (g == 0 && row_leader(lane)) {
           sCorr[row] = corr[sl];
@@ -878,9 +878,9 @@ __device__ __forceinline__ void body(const pmla_gpu_problem &p, float scale_log2
       for (int e = 0; e < 16; e += 2) {
         int sl = (e >> 1) & 1, row = myrow[sl];
         int col = g * 32 + (e >> 2) * 8 + ((lane & 3) << 1);
-        float p0 = exp2f(s[e] - muse[sl]), p1 = exp2f(s[e + 1] - muse[sl]);
+        float p0 = fast_exp2(s[e] - muse[sl]), p1 = fast_exp2(s[e + 1] - muse[sl]);
         sum[sl] += p0 + p1;
-        uint32_t pk = (uint32_t)f_to_bf16(p0) | ((uint32_t)f_to_bf16(p1) << 16);
+        uint32_t pk = pack_bf16x2(p0, p1);
         *(uint32_t *)(sP + row * 128 + ((((col >> 3) ^ (row & 7))) << 4) + ((col & 7) << 1)) = pk;
       }
 #pragma unroll
@@ -931,7 +931,7 @@ __device__ __forceinline__ void body(const pmla_gpu_problem &p, float scale_log2
           *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
         else
           *(uint32_t *)(p.out + ro + col) =
-              (uint32_t)f_to_bf16(v0) | ((uint32_t)f_to_bf16(v1) << 16);
+              pack_bf16x2(v0, v1);
       }
     }
     if (tid < nrows) {
@@ -963,6 +963,63 @@ __device__ __forceinline__ void nb_sync(int id) {
 __device__ __forceinline__ void nb_arrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
+/* Softmax helpers of the 64-row bodies. Element e of a thread's S
+ * accumulator holds row myrow[(e >> 1) & 1], token 8 (e >> 2) + 2 (lane & 3)
+ * + (e & 1) of the block. */
+
+/* a loader warp's token validity as bits (the TPT lanes of a token agree):
+ * bit k = the warp's k-th token; read back as one word instead of one shared
+ * load per element (those loads sat on the softmax's critical path) */
+template <int TPT> __device__ __forceinline__ uint32_t token_bits(bool v) {
+  const uint32_t b = __ballot_sync(0xffffffffu, v);
+  uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < 32 / TPT; k++)
+    m |= ((b >> (k * TPT)) & 1u) << k;
+  return m;
+}
+/* tokens pos0 + [0, 64) that lie before lim */
+__device__ __forceinline__ uint64_t before64(int lim, int pos0) {
+  if (lim <= pos0)
+    return 0;
+  return lim - pos0 >= 64 ? ~0ull : (1ull << (lim - pos0)) - 1;
+}
+/* masks S in place (raw scores; -inf where a token is invalid or causally
+ * after the row) and returns the row maxima scaled to base 2 */
+__device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
+                                            const int (&lim)[2], float scale_log2, int lane) {
+  uint64_t rm[2];
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+    rm[sl] = (vm & before64(lim[sl], pos0)) >> ((lane & 3) << 1);
+  const uint64_t mine = 0x0303030303030303ull; /* this thread's columns */
+  mx[0] = mx[1] = -INFINITY;
+  if ((rm[0] & rm[1] & mine) == mine) {
+#pragma unroll
+    for (int e = 0; e < 32; e++)
+      mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 32; e++) {
+      const int sl = (e >> 1) & 1;
+      if (!((rm[sl] >> ((e >> 2) * 8 + (e & 1))) & 1))
+        s[e] = -INFINITY;
+      mx[sl] = fmaxf(mx[sl], s[e]);
+    }
+  }
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+    mx[sl] = row_max(mx[sl]) * scale_log2;
+}
+/* O *= corr by row; skipped when no row of the warp changed its maximum,
+ * which after the first blocks is the common case */
+__device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) {
+  if (!__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f))
+    return;
+#pragma unroll
+  for (int e = 0; e < 128; e++)
+    o[e] *= (e & 2) ? c1 : c0;
+}
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2) {
   extern __shared__ __align__(1024) char smem_wg[];
   char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
@@ -970,7 +1027,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   float *sCorr = (float *)(sKV + 2 * TILE); /* [2][ROWS], by block parity */
   float *sM = sCorr + 2 * ROWS;
   float *sL = sM + ROWS;
-  int *sValid = (int *)(sL + ROWS); /* [2][BN] */
+  uint64_t *sVm = (uint64_t *)(sL + ROWS); /* [2]: token validity bits by stage */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   const int H = p.num_heads;
@@ -1028,8 +1085,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         int64_t slot =
             pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
         bool v = slot >= 0;
-        if (ld_sub == 0)
-          sValid[st * BN + ld_t] = v;
+        const uint32_t vbits = token_bits<TPT>(v);
+        if (lane == 0)
+          ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)vbits;
 #ifdef PMLA_WG_NOLOAD /* diagnostic: time without KV traffic (wrong results) */
         if (blk >= 2) {
           raw_next = -1;
@@ -1074,10 +1132,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #endif
         nb_sync(PREADY + (b & 1));
         const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
-        float c0 = sCorr[(b & 1) * ROWS + myrow[0]], c1 = sCorr[(b & 1) * ROWS + myrow[1]];
-#pragma unroll
-        for (int e = 0; e < 128; e++)
-          o[e] *= (e & 2) ? c1 : c0;
+        wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
         reg_fence<128>(o);
         wg_fence();
 #pragma unroll
@@ -1103,7 +1158,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         nb_sync(FULL + (b & 1));
         char *sK = sKV + (b & 1) * TILE;
         const uint32_t aK = smem_u32(sK);
-        const int *vld = sValid + (b & 1) * BN;
         const int pos0 = kb + b * BN;
         float s[32];
 #pragma unroll
@@ -1122,24 +1176,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         /* every warp's QK has read the rope block before P overwrites it */
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
-        /* element e: row myrow[e/2 % 2], token 8(e/4) + 2(lane % 4) + e % 2 */
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int e = 0; e < 32; e++) {
-          int col = (e >> 2) * 8 + ((lane & 3) << 1) + (e & 1);
-          int sl = (e >> 1) & 1;
-          float v = s[e] * scale_log2;
-          if (!(pos0 + col < lim[sl] && vld[col]))
-            v = -INFINITY;
-          s[e] = v;
-          mx[sl] = fmaxf(mx[sl], v);
-        }
+        float mx[2];
+        wg_mask_max(s, mx, sVm[b & 1], pos0, lim, scale_log2, lane);
         float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
-          float m = fmaxf(m_run[sl], row_max(mx[sl]));
+          float m = fmaxf(m_run[sl], mx[sl]);
           muse[sl] = m == -INFINITY ? 0.f : m;
-          corr[sl] = exp2f(m_run[sl] - muse[sl]);
+          corr[sl] = fast_exp2(m_run[sl] - muse[sl]);
           m_run[sl] = m;
           if (row_leader(lane))
             sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
@@ -1149,9 +1193,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         for (int e = 0; e < 32; e += 2) {
           int sl = (e >> 1) & 1, row = myrow[sl];
           int col = (e >> 2) * 8 + ((lane & 3) << 1);
-          float p0 = exp2f(s[e] - muse[sl]), p1 = exp2f(s[e + 1] - muse[sl]);
+          float p0 = fast_exp2(fmaf(s[e], scale_log2, -muse[sl]));
+          float p1 = fast_exp2(fmaf(s[e + 1], scale_log2, -muse[sl]));
           sum[sl] += p0 + p1;
-          uint32_t pk = (uint32_t)f_to_bf16(p0) | ((uint32_t)f_to_bf16(p1) << 16);
+          uint32_t pk = pack_bf16x2(p0, p1);
           *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) = pk;
         }
         proxy_fence();
@@ -1159,9 +1204,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
         for (int sl = 0; sl < 2; sl++)
           l_run[sl] = l_run[sl] * corr[sl] + row_sum(sum[sl]);
-#pragma unroll
-        for (int e = 0; e < 128; e++)
-          o[e] *= corr[(e >> 1) & 1];
+        wg_scale_o(o, corr[0], corr[1]);
         reg_fence<128>(o);
         wg_fence();
 #pragma unroll
@@ -1202,7 +1245,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
         else
           *(uint32_t *)(p.out + ro + col) =
-              (uint32_t)f_to_bf16(v0) | ((uint32_t)f_to_bf16(v1) << 16);
+              pack_bf16x2(v0, v1);
       }
     }
     if (tid < nrows) {
@@ -1302,29 +1345,17 @@ __device__ __forceinline__ void ss_qk(float (&s)[32], uint32_t aQ, uint32_t aK) 
 }
 /* scale to base 2, mask (element e: row myrow[e/2 % 2], token 8(e/4) +
  * 2(lane % 4) + e % 2), and the row maxima */
-__device__ __forceinline__ void ss_mask(float (&s)[32], float (&mx)[2], const int *vld, int pos0,
+__device__ __forceinline__ void ss_mask(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
                                         const int (&lim)[2], float scale_log2, int lane) {
-  mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-  for (int e = 0; e < 32; e++) {
-    int col = (e >> 2) * 8 + ((lane & 3) << 1) + (e & 1);
-    int sl = (e >> 1) & 1;
-    float v = s[e] * scale_log2;
-    if (!(pos0 + col < lim[sl] && vld[col]))
-      v = -INFINITY;
-    s[e] = v;
-    mx[sl] = fmaxf(mx[sl], v);
-  }
-#pragma unroll
-  for (int sl = 0; sl < 2; sl++)
-    mx[sl] = row_max(mx[sl]);
+  wg_mask_max(s, mx, vm, pos0, lim, scale_log2, lane);
 }
-/* P = exp2(S - m) in place; returns the row sums (whole rows) */
-__device__ __forceinline__ void ss_exp(float (&s)[32], const float (&muse)[2], float (&sum)[2]) {
+/* P = exp2(S scale - m) in place; returns the row sums (whole rows) */
+__device__ __forceinline__ void ss_exp(float (&s)[32], float scale_log2, const float (&muse)[2],
+                                       float (&sum)[2]) {
   sum[0] = sum[1] = 0.f;
 #pragma unroll
   for (int e = 0; e < 32; e++) {
-    s[e] = exp2f(s[e] - muse[(e >> 1) & 1]);
+    s[e] = fast_exp2(fmaf(s[e], scale_log2, -muse[(e >> 1) & 1]));
     sum[(e >> 1) & 1] += s[e];
   }
 #pragma unroll
@@ -1336,7 +1367,7 @@ __device__ __forceinline__ void ss_exp(float (&s)[32], const float (&muse)[2], f
 __device__ __forceinline__ void ss_pack(const float (&s)[32], uint32_t (&pa)[16]) {
 #pragma unroll
   for (int i = 0; i < 16; i++)
-    pa[i] = (uint32_t)f_to_bf16(s[2 * i]) | ((uint32_t)f_to_bf16(s[2 * i + 1]) << 16);
+    pa[i] = pack_bf16x2(s[2 * i], s[2 * i + 1]);
 }
 /* P * (f0, f1 by row) as bf16 into a stage's rope block (64 rows x 64
  * tokens, swizzled) */
@@ -1347,7 +1378,7 @@ __device__ __forceinline__ void ss_store_p(char *sP, const float (&s)[32], float
     int row = myrow[i & 1], col = (i >> 1) * 8 + ((lane & 3) << 1);
     float f = (i & 1) ? f1 : f0;
     *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
-        (uint32_t)f_to_bf16(s[2 * i] * f) | ((uint32_t)f_to_bf16(s[2 * i + 1] * f) << 16);
+        pack_bf16x2(s[2 * i] * f, s[2 * i + 1] * f);
   }
 }
 /* the registers an RS wgmma reads stay live (and unmoved) until its wait */
@@ -1357,9 +1388,7 @@ __device__ __forceinline__ void reg_fence_u(uint32_t (&a)[16]) {
     asm volatile("" : "+r"(a[i])::"memory");
 }
 __device__ __forceinline__ void ss_scale(float (&o)[128], float c0, float c1) {
-#pragma unroll
-  for (int e = 0; e < 128; e++)
-    o[e] *= (e & 2) ? c1 : c0;
+  wg_scale_o(o, c0, c1);
 }
 /* O[:, 256 half..] += P V over one stage; P from registers or from the
  * stage's rope block */
@@ -1394,7 +1423,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
   float *sMb = sMa + ROWS;               /* m_b of the current pair */
   float *sM = sMb + ROWS;                /* final row max */
   float *sL0 = sM + ROWS, *sL1 = sL0 + ROWS;
-  int *sValid = (int *)(sL1 + ROWS); /* [2][BN] */
+  uint64_t *sVm = (uint64_t *)(sL1 + ROWS); /* [2]: token validity bits by stage */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   const int t = tid & 127;
@@ -1441,17 +1470,28 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
      * chunks [2 k_lo, 2 k_hi) (this thread takes every TPT-th chunk) */
     const char *ld_src = kvbase;
     bool ld_v = false;
+#ifdef PMLA_WG_NOLOAD /* diagnostic: time without KV traffic (wrong results) */
+    bool ld_skip = false;
+#endif
     auto load_begin = [&](int blk) {
+#ifdef PMLA_WG_NOLOAD
+      ld_skip = blk >= 2;
+#endif
       const int pos = kb + blk * BN + ld_t;
       int64_t slot =
           pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
       ld_v = slot >= 0;
-      if (ld_sub == 0)
-        sValid[g * BN + ld_t] = ld_v;
+      const uint32_t vbits = token_bits<TPT>(ld_v);
+      if (lane == 0)
+        ((uint16_t *)sVm)[g * 4 + wi] = (uint16_t)vbits;
       ld_src = ld_v ? kvbase + slot * PITCH : kvbase;
       raw_next = raw_at(blk + 2);
     };
     auto load_chunks = [&](int k_lo, int k_hi) {
+#ifdef PMLA_WG_NOLOAD
+      if (ld_skip)
+        return;
+#endif
 #pragma unroll
       for (int k = k_lo; k < k_hi; k++) {
         int c = ld_sub + k * TPT;
@@ -1507,17 +1547,17 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
         }
         ss_qk(s, aQ, aK0);
         float mx[2], muse[2], corr[2], sum[2], m_a[2];
-        ss_mask(s, mx, sValid, kb + 2 * i * BN, lim, scale_log2, lane);
+        ss_mask(s, mx, sVm[0], kb + 2 * i * BN, lim, scale_log2, lane);
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
           m_a[sl] = fmaxf(m_run[sl], mx[sl]);
           muse[sl] = m_a[sl] == -INFINITY ? 0.f : m_a[sl];
-          corr[sl] = exp2f(m_run[sl] - muse[sl]);
+          corr[sl] = fast_exp2(m_run[sl] - muse[sl]);
           if (row_leader(lane))
             sMa[myrow[sl]] = m_a[sl];
         }
         nb_arrive(SCALE0);
-        ss_exp(s, muse, sum);
+        ss_exp(s, scale_log2, muse, sum);
 #pragma unroll
         for (int sl = 0; sl < 2; sl++)
           l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
@@ -1530,7 +1570,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
           float m_b = sMb[myrow[sl]];
-          c1[sl] = exp2f(m_a[sl] - (m_b == -INFINITY ? 0.f : m_b));
+          c1[sl] = fast_exp2(m_a[sl] - (m_b == -INFINITY ? 0.f : m_b));
           m_run[sl] = m_b;
         }
         ss_store_p(sKV + 8 * BLK, s, c1[0], c1[1], myrow, lane);
@@ -1579,7 +1619,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
             nb_sync_wg(LOC + 1);
           }
           ss_qk(s, aQ, aK1);
-          ss_mask(s, mx, sValid + BN, kb + (2 * i + 1) * BN, lim, scale_log2, lane);
+          ss_mask(s, mx, sVm[1], kb + (2 * i + 1) * BN, lim, scale_log2, lane);
         }
         nb_sync(SCALE0);
         float muse[2], corr[2], sum[2] = {0.f, 0.f};
@@ -1587,7 +1627,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
         for (int sl = 0; sl < 2; sl++) {
           float m_b = fmaxf(sMa[myrow[sl]], mx[sl]);
           muse[sl] = m_b == -INFINITY ? 0.f : m_b;
-          corr[sl] = exp2f(m_run[sl] - muse[sl]);
+          corr[sl] = fast_exp2(m_run[sl] - muse[sl]);
           m_run[sl] = m_b;
           if (row_leader(lane))
             sMb[myrow[sl]] = m_b;
@@ -1595,7 +1635,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
         nb_arrive(SCALE1);
         ss_scale(o, corr[0], corr[1]);
         if (has1) {
-          ss_exp(s, muse, sum);
+          ss_exp(s, scale_log2, muse, sum);
           ss_pack(s, pa);
           ss_store_p(sKV + TILE + 8 * BLK, s, 1.f, 1.f, myrow, lane);
           proxy_fence();
@@ -1667,7 +1707,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
           *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
         else
           *(uint32_t *)(p.out + ro + col) =
-              (uint32_t)f_to_bf16(v0) | ((uint32_t)f_to_bf16(v1) << 16);
+              pack_bf16x2(v0, v1);
       }
     }
     if (tid < nrows) {
