@@ -45,6 +45,11 @@ typedef struct pmla_gpu_problem {
  * (a head tile may take several CUs per unit). */
 int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len);
 
+/* One-time lookups the launchers need later (NVIDIA: the tensor-map
+ * encoder, found through the runtime), so a decode step allocates nothing
+ * on the host. Idempotent; call it at builder init. */
+void pmla_gpu_prepare(void);
+
 /* Runs pmla_plan on the device. `in` holds device pointers (qo_indptr,
  * kv_lens, ...); `out` device buffers. */
 int pmla_gpu_plan(const pmla_plan_input *in, const pmla_plan_output *out, void *stream);

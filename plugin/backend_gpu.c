@@ -74,6 +74,7 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
   }
   b->backend = &pmla_gpu_backend;
   b->cfg = cfg;
+  pmla_gpu_prepare();
   int32_t units =
       pmla_gpu_sched_units((int32_t)cus, (int32_t)cfg.num_heads, (int32_t)cfg.max_q_len);
   pmla_size_buffers(b, cus, (uint32_t)(units < PMLA_GPU_MAX_UNITS ? units : PMLA_GPU_MAX_UNITS));

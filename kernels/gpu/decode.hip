@@ -43,12 +43,16 @@
  * Launchers allocate nothing and never synchronise (graph-capturable). */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "hip_compat.h"
 #include "combine.h"
 #include "mla_gpu.h"
 #include "mma.h"
 #include "pdl.h"
+#ifdef PMLA_PLATFORM_NVIDIA
+#include <cudaTypedefs.h> /* CUtensorMap, PFN_cuTensorMapEncodeTiled */
+#endif
 
 namespace {
 
@@ -603,12 +607,12 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
 #ifndef PMLA_WG_SPLIT
 #define PMLA_WG_SPLIT 0
 #endif
-/* PMLA_WG_EARLY 1: in body_pp the loader issues block b + 1 before publishing
- * block b (two blocks in flight). Measured slower on an H200 (620 vs 494 us
- * at b=128 L=4096 h=128): publishing block b waits for the 36-chunk-per-thread
- * issue. Left as a knob. */
-#ifndef PMLA_WG_EARLY
-#define PMLA_WG_EARLY 0
+/* PMLA_WG_TMA 1 (default): body_pp loads a KV block that is one whole,
+ * valid, page-aligned run of 64 slots (page sizes that are multiples of 64)
+ * with nine TMA copies issued by one thread; every other block takes the
+ * per-token cp.async path. */
+#ifndef PMLA_WG_TMA
+#define PMLA_WG_TMA 1
 #endif
 #if PMLA_WGMMA && defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PMLA_WG_DEVICE 1
@@ -963,6 +967,38 @@ __device__ __forceinline__ void nb_sync(int id) {
 __device__ __forceinline__ void nb_arrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
+/* mbarrier and TMA (sm_90): a stage's "full" barrier counts the 128 loader
+ * threads' arrivals plus, for a TMA block, the bytes the copies deliver */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred done;\nWAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT;\n}\n" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+}
+/* one 64-column x 64-row box of the KV cache into a 128B-swizzled block */
+__device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, int col, int row,
+                                        uint32_t bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+               "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar)
+               : "memory");
+}
+
 /* Softmax helpers of the 64-row bodies. Element e of a thread's S
  * accumulator holds row myrow[(e >> 1) & 1], token 8 (e >> 2) + 2 (lane & 3)
  * + (e & 1) of the block. */
@@ -1020,7 +1056,8 @@ __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) 
   for (int e = 0; e < 128; e++)
     o[e] *= (e & 2) ? c1 : c0;
 }
-__device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2) {
+__device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
+                                        const CUtensorMap *kv_tmap, int use_tma) {
   extern __shared__ __align__(1024) char smem_wg[];
   char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
   char *sKV = sQ + TILE;
@@ -1028,8 +1065,16 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   float *sM = sCorr + 2 * ROWS;
   float *sL = sM + ROWS;
   uint64_t *sVm = (uint64_t *)(sL + ROWS); /* [2]: token validity bits by stage */
+  const uint32_t aFull = smem_u32(sVm + 2); /* [2] mbarriers: stage loaded */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+  if (tid == 0) {
+    mbar_init(aFull, 128);
+    mbar_init(aFull + 8, 128);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  uint32_t full_phase = 0; /* bit s: parity of stage s's next completion (wg0) */
   const int H = p.num_heads;
   const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
@@ -1038,7 +1083,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   int myrow[2];
   myrow[0] = wi * 16 + (lane >> 2);
   myrow[1] = myrow[0] + 8;
-  enum { FULL = 1, PREADY = 3, EMPTY = 5 };
+  enum { PREADY = 3, EMPTY = 5 }; /* named barriers; "loaded" is an mbarrier */
 
   const int it_end = p.work_indptr[u + 1];
   for (int it = p.work_indptr[u]; it < it_end; it++) {
@@ -1080,7 +1125,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
       };
       int32_t raw_next = raw_at(0);
-      auto load_block = [&](int blk, int st) {
+      const bool tma_item = use_tma && !p.map.topk && p.map.page_size % BN == 0;
+      /* issues block blk into stage st; returns whether the loader still has
+       * to arrive on the stage's barrier after its cp.async wait (cp.async
+       * blocks, and block 0 whose wait also covers Q) */
+      auto load_block = [&](int blk, int st) -> bool {
         const int pos = kb + blk * BN + ld_t;
         int64_t slot =
             pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
@@ -1088,10 +1137,34 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         const uint32_t vbits = token_bits<TPT>(v);
         if (lane == 0)
           ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)vbits;
+        const uint32_t bar = aFull + 8 * st;
+#if PMLA_WG_TMA
+        /* a whole block inside one page (page size a multiple of 64, block
+         * page-aligned) shares one raw entry: the same decision in every
+         * loader thread */
+        const int pos_blk = kb + blk * BN;
+        if (tma_item && pos_blk % BN == 0 && pos_blk + BN <= ke && raw_next >= 0 &&
+            (int64_t)raw_next * p.map.page_size + pos_blk % p.map.page_size + BN <= p.map.num_slots) {
+          const int row = (int)((int64_t)raw_next * p.map.page_size + pos_blk % p.map.page_size);
+          if (t == 0) {
+            if (blk == 0)
+              mbar_expect_tx(bar, TILE);
+            else
+              mbar_arrive_tx(bar, TILE);
+#pragma unroll
+            for (int c = 0; c < 9; c++)
+              tma_box(smem_u32(sKV + st * TILE + c * BLK), kv_tmap, c * 64, row, bar);
+          } else if (blk != 0) {
+            mbar_arrive(bar);
+          }
+          raw_next = raw_at(blk + 1);
+          return blk == 0;
+        }
+#endif
 #ifdef PMLA_WG_NOLOAD /* diagnostic: time without KV traffic (wrong results) */
         if (blk >= 2) {
           raw_next = -1;
-          return;
+          return true;
         }
 #endif
         const char *src = v ? kvbase + slot * PITCH : kvbase;
@@ -1102,34 +1175,26 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
         }
         raw_next = raw_at(blk + 1);
+        return true;
       };
-      if (nblk > 0)
-        load_block(0, 0);
+      uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
+      if (nblk > 0 && load_block(0, 0))
+        pending = 1;
       cp_commit();
       for (int b = 0; b < nblk; b++) {
-#if PMLA_WG_EARLY
-        /* block b + 1 goes out as soon as its stage is free (wg0's PV(b - 1)
-         * done), while block b may still be in flight: two blocks in flight */
+        if (pending & (1u << (b & 1))) {
+          cp_wait<0>();
+          proxy_fence();
+          mbar_arrive(aFull + 8 * (b & 1));
+          pending &= ~(1u << (b & 1));
+        }
         if (b + 1 < nblk) {
           if (b >= 1)
             nb_sync(EMPTY + ((b - 1) & 1));
-          load_block(b + 1, (b + 1) & 1);
+          if (load_block(b + 1, (b + 1) & 1))
+            pending |= 1u << ((b + 1) & 1);
         }
         cp_commit();
-        cp_wait<1>();
-        proxy_fence();
-        nb_arrive(FULL + (b & 1));
-#else
-        cp_wait<0>();
-        proxy_fence();
-        nb_arrive(FULL + (b & 1));
-        if (b + 1 < nblk) {
-          if (b >= 1)
-            nb_sync(EMPTY + ((b - 1) & 1));
-          load_block(b + 1, (b + 1) & 1);
-        }
-        cp_commit();
-#endif
         nb_sync(PREADY + (b & 1));
         const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
         wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
@@ -1155,7 +1220,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       }
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
       for (int b = 0; b < nblk; b++) {
-        nb_sync(FULL + (b & 1));
+        mbar_wait(aFull + 8 * (b & 1), (full_phase >> (b & 1)) & 1);
+        full_phase ^= 1u << (b & 1);
         char *sK = sKV + (b & 1) * TILE;
         const uint32_t aK = smem_u32(sK);
         const int pos0 = kb + b * BN;
@@ -1202,8 +1268,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         proxy_fence();
         nb_arrive(PREADY + (b & 1));
 #pragma unroll
-        for (int sl = 0; sl < 2; sl++)
-          l_run[sl] = l_run[sl] * corr[sl] + row_sum(sum[sl]);
+        for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
+          l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
         wg_scale_o(o, corr[0], corr[1]);
         reg_fence<128>(o);
         wg_fence();
@@ -1217,6 +1283,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         if (b + 2 < nblk)
           nb_arrive(EMPTY + (b & 1));
       }
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++)
+        l_run[sl] = row_sum(l_run[sl]);
       if (row_leader(lane)) {
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
@@ -1349,7 +1418,8 @@ __device__ __forceinline__ void ss_mask(float (&s)[32], float (&mx)[2], uint64_t
                                         const int (&lim)[2], float scale_log2, int lane) {
   wg_mask_max(s, mx, vm, pos0, lim, scale_log2, lane);
 }
-/* P = exp2(S scale - m) in place; returns the row sums (whole rows) */
+/* P = exp2(S scale - m) in place; returns this lane's share of the row
+ * sums (the four lanes of a row are summed once, in the epilogue) */
 __device__ __forceinline__ void ss_exp(float (&s)[32], float scale_log2, const float (&muse)[2],
                                        float (&sum)[2]) {
   sum[0] = sum[1] = 0.f;
@@ -1358,9 +1428,6 @@ __device__ __forceinline__ void ss_exp(float (&s)[32], float scale_log2, const f
     s[e] = fast_exp2(fmaf(s[e], scale_log2, -muse[(e >> 1) & 1]));
     sum[(e >> 1) & 1] += s[e];
   }
-#pragma unroll
-  for (int sl = 0; sl < 2; sl++)
-    sum[sl] = row_sum(sum[sl]);
 }
 /* the accumulator of S, as bf16, is the A operand of the PV k-steps:
  * k-step kk takes n-tiles 2kk and 2kk + 1 */
@@ -1679,6 +1746,9 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
       }
     }
     cp_wait<0>();
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++)
+      l_run[sl] = row_sum(l_run[sl]);
     if (row_leader(lane)) {
 #pragma unroll
       for (int sl = 0; sl < 2; sl++) {
@@ -1724,14 +1794,17 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
 #endif /* PMLA_WG_DEVICE */
 } /* namespace wg */
 
-__global__ void __launch_bounds__(wg::NT, 1) pmla_decode_wg_kernel(pmla_gpu_problem p,
-                                                                   float scale_log2) {
+/* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
+ * boxes, 128B swizzle), valid when use_tma */
+__global__ void __launch_bounds__(wg::NT, 1)
+    pmla_decode_wg_kernel(pmla_gpu_problem p, float scale_log2,
+                          const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
   pdl_wait();
   pdl_trigger();
 #if defined(PMLA_WG_DEVICE) && PMLA_WG_PP == 2
   wg::body_ss(p, scale_log2);
 #elif defined(PMLA_WG_DEVICE) && PMLA_WG_PP
-  wg::body_pp(p, scale_log2);
+  wg::body_pp(p, scale_log2, &kv_tmap, use_tma);
 #elif defined(PMLA_WG_DEVICE)
   wg::body(p, scale_log2);
 #else
@@ -1756,6 +1829,38 @@ template <int MT> hipError_t launch_decode(const pmla_gpu_problem &p, int tiles,
 }
 
 #ifdef PMLA_PLATFORM_NVIDIA
+/* cuTensorMapEncodeTiled, looked up once through the runtime (the plugin
+ * links no libcuda); NULL: no TMA, every block takes the cp.async path */
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static bool looked = false;
+  if (!looked) {
+    cudaDriverEntryPointQueryResult q;
+    void *f = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+    cudaGetLastError();
+    looked = true;
+  }
+  return fn;
+}
+/* The KV cache as a 2-D tensor map for body_pp's whole-page loads; 0 when
+ * TMA does not apply (top-k gather, page size not a multiple of 64, a cache
+ * the map cannot describe) */
+int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  if (!PMLA_WG_TMA || !enc || p.map.topk || p.map.page_size % wg::BN != 0 ||
+      p.map.num_slots < wg::BN || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
+    return 0;
+  cuuint64_t dim[2] = {PMLA_QK_DIM, (cuuint64_t)p.map.num_slots};
+  cuuint64_t stride[1] = {PITCH};
+  cuuint32_t box[2] = {64, (cuuint32_t)wg::BN}, estride[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p.kv, dim, stride, box, estride,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static bool attr_done = false;
   const size_t smem = wg::LAUNCH_SMEM;
@@ -1767,12 +1872,21 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
     attr_done = true;
   }
   dim3 grid((unsigned)p.num_units, (unsigned)tiles);
+  CUtensorMap tmap;
+  memset(&tmap, 0, sizeof tmap);
+  const int use_tma = kv_tensor_map(&tmap, p);
   return pdl_launch(pmla_decode_wg_kernel, grid, dim3(wg::NT), smem, st, p,
-                    p.softmax_scale * LOG2E_F);
+                    p.softmax_scale * LOG2E_F, tmap, use_tma);
 }
 #endif
 
 } /* namespace */
+
+extern "C" void pmla_gpu_prepare(void) {
+#ifdef PMLA_PLATFORM_NVIDIA
+  (void)tensor_map_encoder();
+#endif
+}
 
 extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len) {
   if (num_heads < 1)
