@@ -119,17 +119,21 @@ constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr float LOG2E_F = 1.4426950408889634f;
 constexpr float LN2_F = 0.6931471805599453f;
 
-/* PMLA_MIN_MT=4 runs every head count on 64-row tiles (h=16 with 48 rows
- * of zero padding, as FlashMLA does): a knob to measure whether the 64-row
- * body's deeper loads beat the 16-row body on memory-bound shapes. */
+/* The smallest row tile (in 16-row units). PMLA_MIN_MT 0 (default): 4
+ * where the wgmma kernel is loaded (sm_90a; decided once, at the first
+ * builder init, by pmla_gpu_prepare), 1 elsewhere. On an H200 the 64-row
+ * wgmma body with TMA loads beats the 16/32-row mma.sync body even with h=16
+ * padded to 64 rows, as FlashMLA pads: b=128 L=4096 h=16 175 vs 197 us,
+ * h=32 180 vs 241 us (side by side, .ci/device-run). 1 or 4 forces. */
 #ifndef PMLA_MIN_MT
-#define PMLA_MIN_MT 1
+#define PMLA_MIN_MT 0
 #endif
+int g_min_mt = PMLA_MIN_MT ? PMLA_MIN_MT : 1;
 int host_mt(int H, int mq) {
   long rows = (long)H * mq;
   int mt = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
-  if (mt < PMLA_MIN_MT)
-    mt = PMLA_MIN_MT;
+  if (mt < g_min_mt)
+    mt = g_min_mt;
   return mt > MAX_MT ? MAX_MT : mt;
 }
 int host_tiles(int H, int mq) {
@@ -953,14 +957,20 @@ __device__ __forceinline__ void body(const pmla_gpu_problem &p, float scale_log2
  * (36 wgmma m64n64k16: K and Q each read once per block, a third less
  * shared-memory traffic than two m64n32 halves) and the softmax, keeping the
  * running max and sum of its rows in registers; warpgroup 1 is the loader
- * (all cp.async) and runs its half of PV while warpgroup 0 computes the next
- * block's S. Hand-offs are named barriers (arrive / sync, 256 threads), two
- * ids per hand-off alternating by block parity so a fast side can never
- * complete a barrier twice:
- *   FULL[b&1]    wg1 arrives when block b is in shared memory; wg0 waits
- *   PREADY[b&1]  wg0 arrives when P(b) and corr(b) are written; wg1 waits
- *   EMPTY[b&1]   wg0 arrives when its PV(b) is done and block b + 2 exists;
- *                wg1 waits before loading block b + 2 into that stage */
+ * (TMA for whole pages, cp.async otherwise) and runs its half of PV while
+ * warpgroup 0 computes the next block's S. Hand-offs, one per stage (block
+ * parity b & 1), so a fast side can never complete one twice:
+ *   FULL[b&1]    mbarrier: wg1's 128 threads arrive (plus the TMA bytes)
+ *                when block b is in shared memory; wg0 waits
+ *   PREADY[b&1]  mbarrier: wg0's 128 threads arrive when P(b) and corr(b)
+ *                are written; wg1 waits
+ *   EMPTY[b&1]   named barrier: wg0 arrives when its PV(b) is done and block
+ *                b + 2 exists; wg1 syncs before loading b + 2 into the stage
+ * The data hand-offs are mbarriers (release / acquire) rather than bar.arrive
+ * + bar.sync, which racecheck does not see as ordering the sCorr read. A
+ * side reaches a stage's barrier again only after a hand-off from the other
+ * side that follows the first completion (wg0 needs FULL(b + 2), which the
+ * loader gives after waiting on PREADY(b)), so the parities stay in step. */
 __device__ __forceinline__ void nb_sync(int id) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
 }
@@ -1065,16 +1075,20 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   float *sM = sCorr + 2 * ROWS;
   float *sL = sM + ROWS;
   uint64_t *sVm = (uint64_t *)(sL + ROWS); /* [2]: token validity bits by stage */
-  const uint32_t aFull = smem_u32(sVm + 2); /* [2] mbarriers: stage loaded */
+  const uint32_t aFull = smem_u32(sVm + 2);   /* [2] mbarriers: stage loaded */
+  const uint32_t aPready = smem_u32(sVm + 4); /* [2] mbarriers: P(b) written */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
     mbar_init(aFull, 128);
     mbar_init(aFull + 8, 128);
+    mbar_init(aPready, 128);
+    mbar_init(aPready + 8, 128);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  uint32_t full_phase = 0; /* bit s: parity of stage s's next completion (wg0) */
+  uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
+                              barrier this side waits on (wg0 FULL, wg1 PREADY) */
   const int H = p.num_heads;
   const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
@@ -1083,7 +1097,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   int myrow[2];
   myrow[0] = wi * 16 + (lane >> 2);
   myrow[1] = myrow[0] + 8;
-  enum { PREADY = 3, EMPTY = 5 }; /* named barriers; "loaded" is an mbarrier */
+  enum { EMPTY = 5 }; /* named barrier ids 5, 6 */
 
   const int it_end = p.work_indptr[u + 1];
   for (int it = p.work_indptr[u]; it < it_end; it++) {
@@ -1195,7 +1209,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             pending |= 1u << ((b + 1) & 1);
         }
         cp_commit();
-        nb_sync(PREADY + (b & 1));
+        mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+        wait_phase ^= 1u << (b & 1);
         const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
         wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
         reg_fence<128>(o);
@@ -1220,8 +1235,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       }
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
       for (int b = 0; b < nblk; b++) {
-        mbar_wait(aFull + 8 * (b & 1), (full_phase >> (b & 1)) & 1);
-        full_phase ^= 1u << (b & 1);
+        mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+        wait_phase ^= 1u << (b & 1);
         char *sK = sKV + (b & 1) * TILE;
         const uint32_t aK = smem_u32(sK);
         const int pos0 = kb + b * BN;
@@ -1266,7 +1281,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) = pk;
         }
         proxy_fence();
-        nb_arrive(PREADY + (b & 1));
+        mbar_arrive(aPready + 8 * (b & 1));
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
           l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
@@ -1885,6 +1900,19 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
 extern "C" void pmla_gpu_prepare(void) {
 #ifdef PMLA_PLATFORM_NVIDIA
   (void)tensor_map_encoder();
+#if PMLA_WGMMA
+  static bool decided = false;
+  if (!decided && PMLA_MIN_MT == 0) {
+    /* binaryVersion 90: the sm_90a image (with the wgmma body) is the one
+     * this device runs */
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_wg_kernel) == cudaSuccess &&
+        fa.binaryVersion == 90)
+      g_min_mt = 4;
+    cudaGetLastError();
+    decided = true;
+  }
+#endif
 #endif
 }
 
