@@ -1497,7 +1497,8 @@ __device__ __forceinline__ void ss_pv_wait(float (&o)[128]) {
   wg_wait0();
   reg_fence<128>(o);
 }
-__device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_log2) {
+__device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_log2,
+                                        const CUtensorMap *kv_tmap, int use_tma) {
   extern __shared__ __align__(1024) char smem_wg[];
   char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
   char *sKV = sQ + TILE;
@@ -1509,6 +1510,16 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   const int t = tid & 127;
+  /* this warpgroup's stage-loaded mbarrier (TMA blocks only: one arrival
+   * with the byte count, by the thread that issues the copies) */
+  const uint32_t aLoad = smem_u32(sVm + 2) + 8 * g;
+  if (tid == 0) {
+    mbar_init(aLoad, 1);
+    mbar_init(aLoad + 8, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  uint32_t ld_phase = 0;
   const int H = p.num_heads;
   const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
@@ -1583,9 +1594,38 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
     constexpr int KC = PMLA_TILE_CHUNKS / TPT; /* chunk steps per block */
     constexpr int KB = 8 / TPT;                /* chunk steps per 64-column block */
     static_assert(TPT == 2 && KC == 36 && KB == 4, "split loads: two loader threads per token");
+    /* TMA for a whole page-aligned block inside one page (see body_pp) */
+    const bool tma_item = PMLA_WG_TMA && !PMLA_WG_SPLIT && use_tma && !p.map.topk &&
+                          p.map.page_size % BN == 0;
+    bool ld_tma = false;
     auto load_block = [&](int blk) {
+      const int32_t raw = raw_next;
+      const int pos_blk = kb + blk * BN;
       load_begin(blk);
-      load_chunks(0, KC);
+      ld_tma = tma_item && pos_blk % BN == 0 && pos_blk + BN <= ke && raw >= 0 &&
+               (int64_t)raw * p.map.page_size + pos_blk % p.map.page_size + BN <= p.map.num_slots;
+      if (ld_tma) {
+        if (t == 0) {
+          const int row = (int)((int64_t)raw * p.map.page_size + pos_blk % p.map.page_size);
+          mbar_arrive_tx(aLoad, TILE);
+#pragma unroll
+          for (int c = 0; c < 9; c++)
+            tma_box(smem_u32(sK + c * BLK), kv_tmap, c * 64, row, aLoad);
+        }
+      } else {
+        load_chunks(0, KC);
+      }
+    };
+    /* this warpgroup's block is in shared memory (the warpgroup barrier
+     * that follows also publishes its validity bits) */
+    auto load_wait = [&]() {
+      if (ld_tma) {
+        mbar_wait(aLoad, ld_phase);
+        ld_phase ^= 1;
+      } else {
+        cp_wait<0>();
+        proxy_fence();
+      }
     };
     {
       const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
@@ -1595,11 +1635,16 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
         cp16(sQ + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
       }
     }
+    ld_tma = false;
     if (g < nblk)
       load_block(g);
     cp_commit();
     cp_wait<0>();
     proxy_fence();
+    if (ld_tma) {
+      mbar_wait(aLoad, ld_phase);
+      ld_phase ^= 1;
+    }
     __syncthreads();
 
     int lim[2];
@@ -1623,8 +1668,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
       if (g == 0) {
         /* ---------------- warpgroup 0: block 2i, O[:, 0:256] */
         if (i > 0) {
-          cp_wait<0>();
-          proxy_fence();
+          load_wait();
           nb_sync_wg(LOC);
         }
         ss_qk(s, aQ, aK0);
@@ -1696,8 +1740,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
         float mx[2] = {-INFINITY, -INFINITY};
         if (has1) {
           if (i > 0) {
-            cp_wait<0>();
-            proxy_fence();
+            load_wait();
             nb_sync_wg(LOC + 1);
           }
           ss_qk(s, aQ, aK1);
@@ -1817,7 +1860,7 @@ __global__ void __launch_bounds__(wg::NT, 1)
   pdl_wait();
   pdl_trigger();
 #if defined(PMLA_WG_DEVICE) && PMLA_WG_PP == 2
-  wg::body_ss(p, scale_log2);
+  wg::body_ss(p, scale_log2, &kv_tmap, use_tma);
 #elif defined(PMLA_WG_DEVICE) && PMLA_WG_PP
   wg::body_pp(p, scale_log2, &kv_tmap, use_tma);
 #elif defined(PMLA_WG_DEVICE)
