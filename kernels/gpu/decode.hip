@@ -570,32 +570,35 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
 #ifdef PMLA_PLATFORM_NVIDIA
 /* ------------------------------------------------ sm_90a wgmma 64-row tile
  * Same work, masking and outputs as decode_body<4>, on two warpgroups.
- * Shared memory holds every 576-dim row (Q and each KV stage) as 9 column
- * blocks of 64 rows x 64 bf16 (128 B), each block in the canonical K-major
- * 128-byte-swizzle layout (16-byte chunk j of row r at chunk j ^ (r & 7);
- * blocks 1024-byte aligned), filled by the same cp.async gather. Per
- * 64-token block:
- *   QK  warpgroup g: S[64 x 32] for tokens 32g.. = 36 wgmma m64n32k16, A = Q
- *       and B = K straight from shared memory through descriptors
- *   max row maxima of the two halves meet in shared memory
+ * Shared memory holds every 576-dim row (Q and each of two KV stages) as 9
+ * column blocks of 64 rows x 64 bf16 (128 B), each block in the canonical
+ * K-major 128-byte-swizzle layout (16-byte chunk j of row r at chunk
+ * j ^ (r & 7); blocks 1024-byte aligned): the layout TMA writes with
+ * CU_TENSOR_MAP_SWIZZLE_128B and the cp.async gather reproduces. Per
+ * 64-token block (body_pp, the default):
+ *   QK  warpgroup 0: S[64 x 64] = 36 wgmma m64n64k16, A = Q and B = K
+ *       straight from shared memory through descriptors
  *   P   exp2(S - m) as bf16 into the stage's rope block (block 8: 64 rows x
  *       64 tokens, the same swizzled layout, free once QK is done)
  *   PV  warpgroup g: O[64 x 256] (columns 256g..) += P V, 4 wgmma
  *       m64n256k16 with V read MN-major (transposed B) from the stage
- * Generic-proxy writes (cp.async, P stores) are made visible to the wgmma
- * async proxy with fence.proxy.async before the barrier that publishes them.
- * That is `body` (PMLA_WG_PP=0). The default is `body_pp` below: warpgroup 0
- * alone computes S with m64n64 and the softmax while warpgroup 1 loads and
- * runs its PV half (H200, us, b=128 L=4096 h=128: mma.sync 701, body 517,
- * body_pp 494; b=4 L=32768: 193 / 148 / 141; b=128 L=1024: 204 / 162 / 166).
- * Without KV traffic (PMLA_WG_NOLOAD diagnostic) body_pp takes 323 us at
- * b=128 L=4096 h=128, so both the per-block chain (QK -> softmax -> PV on
- * one warpgroup) and the exposed load latency (one 72 KiB block in flight:
- * Q + two stages fill shared memory) still matter.
- * PMLA_WG_PP=2 selects `body_ss`, the seesaw (both warpgroups compute QK,
- * on alternate blocks; see its comment). It compiles (254 registers, no
- * spills, no wgmma serialisation) and its hand-offs were reviewed, but it
- * has not run on a GPU yet, so it is not the default.
+ * Warpgroup 1 also loads: a block that is one whole valid page-aligned run
+ * of 64 slots (page sizes that are multiples of 64) as nine TMA boxes from
+ * one thread, any other block (partial, invalid slots, page sizes 1 / 16,
+ * top-k gathers) by per-token cp.async with zero fill. Generic-proxy writes
+ * (cp.async, P stores) are made visible to the wgmma async proxy with
+ * fence.proxy.async before the barrier that publishes them.
+ * Measured on an H200 (us, b=128 L=4096 h=128, side by side per step):
+ * mma.sync 701 -> two-warpgroup QK 517 -> body_pp 494 (session 1); softmax
+ * without per-element shared loads, integer bf16 rounding or exp2f's range
+ * fix-up 501 -> 432; TMA loads 432 -> 310. Profiles (ncu, source counters)
+ * of the step before TMA: the loader's 36 cp.async per thread per block
+ * held warpgroup 1 and congested the MIO queue that warpgroup 0's
+ * shuffles use.
+ * PMLA_WG_PP=2 selects body_ss, the seesaw (both warpgroups compute QK on
+ * alternate blocks); it passes the conformance suite but measured slower in
+ * every form (490 vs 432 us with cp.async, 405 vs 308 with TMA: a
+ * warpgroup's next block is issued only once the other frees the stage).
  * Compiled only for sm_90a (wgmma); every other NVIDIA target runs
  * decode_body<4> inside the same kernel (same block size and smem bound).
  * PMLA_WGMMA=0 selects the mma.sync kernel for 64-row tiles everywhere. */
@@ -660,16 +663,6 @@ template <int N> __device__ __forceinline__ void reg_fence(float *d) {
   for (int i = 0; i < N; i++)
     asm volatile("" : "+f"(d[i])::"memory");
 }
-__device__ __forceinline__ void mma_n32(float *d, uint64_t da, uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
-               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-               : "l"(da), "l"(db));
-}
 __device__ __forceinline__ void mma_n64(float *d, uint64_t da, uint64_t db) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
@@ -722,238 +715,7 @@ __device__ __forceinline__ void mma_n256_tb(float *d, uint64_t da, uint64_t db) 
                : "l"(da), "l"(db));
 }
 
-__device__ __forceinline__ void body(const pmla_gpu_problem &p, float scale_log2) {
-  extern __shared__ __align__(1024) char smem_wg[];
-  char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
-  char *sKV = sQ + TILE;
-  float *sPmax = (float *)(sKV + 2 * TILE); /* [2][ROWS], by warpgroup */
-  float *sPsum = sPmax + 2 * ROWS;
-  float *sM = sPsum + 2 * ROWS; /* [2][ROWS], by block parity */
-  float *sL = sM + 2 * ROWS;
-  float *sCorr = sL + ROWS;
-  int *sValid = (int *)(sCorr + ROWS);
-
-  const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
-  const int H = p.num_heads;
-  const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
-  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
-  const char *kvbase = (const char *)p.kv;
-  const uint32_t aQ = smem_u32(sQ);
-  /* rows of this thread in the accumulators: 16 wi + lane / 4 (+ 8) */
-  int myrow[2];
-  myrow[0] = wi * 16 + (lane >> 2);
-  myrow[1] = myrow[0] + 8;
-
-  const int it_end = p.work_indptr[u + 1];
-  for (int it = p.work_indptr[u]; it < it_end; it++) {
-    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
-    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
-    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
-    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
-    const int qlen = qe - qb, rows_item = qlen * H;
-    if (qlen <= 0 || row0 >= rows_item)
-      continue;
-    if (qb < 0 || qe > p.num_tokens) {
-      if (tid == 0)
-        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
-      continue;
-    }
-    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
-    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
-
-    {
-      const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
-      for (int c = tid; c < ROWS * PMLA_TILE_CHUNKS; c += NT) {
-        int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
-        bool v = rr < nrows;
-        cp16(sQ + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
-      }
-    }
-    if (tid < ROWS) {
-      sM[tid] = -INFINITY;
-      sL[tid] = 0.f;
-    }
-
-    const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
-  constexpr int TPT = NT / BN; /* loader threads per token */
-    const int ld_t = tid / TPT, ld_sub = tid % TPT;
-    auto raw_at = [&](int blk) -> int32_t {
-      int pos = kb + blk * BN + ld_t;
-      return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
-    };
-    int32_t raw_next = raw_at(0);
-    auto load_block = [&](int blk, int st) {
-      const int pos = kb + blk * BN + ld_t;
-      int64_t slot = pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0)
-                              : -1;
-      bool v = slot >= 0;
-      if (ld_sub == 0)
-        sValid[st * BN + ld_t] = v;
-      const char *src = v ? kvbase + slot * PITCH : kvbase;
-      char *dst = sKV + st * TILE;
-#pragma unroll
-      for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
-        int c = ld_sub + k * TPT;
-        cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
-      }
-      raw_next = raw_at(blk + 1);
-    };
-    if (nblk > 0)
-      load_block(0, 0);
-    cp_commit();
-
-    int lim[2];
-#pragma unroll
-    for (int s = 0; s < 2; s++) {
-      int i = row0 + myrow[s];
-      int causal = len - qlen + 1 + i / H;
-      lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
-    }
-
-    float o[128];
-#pragma unroll
-    for (int e = 0; e < 128; e++)
-      o[e] = 0.f;
-
-    for (int b = 0; b < nblk; b++) {
-      cp_wait<0>();
-      proxy_fence();
-      __syncthreads();
-      if (b + 1 < nblk)
-        load_block(b + 1, (b + 1) & 1);
-      cp_commit();
-      const int st = b & 1;
-      char *sK = sKV + st * TILE;
-      const uint32_t aK = smem_u32(sK);
-      const int *vld = sValid + st * BN;
-      const int pos0 = kb + b * BN;
-      const int cur = (b & 1) * ROWS, nxt = ROWS - cur;
-
-      /* ---- S[64 x 32] = Q K^T for tokens 32g.. */
-      float s[16];
-#pragma unroll
-      for (int e = 0; e < 16; e++)
-        s[e] = 0.f;
-      reg_fence<16>(s);
-      wg_fence();
-#pragma unroll
-      for (int ks = 0; ks < KSTEPS; ks++) {
-        uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
-        mma_n32(s, desc(aQ + ko, 16, 1024), desc(aK + g * 32 * 128 + ko, 16, 1024));
-      }
-      wg_commit();
-      wg_wait0();
-      reg_fence<16>(s);
-
-      /* ---- scale, mask, row maxima (element e of n-tile j: row myrow[e/2 % 2],
-       * token 32g + 8j + 2(lane % 4) + e % 2) */
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int e = 0; e < 16; e++) {
-        int col = g * 32 + (e >> 2) * 8 + ((lane & 3) << 1) + (e & 1);
-        int sl = (e >> 1) & 1;
-        float v = s[e] * scale_log2;
-        if (!(pos0 + col < lim[sl] && vld[col]))
-          v = -INFINITY;
-        s[e] = v;
-        mx[sl] = fmaxf(mx[sl], v);
-      }
-#pragma unroll
-      for (int sl = 0; sl < 2; sl++) {
-        float m = row_max(mx[sl]);
-        if (row_leader(lane))
-          sPmax[g * ROWS + myrow[sl]] = m;
-      }
-      __syncthreads();
-
-      /* ---- P = exp2(S - m) into the stage's rope block */
-      float muse[2], corr[2], sum[2];
-#pragma unroll
-      for (int sl = 0; sl < 2; sl++) {
-        int row = myrow[sl];
-        float m_old = sM[cur + row];
-        float m = fmaxf(m_old, fmaxf(sPmax[row], sPmax[ROWS + row]));
-        muse[sl] = m == -INFINITY ? 0.f : m;
-        corr[sl] = fast_exp2(m_old - muse[sl]);
-        sum[sl] = 0.f;
-        if (g == 0 && row_leader(lane)) {
-          sCorr[row] = corr[sl];
-          sM[nxt + row] = m;
-        }
-      }
-      char *sP = sK + 8 * BLK;
-#pragma unroll
-      for (int e = 0; e < 16; e += 2) {
-        int sl = (e >> 1) & 1, row = myrow[sl];
-        int col = g * 32 + (e >> 2) * 8 + ((lane & 3) << 1);
-        float p0 = fast_exp2(s[e] - muse[sl]), p1 = fast_exp2(s[e + 1] - muse[sl]);
-        sum[sl] += p0 + p1;
-        uint32_t pk = pack_bf16x2(p0, p1);
-        *(uint32_t *)(sP + row * 128 + ((((col >> 3) ^ (row & 7))) << 4) + ((col & 7) << 1)) = pk;
-      }
-#pragma unroll
-      for (int sl = 0; sl < 2; sl++) {
-        float t = row_sum(sum[sl]);
-        if (row_leader(lane))
-          sPsum[g * ROWS + myrow[sl]] = t;
-      }
-      proxy_fence();
-      __syncthreads();
-
-      if (tid < ROWS)
-        sL[tid] = sL[tid] * sCorr[tid] + sPsum[tid] + sPsum[ROWS + tid];
-
-      /* ---- O = O * corr + P V (columns 256g..) */
-#pragma unroll
-      for (int e = 0; e < 128; e++)
-        o[e] *= corr[(e >> 1) & 1];
-      reg_fence<128>(o);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++)
-        mma_n256_tb(o, desc(aK + 8 * BLK + kk * 32, 16, 1024),
-                    desc(aK + g * 4 * BLK + kk * 16 * 128, BLK, 1024));
-      wg_commit();
-      wg_wait0();
-      reg_fence<128>(o);
-    }
-    cp_wait<0>();
-    __syncthreads();
-
-    /* ---- epilogue */
-    const int mfin = (nblk & 1) * ROWS;
-    const int64_t obase =
-        pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
-#pragma unroll
-    for (int sl = 0; sl < 2; sl++) {
-      int rl = myrow[sl];
-      if (rl >= nrows)
-        continue;
-      float l = sL[rl], inv = l > 0.f ? 1.f / l : 0.f;
-      int64_t ro = (obase + rl) * PMLA_V_DIM;
-#pragma unroll
-      for (int j = 0; j < 32; j++) {
-        int col = g * 256 + j * 8 + ((lane & 3) << 1);
-        float v0 = o[4 * j + 2 * sl] * inv, v1 = o[4 * j + 2 * sl + 1] * inv;
-        if (pslot >= 0)
-          *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
-        else
-          *(uint32_t *)(p.out + ro + col) =
-              pack_bf16x2(v0, v1);
-      }
-    }
-    if (tid < nrows) {
-      float l = sL[tid];
-      float lse = l > 0.f ? (sM[mfin + tid] + log2f(l)) * LN2_F : -INFINITY;
-      if (pslot >= 0)
-        p.partial_lse[obase + tid] = lse;
-      else if (p.lse)
-        p.lse[obase + tid] = lse;
-    }
-    __syncthreads();
-  }
-}
-/* One QK warpgroup (PMLA_WG_PP): warpgroup 0 computes all of S[64 x 64]
+/* One QK warpgroup (body_pp): warpgroup 0 computes all of S[64 x 64]
  * (36 wgmma m64n64k16: K and Q each read once per block, a third less
  * shared-memory traffic than two m64n32 halves) and the softmax, keeping the
  * running max and sum of its rows in registers; warpgroup 1 is the loader
@@ -1861,10 +1623,8 @@ __global__ void __launch_bounds__(wg::NT, 1)
   pdl_trigger();
 #if defined(PMLA_WG_DEVICE) && PMLA_WG_PP == 2
   wg::body_ss(p, scale_log2, &kv_tmap, use_tma);
-#elif defined(PMLA_WG_DEVICE) && PMLA_WG_PP
-  wg::body_pp(p, scale_log2, &kv_tmap, use_tma);
 #elif defined(PMLA_WG_DEVICE)
-  wg::body(p, scale_log2);
+  wg::body_pp(p, scale_log2, &kv_tmap, use_tma);
 #else
   decode_body<4>(p, scale_log2);
 #endif
