@@ -20,6 +20,7 @@ typedef struct pmla_gpu_problem {
   int32_t max_q_len;          /* rows per partial slot */
   float softmax_scale;
   int32_t num_units;          /* N: planner units = persistent work-groups per head tile */
+  int32_t min_mt;             /* smallest row tile, 16-row units: pmla_gpu_min_mt */
   const uint16_t *q;          /* bf16 [num_tokens, heads, 576] */
   int64_t num_tokens;
   const uint16_t *kv;         /* bf16 [num_slots, 576] */
@@ -41,9 +42,15 @@ typedef struct pmla_gpu_problem {
  * shared memory); the plugin clamps pmla_gpu_sched_units to it. */
 #define PMLA_GPU_MAX_UNITS 2048
 
+/* The smallest row tile (16-row units) for a builder with this page size
+ * and top-k: 4 (64-row wgmma tiles for every head count) where that is
+ * measured faster, else 1. Call after pmla_gpu_prepare. */
+int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk);
+
 /* Planner units for a device with cu_count CUs/SMs and this head count
  * (a head tile may take several CUs per unit). */
-int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len);
+int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len,
+                             int32_t min_mt);
 
 /* One-time lookups the launchers need later (NVIDIA: the tensor-map
  * encoder, found through the runtime), so a decode step allocates nothing

@@ -75,8 +75,8 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
   b->backend = &pmla_gpu_backend;
   b->cfg = cfg;
   pmla_gpu_prepare();
-  int32_t units =
-      pmla_gpu_sched_units((int32_t)cus, (int32_t)cfg.num_heads, (int32_t)cfg.max_q_len);
+  int32_t units = pmla_gpu_sched_units((int32_t)cus, (int32_t)cfg.num_heads, (int32_t)cfg.max_q_len,
+                                       pmla_gpu_min_mt((int32_t)cfg.page_size, (int32_t)cfg.topk));
   pmla_size_buffers(b, cus, (uint32_t)(units < PMLA_GPU_MAX_UNITS ? units : PMLA_GPU_MAX_UNITS));
   for (int i = 0; i < PMLA_BUF_COUNT; i++) {
     size_t bytes = (size_t)b->info.buffer_bytes[i];
@@ -134,6 +134,7 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   p.max_q_len = (int32_t)b->cfg.max_q_len;
   p.softmax_scale = b->cfg.softmax_scale;
   p.num_units = (int32_t)b->info.sched_units;
+  p.min_mt = pmla_gpu_min_mt((int32_t)b->cfg.page_size, (int32_t)b->cfg.topk);
   p.q = pmla_tensor_data(a.q);
   p.num_tokens = a.q->shape[0];
   p.kv = pmla_tensor_data(a.kv_cache);

@@ -119,25 +119,21 @@ constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr float LOG2E_F = 1.4426950408889634f;
 constexpr float LN2_F = 0.6931471805599453f;
 
-/* The smallest row tile (in 16-row units). PMLA_MIN_MT 0 (default): 4
- * where the wgmma kernel is loaded (sm_90a; decided once, at the first
- * builder init, by pmla_gpu_prepare), 1 elsewhere. On an H200 the 64-row
- * wgmma body with TMA loads beats the 16/32-row mma.sync body even with h=16
- * padded to 64 rows, as FlashMLA pads: b=128 L=4096 h=16 175 vs 197 us,
- * h=32 180 vs 241 us (side by side, .ci/device-run). 1 or 4 forces. */
+/* The smallest row tile (in 16-row units), per builder: see
+ * pmla_gpu_min_mt. PMLA_MIN_MT 1 or 4 forces it. */
 #ifndef PMLA_MIN_MT
 #define PMLA_MIN_MT 0
 #endif
-int g_min_mt = PMLA_MIN_MT ? PMLA_MIN_MT : 1;
-int host_mt(int H, int mq) {
+bool g_wgmma_loaded = false; /* the sm_90a image runs here (pmla_gpu_prepare) */
+int host_mt(int H, int mq, int min_mt) {
   long rows = (long)H * mq;
   int mt = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
-  if (mt < g_min_mt)
-    mt = g_min_mt;
+  if (mt < min_mt)
+    mt = min_mt;
   return mt > MAX_MT ? MAX_MT : mt;
 }
-int host_tiles(int H, int mq) {
-  long rows = (long)H * mq, per = 16L * host_mt(H, mq);
+int host_tiles(int H, int mq, int min_mt) {
+  long rows = (long)H * mq, per = 16L * host_mt(H, mq, min_mt);
   return (int)((rows + per - 1) / per);
 }
 
@@ -1705,13 +1701,13 @@ extern "C" void pmla_gpu_prepare(void) {
   (void)tensor_map_encoder();
 #if PMLA_WGMMA
   static bool decided = false;
-  if (!decided && PMLA_MIN_MT == 0) {
+  if (!decided) {
     /* binaryVersion 90: the sm_90a image (with the wgmma body) is the one
      * this device runs */
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_wg_kernel) == cudaSuccess &&
         fa.binaryVersion == 90)
-      g_min_mt = 4;
+      g_wgmma_loaded = true;
     cudaGetLastError();
     decided = true;
   }
@@ -1719,13 +1715,32 @@ extern "C" void pmla_gpu_prepare(void) {
 #endif
 }
 
-extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len) {
+/* 64-row tiles for every head count (h=16 padded as FlashMLA pads) where
+ * the wgmma kernel runs and every dense block can come by TMA: on an H200,
+ * b=128 L=4096 h=16 175 vs 197 us, h=32 180 vs 241 us against the 16/32-row
+ * mma.sync body (side by side). Not for a builder that serves top-k steps
+ * or pages below 64 slots: their per-token cp.async gather starves the
+ * one-loader-warpgroup body (sparse 128 x 16: 120 vs 106 us). */
+extern "C" int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk) {
+  if (PMLA_MIN_MT)
+    return PMLA_MIN_MT;
+#ifdef PMLA_PLATFORM_NVIDIA
+  return g_wgmma_loaded && PMLA_WG_TMA && topk == 0 && page_size % 64 == 0 ? 4 : 1;
+#else
+  (void)page_size;
+  (void)topk;
+  return 1;
+#endif
+}
+
+extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len,
+                                        int32_t min_mt) {
   if (num_heads < 1)
     num_heads = 1;
   if (max_q_len < 1)
     max_q_len = 1;
   int occ = 1;
-  switch (host_mt(num_heads, max_q_len)) {
+  switch (host_mt(num_heads, max_q_len, min_mt)) {
   case 1:
     occ = Shape<1>::OCC;
     break;
@@ -1738,7 +1753,7 @@ extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int
     break;
 #endif
   }
-  int32_t n = cu_count * occ / host_tiles(num_heads, max_q_len);
+  int32_t n = cu_count * occ / host_tiles(num_heads, max_q_len, min_mt);
   return n < 1 ? 1 : n;
 }
 
@@ -1747,9 +1762,9 @@ extern "C" int pmla_gpu_decode(const pmla_gpu_problem *problem, void *stream) {
     return (int)hipErrorInvalidValue;
   const pmla_gpu_problem &p = *problem;
   hipStream_t st = (hipStream_t)stream;
-  const int tiles = host_tiles(p.num_heads, p.max_q_len);
+  const int tiles = host_tiles(p.num_heads, p.max_q_len, p.min_mt);
   hipError_t e;
-  switch (host_mt(p.num_heads, p.max_q_len)) {
+  switch (host_mt(p.num_heads, p.max_q_len, p.min_mt)) {
 #ifdef PMLA_PLATFORM_NVIDIA
   case 2:
     e = launch_decode<2>(p, tiles, st);
