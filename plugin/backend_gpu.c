@@ -128,6 +128,15 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   pmla_clear_error(b);
   if ((st = pmla_check_decode_args(b, args, GPU_DLPACK_DEVICE, &a, &num_slots)))
     return st;
+  /* the kernels move q, kv_cache and out in 16-byte pieces (cp.async, TMA) */
+  const DLTensor *aligned[3] = {a.q, a.kv_cache, a.out};
+  static const char *const aligned_name[3] = {"q", "kv_cache", "out"};
+  for (int i = 0; i < 3; i++)
+    if ((uintptr_t)pmla_tensor_data(aligned[i]) % 16 != 0)
+      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                       "decode: %s data + byte_offset = %p; the pmla backend needs it "
+                       "16-byte aligned",
+                       aligned_name[i], pmla_tensor_data(aligned[i]));
   pmla_gpu_problem p;
   memset(&p, 0, sizeof p);
   p.num_heads = (int32_t)b->cfg.num_heads;

@@ -208,6 +208,42 @@ START_TEST(test_steps_allocate_no_device_memory) {
 }
 END_TEST
 
+/* The GPU kernels move q, kv_cache and out in 16-byte pieces: a tensor
+ * whose data + byte_offset is not 16-byte aligned is refused by name, the
+ * output is left as it was, and the next aligned call works. */
+START_TEST(test_decode_refuses_tensors_not_16_byte_aligned) {
+  if (!require_graphs(__func__))
+    return;
+  uint64_t rng = harness_seed() ^ 0x16;
+  step s;
+  make_step(&s, 0, &rng);
+  ck_assert_int_eq(g_be->build_decode(s.b, &s.dense), PMLA_OK);
+  test_tensor *which[3] = {&s.q, &s.kv, &s.out};
+  static const char *const name[3] = {"q", "kv_cache", "out"};
+  size_t n_out = s.out.bytes / 2;
+  uint16_t *before = malloc(n_out * 2), *after = malloc(n_out * 2);
+  ck_assert(before && after);
+  poison_outputs(&s);
+  tt_download(&s.out, before);
+  for (int i = 0; i < 3; i++) {
+    which[i]->t.byte_offset = 2; /* one bf16 in: still a valid element address */
+    pmla_status st = g_be->decode(s.b, &s.args);
+    which[i]->t.byte_offset = 0;
+    ck_assert_msg(st == PMLA_ERR_INVALID_ARGUMENT, "%s + 2 bytes: %s", name[i],
+                  harness_status_name(st));
+    const char *msg = g_be->last_error(s.b);
+    ck_assert_msg(strstr(msg, name[i]) && strstr(msg, "16-byte"), "message: %s", msg);
+  }
+  ck_assert_int_eq(g_mem->sync(), 0);
+  tt_download(&s.out, after);
+  ck_assert_msg(memcmp(before, after, n_out * 2) == 0, "a refused decode wrote the output");
+  run_step(&s, 0);
+  free(before);
+  free(after);
+  free_step(&s);
+}
+END_TEST
+
 /* Reads the builder's six schedule buffers back and compares them with the
  * host planner run on the same lengths: the device must plan identically. */
 static void expect_host_schedule(pmla_builder *b, const pmla_plan_input *host_in,
@@ -323,6 +359,7 @@ Suite *suite_gpu(void) {
   tcase_add_test(tc, test_graph_of_build_sparse_and_decode_replays_like_eager);
   tcase_add_test(tc, test_steps_allocate_no_device_memory);
   tcase_add_test(tc, test_device_schedule_equals_host_planner);
+  tcase_add_test(tc, test_decode_refuses_tensors_not_16_byte_aligned);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1040,6 +1040,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         }
         proxy_fence();
         mbar_arrive(aPready + 8 * (b & 1));
+        /* our PV reads every warp's rows of P */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
           l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
@@ -1627,16 +1629,28 @@ __global__ void __launch_bounds__(wg::NT, 1)
 }
 #endif /* PMLA_PLATFORM_NVIDIA */
 
+/* The dynamic shared memory opt-in binds to the current device: once per
+ * device (bit d of *done; devices past 63 ask every launch). */
+hipError_t opt_in_smem(const void *kernel, size_t smem, unsigned long long *done) {
+  int dev = 0;
+  hipError_t e = hipGetDevice(&dev);
+  if (e != hipSuccess)
+    return e;
+  const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+  if (bit && (__atomic_load_n(done, __ATOMIC_ACQUIRE) & bit))
+    return hipSuccess;
+  e = hipFuncSetAttribute(kernel, hipFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == hipSuccess && bit)
+    __atomic_fetch_or(done, bit, __ATOMIC_RELEASE);
+  return e;
+}
+
 template <int MT> hipError_t launch_decode(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
-  static bool attr_done = false; /* benign race: the call is idempotent */
+  static unsigned long long opted_in = 0;
   const size_t smem = Cfg<MT>::SMEM;
-  if (!attr_done) {
-    hipError_t e = hipFuncSetAttribute((const void *)pmla_decode_kernel<MT>,
-                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != hipSuccess)
-      return e;
-    attr_done = true;
-  }
+  hipError_t e = opt_in_smem((const void *)pmla_decode_kernel<MT>, smem, &opted_in);
+  if (e != hipSuccess)
+    return e;
   dim3 grid((unsigned)p.num_units, (unsigned)tiles);
   return pdl_launch(pmla_decode_kernel<MT>, grid, dim3(Cfg<MT>::NT), smem, st, p,
                     p.softmax_scale * LOG2E_F);
@@ -1676,15 +1690,11 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
-  static bool attr_done = false;
+  static unsigned long long opted_in = 0;
   const size_t smem = wg::LAUNCH_SMEM;
-  if (!attr_done) {
-    hipError_t e = hipFuncSetAttribute((const void *)pmla_decode_wg_kernel,
-                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != hipSuccess)
-      return e;
-    attr_done = true;
-  }
+  hipError_t e = opt_in_smem((const void *)pmla_decode_wg_kernel, smem, &opted_in);
+  if (e != hipSuccess)
+    return e;
   dim3 grid((unsigned)p.num_units, (unsigned)tiles);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);

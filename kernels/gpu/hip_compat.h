@@ -18,6 +18,7 @@ typedef cudaError_t hipError_t;
 #define hipSuccess cudaSuccess
 #define hipGetLastError cudaGetLastError
 #define hipGetErrorString cudaGetErrorString
+#define hipGetDevice cudaGetDevice
 #define hipFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define hipErrorInvalidValue cudaErrorInvalidValue
