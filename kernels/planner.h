@@ -35,7 +35,9 @@
 #endif
 
 #define PMLA_BLOCK_TOKENS 64
+#ifndef PMLA_SPLIT_OVERHEAD /* a knob for measuring; host and device must agree */
 #define PMLA_SPLIT_OVERHEAD 5
+#endif
 
 /* work_info_set entry, int32 words */
 enum {
