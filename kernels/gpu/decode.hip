@@ -1665,11 +1665,12 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   if (!looked) {
     cudaDriverEntryPointQueryResult q;
     void *f = nullptr;
+    /* a failure clears only the error it set, never one the host had pending */
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
+                                         &q) != cudaSuccess)
+      cudaGetLastError();
+    else if (q == cudaDriverEntryPointSuccess)
       fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
-    cudaGetLastError();
     looked = true;
   }
   return fn;
@@ -1715,10 +1716,10 @@ extern "C" void pmla_gpu_prepare(void) {
     /* binaryVersion 90: the sm_90a image (with the wgmma body) is the one
      * this device runs */
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_wg_kernel) == cudaSuccess &&
-        fa.binaryVersion == 90)
+    if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_wg_kernel) != cudaSuccess)
+      cudaGetLastError(); /* no image for this device: the small tiles, no error left */
+    else if (fa.binaryVersion == 90)
       g_wgmma_loaded = true;
-    cudaGetLastError();
     decided = true;
   }
 #endif
