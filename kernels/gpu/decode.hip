@@ -767,6 +767,25 @@ __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, in
                : "memory");
 }
 
+/* The first slot of block [pos_blk, pos_blk + BN) when the block is one
+ * whole valid run of BN slots inside a single page (page size a multiple of
+ * BN, block page-aligned, before ke), else -1. Every loader thread holds
+ * the same raw entry for such a block, so all of them decide alike. */
+__device__ __forceinline__ int64_t whole_page_slot(const pmla_kv_map &m, int32_t raw, int pos_blk,
+                                                   int ke) {
+  if (m.topk || m.page_size % BN != 0 || pos_blk % BN != 0 || pos_blk + BN > ke || raw < 0)
+    return -1;
+  const int64_t slot = (int64_t)raw * m.page_size + pos_blk % m.page_size;
+  return slot + BN <= m.num_slots ? slot : -1;
+}
+/* a whole 64-token block (nine 64-column boxes) into the stage at dst */
+__device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, int64_t slot,
+                                          uint32_t bar) {
+#pragma unroll
+  for (int c = 0; c < 9; c++)
+    tma_box(dst + c * BLK, map, c * 64, (int)slot, bar);
+}
+
 /* Softmax helpers of the 64-row bodies. Element e of a thread's S
  * accumulator holds row myrow[(e >> 1) & 1], token 8 (e >> 2) + 2 (lane & 3)
  * + (e & 1) of the block. */
@@ -781,6 +800,15 @@ template <int TPT> __device__ __forceinline__ uint32_t token_bits(bool v) {
   for (int k = 0; k < 32 / TPT; k++)
     m |= ((b >> (k * TPT)) & 1u) << k;
   return m;
+}
+/* publishes a loader warp's validity bits as its 16-bit quarter of the
+ * stage's 64-bit word (four loader warps, 16 tokens each) */
+template <int TPT>
+__device__ __forceinline__ void store_token_bits(uint64_t *sVm, int st, int wi, int lane, bool v) {
+  static_assert(32 / TPT == 16, "four loader warps of 16 tokens per 64-token block");
+  const uint32_t bits = token_bits<TPT>(v);
+  if (lane == 0)
+    ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
 }
 /* tokens pos0 + [0, 64) that lie before lim */
 __device__ __forceinline__ uint64_t before64(int lim, int pos0) {
@@ -897,7 +925,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
       };
       int32_t raw_next = raw_at(0);
-      const bool tma_item = use_tma && !p.map.topk && p.map.page_size % BN == 0;
       /* issues block blk into stage st; returns whether the loader still has
        * to arrive on the stage's barrier after its cp.async wait (cp.async
        * blocks, and block 0 whose wait also covers Q) */
@@ -906,26 +933,17 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         int64_t slot =
             pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
         bool v = slot >= 0;
-        const uint32_t vbits = token_bits<TPT>(v);
-        if (lane == 0)
-          ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)vbits;
+        store_token_bits<TPT>(sVm, st, wi, lane, v);
         const uint32_t bar = aFull + 8 * st;
 #if PMLA_WG_TMA
-        /* a whole block inside one page (page size a multiple of 64, block
-         * page-aligned) shares one raw entry: the same decision in every
-         * loader thread */
-        const int pos_blk = kb + blk * BN;
-        if (tma_item && pos_blk % BN == 0 && pos_blk + BN <= ke && raw_next >= 0 &&
-            (int64_t)raw_next * p.map.page_size + pos_blk % p.map.page_size + BN <= p.map.num_slots) {
-          const int row = (int)((int64_t)raw_next * p.map.page_size + pos_blk % p.map.page_size);
+        const int64_t first = use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+        if (first >= 0) {
           if (t == 0) {
             if (blk == 0)
               mbar_expect_tx(bar, TILE);
             else
               mbar_arrive_tx(bar, TILE);
-#pragma unroll
-            for (int c = 0; c < 9; c++)
-              tma_box(smem_u32(sKV + st * TILE + c * BLK), kv_tmap, c * 64, row, bar);
+            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar);
           } else if (blk != 0) {
             mbar_arrive(bar);
           }
@@ -1187,12 +1205,6 @@ __device__ __forceinline__ void ss_qk(float (&s)[32], uint32_t aQ, uint32_t aK) 
   wg_wait0();
   reg_fence<32>(s);
 }
-/* scale to base 2, mask (element e: row myrow[e/2 % 2], token 8(e/4) +
- * 2(lane % 4) + e % 2), and the row maxima */
-__device__ __forceinline__ void ss_mask(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
-                                        const int (&lim)[2], float scale_log2, int lane) {
-  wg_mask_max(s, mx, vm, pos0, lim, scale_log2, lane);
-}
 /* P = exp2(S scale - m) in place; returns this lane's share of the row
  * sums (the four lanes of a row are summed once, in the epilogue) */
 __device__ __forceinline__ void ss_exp(float (&s)[32], float scale_log2, const float (&muse)[2],
@@ -1228,9 +1240,6 @@ __device__ __forceinline__ void reg_fence_u(uint32_t (&a)[16]) {
 #pragma unroll
   for (int i = 0; i < 16; i++)
     asm volatile("" : "+r"(a[i])::"memory");
-}
-__device__ __forceinline__ void ss_scale(float (&o)[128], float c0, float c1) {
-  wg_scale_o(o, c0, c1);
 }
 /* O[:, 256 half..] += P V over one stage; P from registers or from the
  * stage's rope block */
@@ -1334,9 +1343,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
       int64_t slot =
           pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
       ld_v = slot >= 0;
-      const uint32_t vbits = token_bits<TPT>(ld_v);
-      if (lane == 0)
-        ((uint16_t *)sVm)[g * 4 + wi] = (uint16_t)vbits;
+      store_token_bits<TPT>(sVm, g, wi, lane, ld_v);
       ld_src = ld_v ? kvbase + slot * PITCH : kvbase;
       raw_next = raw_at(blk + 2);
     };
@@ -1355,22 +1362,17 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
     constexpr int KB = 8 / TPT;                /* chunk steps per 64-column block */
     static_assert(TPT == 2 && KC == 36 && KB == 4, "split loads: two loader threads per token");
     /* TMA for a whole page-aligned block inside one page (see body_pp) */
-    const bool tma_item = PMLA_WG_TMA && !PMLA_WG_SPLIT && use_tma && !p.map.topk &&
-                          p.map.page_size % BN == 0;
     bool ld_tma = false;
     auto load_block = [&](int blk) {
-      const int32_t raw = raw_next;
-      const int pos_blk = kb + blk * BN;
+      const int64_t first = PMLA_WG_TMA && !PMLA_WG_SPLIT && use_tma
+                                ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke)
+                                : -1;
       load_begin(blk);
-      ld_tma = tma_item && pos_blk % BN == 0 && pos_blk + BN <= ke && raw >= 0 &&
-               (int64_t)raw * p.map.page_size + pos_blk % p.map.page_size + BN <= p.map.num_slots;
+      ld_tma = first >= 0;
       if (ld_tma) {
         if (t == 0) {
-          const int row = (int)((int64_t)raw * p.map.page_size + pos_blk % p.map.page_size);
           mbar_arrive_tx(aLoad, TILE);
-#pragma unroll
-          for (int c = 0; c < 9; c++)
-            tma_box(smem_u32(sK + c * BLK), kv_tmap, c * 64, row, aLoad);
+          tma_block(smem_u32(sK), kv_tmap, first, aLoad);
         }
       } else {
         load_chunks(0, KC);
@@ -1433,7 +1435,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
         }
         ss_qk(s, aQ, aK0);
         float mx[2], muse[2], corr[2], sum[2], m_a[2];
-        ss_mask(s, mx, sVm[0], kb + 2 * i * BN, lim, scale_log2, lane);
+        wg_mask_max(s, mx, sVm[0], kb + 2 * i * BN, lim, scale_log2, lane);
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
           m_a[sl] = fmaxf(m_run[sl], mx[sl]);
@@ -1447,7 +1449,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
         for (int sl = 0; sl < 2; sl++)
           l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
-        ss_scale(o, corr[0], corr[1]);
+        wg_scale_o(o, corr[0], corr[1]);
         ss_pack(s, pa);
         ss_pv_rs(o, pa, aK0, 0);
         /* P0 for warpgroup 1, relative to m_b */
@@ -1464,7 +1466,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
         nb_arrive(P0READY);
         ss_pv_wait(o);
         reg_fence_u(pa);
-        ss_scale(o, c1[0], c1[1]);
+        wg_scale_o(o, c1[0], c1[1]);
 #pragma unroll
         for (int sl = 0; sl < 2; sl++)
           l_run[sl] *= c1[sl];
@@ -1504,7 +1506,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
             nb_sync_wg(LOC + 1);
           }
           ss_qk(s, aQ, aK1);
-          ss_mask(s, mx, sVm[1], kb + (2 * i + 1) * BN, lim, scale_log2, lane);
+          wg_mask_max(s, mx, sVm[1], kb + (2 * i + 1) * BN, lim, scale_log2, lane);
         }
         nb_sync(SCALE0);
         float muse[2], corr[2], sum[2] = {0.f, 0.f};
@@ -1518,7 +1520,7 @@ __device__ __forceinline__ void body_ss(const pmla_gpu_problem &p, float scale_l
             sMb[myrow[sl]] = m_b;
         }
         nb_arrive(SCALE1);
-        ss_scale(o, corr[0], corr[1]);
+        wg_scale_o(o, corr[0], corr[1]);
         if (has1) {
           ss_exp(s, scale_log2, muse, sum);
           ss_pack(s, pa);
