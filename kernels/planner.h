@@ -1,25 +1,36 @@
 /* planner.h - the persistent schedule, written once for host C and device
- * code (the GPU metadata kernel includes this file and runs pmla_plan on one
- * thread), so both backends produce identical schedules.
+ * code (the GPU metadata kernel runs the same per-request functions in
+ * parallel), so both backends produce identical schedules.
  *
  * Cost model (FlashMLA's): a request costs its KV blocks of PMLA_BLOCK_TOKENS
- * tokens plus PMLA_SPLIT_OVERHEAD blocks per piece (loading Q, writing the
- * output or a partial, and its share of the reduce). Zero-length requests
- * cost the overhead alone: they still write zeros and lse = -inf.
+ * tokens plus PMLA_SPLIT_OVERHEAD (OH) blocks per piece (loading Q, writing
+ * the output or a partial, and its share of the reduce). Zero-length
+ * requests cost the overhead alone: they still write zeros and lse = -inf.
+ * C is the sum of OH + blocks over requests, N the number of units.
  *
- * Line-cut mode (no cap binds): lay requests on one line, each as OH units
- * then its blocks, total C. Unit n starts at floor(n*C/N); a start that falls
- * inside a request's overhead (or on its first block) moves back to the
- * request's start, one inside its blocks splits it there. Proven below and
- * tested: every unit's load (blocks + OH per piece) is within one block plus
- * the overhead of the even share C/N; at most R + N - 1 work items and
- * 2(N - 1) partial slots.
+ * Fill mode (no cap binds; FlashMLA's packing): every unit has capacity
+ * P = ceil(C/N) + OH and units fill in request order. The rest of a request
+ * goes whole onto the current unit when it fits (OH + its blocks <= room);
+ * otherwise, if room > OH, the unit takes room - OH blocks of it as a piece
+ * and the fill moves on; otherwise the fill moves on without splitting.
+ * So a batch that packs into whole requests within the slack (uniform
+ * lengths: 128 requests of 16 blocks on 66 units) is not split at all, and
+ * nothing is paid for partials or a reduce. Proven below and tested:
+ *   - every unit's load is <= P (within one block plus OH of C/N), and every
+ *     unit before the last non-empty one has load >= P - OH;
+ *   - the fill never runs past unit N - 1: a unit ends either with a split
+ *     (room 0, and the next unit starts with a continuation piece whose OH
+ *     is not on the line) or with room <= OH (and the next unit starts a
+ *     request), so each of N units advances the line by >= P - OH >= C/N;
+ *   - each split ends a unit, so at most N - 1 splits: at most R + N - 1
+ *     work items and 2(N - 1) partial slots.
  *
- * Piece mode (a split cap binds): request i gets
- * n_i = min(cap, blocks_i, ceil(N * cost_i / C)) (at least 1) near-equal
- * pieces, each placed on the unit that holds its midpoint on the piece line.
- * The cap is honoured exactly per request; at most R + N items and 2N
- * partial slots (each n_i >= 2 has ceil(x) < 2x with sum x <= N).
+ * Piece mode (a split cap binds, i.e. the fill would give some request more
+ * pieces than the cap): request i gets n_i = min(cap, blocks_i,
+ * ceil(N * cost_i / C)) (at least 1) near-equal pieces, each placed on the
+ * unit that holds its midpoint on the piece line. The cap is honoured
+ * exactly per request; at most R + N items and 2N partial slots (each
+ * n_i >= 2 has ceil(x) < 2x with sum x <= N).
  *
  * No allocation, no recursion, no library calls: callable on a GPU thread.
  */
@@ -37,6 +48,9 @@
 #define PMLA_BLOCK_TOKENS 64
 #ifndef PMLA_SPLIT_OVERHEAD /* a knob for measuring; host and device must agree */
 #define PMLA_SPLIT_OVERHEAD 5
+#endif
+#if PMLA_SPLIT_OVERHEAD < 1
+#error "PMLA_SPLIT_OVERHEAD must be >= 1: every piece must cost something"
 #endif
 
 /* work_info_set entry, int32 words */
@@ -57,7 +71,7 @@ enum {
   PMLA_META_NUM_ITEMS = 0,
   PMLA_META_NUM_REDUCE = 1,
   PMLA_META_NUM_PARTIALS = 2,
-  PMLA_META_MODE = 3, /* 0 line-cut, 1 piece mode */
+  PMLA_META_MODE = 3, /* 0 fill mode, 1 piece mode */
   PMLA_META_MAX_PIECES = 4,
   PMLA_META_NUM_REQUESTS = 5,
   PMLA_META_ERROR = 6, /* sticky device error word; the planner only ORs */
@@ -162,57 +176,52 @@ PMLA_HD static inline int64_t pmla_plan_blocks(int32_t len) {
   return ((int64_t)len + PMLA_BLOCK_TOKENS - 1) / PMLA_BLOCK_TOKENS;
 }
 
-/* Start of unit n on a line of `total` units shared by `units`. */
-PMLA_HD static inline int64_t pmla_plan_cut(int64_t n, int64_t total, int64_t units) {
-  return n * total / units;
-}
-
 /* Whole-step values every request's placement depends on. */
 typedef struct pmla_plan_shape {
-  int64_t total;       /* sum of OH + blocks over requests (>= 1) */
-  int32_t piece_mode;  /* the line-cut would exceed the cap somewhere */
+  int64_t total;       /* C: sum of OH + blocks over requests (>= 1) */
+  int64_t capacity;    /* fill mode: P = ceil(C / N) + OH */
+  int32_t piece_mode;  /* the fill would exceed the cap somewhere */
   int64_t piece_total; /* piece mode: sum of OH * pieces + blocks (>= 1) */
-  const int64_t *cuts; /* optional table of pmla_plan_cut(u) for u in 0..N
-                          (the device keeps one in shared memory; NULL: divide) */
 } pmla_plan_shape;
 
-PMLA_HD static inline int64_t pmla_plan_cut_of(const pmla_plan_shape *sh, int64_t u,
-                                               int64_t units) {
-  return sh->cuts ? sh->cuts[u] : pmla_plan_cut(u, sh->total, units);
-}
+/* Fill mode: the unit being filled and the room left on it. */
+typedef struct pmla_plan_fill {
+  int32_t unit;
+  int64_t room;
+} pmla_plan_fill;
 
-/* Line-cut: the unit owning the start of a request whose line begins at s:
- * the last unit whose cut is <= s + OH (cuts in (s, s + OH] snap back to s). */
-PMLA_HD static inline int32_t pmla_plan_first_unit(int64_t s, int64_t total, int64_t units) {
-  int64_t u = ((s + PMLA_SPLIT_OVERHEAD + 1) * units - 1) / total;
-  return (int32_t)(u < units - 1 ? u : units - 1);
-}
-
-/* Line-cut: the piece after block `start` of a request (line start s,
- * `blocks` blocks) on *unit. Returns the first block of the next piece
- * (== blocks for the last piece) and leaves *unit on the unit that takes it;
- * cuts that coincide produce no empty piece. */
-PMLA_HD static inline int64_t pmla_plan_line_next(const pmla_plan_shape *sh, int64_t s,
-                                                  int64_t blocks, int64_t start, int64_t units,
-                                                  int32_t *unit) {
-  int64_t base = s + PMLA_SPLIT_OVERHEAD;
-  while (*unit + 1 < units) {
-    int64_t cut = pmla_plan_cut_of(sh, *unit + 1, units);
-    if (cut >= base + blocks)
-      break;
-    (*unit)++;
-    if (cut - base > start)
-      return cut - base;
+/* Fill mode: the piece of a request (`blocks` blocks) that starts at block
+ * `first`, from fill state *f. Sets *unit to the unit that takes it and
+ * returns the block after it (== blocks for the request's last piece),
+ * leaving *f after it. The last unit takes whatever is left (planner.h
+ * proves it never must; the room then goes negative and is flagged). */
+PMLA_HD static inline int64_t pmla_plan_fill_piece(pmla_plan_fill *f, int64_t blocks,
+                                                   int64_t first, int64_t capacity,
+                                                   int32_t units, int32_t *unit) {
+  const int64_t OH = PMLA_SPLIT_OVERHEAD;
+  for (;;) {
+    *unit = f->unit;
+    if (f->room >= OH + (blocks - first) || f->unit >= units - 1) {
+      f->room -= OH + (blocks - first);
+      return blocks;
+    }
+    const int64_t take = f->room - OH;
+    f->unit++;
+    f->room = capacity;
+    if (take > 0) /* else nothing more fits here: the fresh unit takes it */
+      return first + take;
   }
-  return blocks;
 }
 
-PMLA_HD static inline int32_t pmla_plan_line_count(const pmla_plan_shape *sh, int64_t s,
-                                                   int64_t blocks, int64_t units) {
-  int32_t unit = pmla_plan_first_unit(s, sh->total, units), pieces = 1;
-  for (int64_t b = pmla_plan_line_next(sh, s, blocks, 0, units, &unit); b < blocks;
-       b = pmla_plan_line_next(sh, s, blocks, b, units, &unit))
+/* Fill mode: pieces of a request of `blocks` blocks; advances *f past it. */
+PMLA_HD static inline int32_t pmla_plan_fill_count(pmla_plan_fill *f, int64_t blocks,
+                                                   int64_t capacity, int32_t units) {
+  int32_t pieces = 0, unit;
+  int64_t b = 0;
+  do {
+    b = pmla_plan_fill_piece(f, blocks, b, capacity, units, &unit);
     pieces++;
+  } while (b < blocks);
   return pieces;
 }
 
@@ -242,34 +251,35 @@ PMLA_HD static inline pmla_plan_req pmla_plan_describe(const pmla_plan_input *in
   return q;
 }
 
-/* Length of the request on the line its placement is measured on. */
+/* Piece mode: the request's length on the piece line. */
 PMLA_HD static inline int64_t pmla_plan_line_cost(const pmla_plan_input *in,
                                                   const pmla_plan_shape *sh,
                                                   const pmla_plan_req *q) {
-  if (!sh->piece_mode)
-    return PMLA_SPLIT_OVERHEAD + q->blocks;
   return (int64_t)PMLA_SPLIT_OVERHEAD *
              pmla_plan_piece_count(q->blocks, sh->total, in->num_units, in->split_cap) +
          q->blocks;
 }
 
-/* Pieces of a request whose line starts at s. */
-PMLA_HD static inline int32_t pmla_plan_pieces(const pmla_plan_input *in,
-                                               const pmla_plan_shape *sh,
-                                               const pmla_plan_req *q, int64_t s) {
-  if (sh->piece_mode)
-    return pmla_plan_piece_count(q->blocks, sh->total, in->num_units, in->split_cap);
-  return pmla_plan_line_count(sh, s, q->blocks, in->num_units);
-}
-
 /* Where a request's items go: the exclusive prefix over earlier requests. */
 typedef struct pmla_plan_base {
-  int64_t line;     /* line start s of the request */
-  int32_t items;    /* its first work item */
-  int32_t partials; /* its first partial slot, when split */
-  int32_t reduces;  /* its reduce entry, when split */
-  int32_t unit;     /* unit of the previous request's last item (0 first) */
+  int64_t line;        /* piece mode: line start of the request */
+  pmla_plan_fill fill; /* fill mode: the fill state entering the request */
+  int32_t items;       /* its first work item */
+  int32_t partials;    /* its first partial slot, when split */
+  int32_t reduces;     /* its reduce entry, when split */
+  int32_t unit;        /* unit of the previous request's last item (0 first) */
 } pmla_plan_base;
+
+/* Pieces of a request placed from `base`. */
+PMLA_HD static inline int32_t pmla_plan_pieces(const pmla_plan_input *in,
+                                               const pmla_plan_shape *sh,
+                                               const pmla_plan_req *q,
+                                               const pmla_plan_base *base) {
+  if (sh->piece_mode)
+    return pmla_plan_piece_count(q->blocks, sh->total, in->num_units, in->split_cap);
+  pmla_plan_fill f = base->fill;
+  return pmla_plan_fill_count(&f, q->blocks, sh->capacity, in->num_units);
+}
 
 /* Walks request r's pieces (there are npieces) and, when `out` is set,
  * writes its work items, its reduce entry and the work_indptr of units
@@ -292,7 +302,7 @@ PMLA_HD static inline int32_t pmla_plan_place(const pmla_plan_input *in,
     out->reduce_indptr[base->reduces] = base->partials;
     out->reduce_final_map[base->reduces] = r;
   }
-  int32_t unit = sh->piece_mode ? 0 : pmla_plan_first_unit(base->line, sh->total, N);
+  pmla_plan_fill fill = base->fill;
   int32_t prev = base->unit;
   int64_t first = 0, ps = base->line;
   for (int32_t p = 0; p < npieces; p++) {
@@ -305,8 +315,8 @@ PMLA_HD static inline int32_t pmla_plan_place(const pmla_plan_input *in,
       piece_unit = (int32_t)(u < N - 1 ? u : N - 1);
       ps += cost;
     } else {
-      piece_unit = unit;
-      next = pmla_plan_line_next(sh, base->line, q->blocks, first, N, &unit);
+      next = pmla_plan_fill_piece(&fill, q->blocks, first, sh->capacity, (int32_t)N,
+                                  &piece_unit);
     }
     if (out && fits) {
       int32_t item = base->items + p;
@@ -329,6 +339,8 @@ PMLA_HD static inline int32_t pmla_plan_place(const pmla_plan_input *in,
       prev = piece_unit;
     first = next;
   }
+  if (out && fill.room < 0)
+    *err |= PMLA_PLAN_ERR_OVERFLOW;
   return prev;
 }
 
@@ -354,24 +366,44 @@ PMLA_HD static inline void pmla_plan_finish(const pmla_plan_input *in,
   meta[PMLA_META_NUM_ROWS] = rows;
 }
 
+/* The step's shape from the requests' costs: C and P, then whether the
+ * fill would give a request more pieces than the cap (piece mode). */
+PMLA_HD static inline pmla_plan_shape pmla_plan_shape_of(int64_t total, int32_t units) {
+  pmla_plan_shape sh;
+  sh.total = total > 0 ? total : 1;
+  sh.capacity = (sh.total + units - 1) / units + PMLA_SPLIT_OVERHEAD;
+  sh.piece_mode = 0;
+  sh.piece_total = 1;
+  return sh;
+}
+
+/* The fill state a step starts from. */
+PMLA_HD static inline pmla_plan_fill pmla_plan_fill_start(const pmla_plan_shape *sh) {
+  pmla_plan_fill f = {0, sh->capacity};
+  return f;
+}
+
+/* Whether a split cap can bind at all (else piece mode is never tried). */
+PMLA_HD static inline int pmla_plan_cap_applies(const pmla_plan_input *in) {
+  return in->split_cap > 0 && in->split_cap < in->num_units;
+}
+
 /* Fills every output buffer for one step (the serial driver; the device
  * runs the same per-request functions in parallel). Returns the error bits
  * it found (also ORed into work_meta_data[PMLA_META_ERROR]). */
 PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_plan_output *out) {
   const int32_t R = in->num_requests;
-  const int64_t N = in->num_units;
+  const int32_t N = in->num_units;
   int32_t err = 0, scratch = 0;
-  pmla_plan_shape sh = {0, 0, 1, 0};
+  int64_t total = 0;
   for (int32_t r = 0; r < R; r++)
-    sh.total += PMLA_SPLIT_OVERHEAD + pmla_plan_describe(in, r, &err).blocks;
-  if (sh.total == 0)
-    sh.total = 1;
-  if (in->split_cap > 0 && in->split_cap < N) {
-    int64_t s = 0;
+    total += PMLA_SPLIT_OVERHEAD + pmla_plan_describe(in, r, &err).blocks;
+  pmla_plan_shape sh = pmla_plan_shape_of(total, N);
+  if (pmla_plan_cap_applies(in)) {
+    pmla_plan_fill f = pmla_plan_fill_start(&sh);
     for (int32_t r = 0; r < R && !sh.piece_mode; r++) {
       pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-      sh.piece_mode = pmla_plan_line_count(&sh, s, q.blocks, N) > in->split_cap;
-      s += PMLA_SPLIT_OVERHEAD + q.blocks;
+      sh.piece_mode = pmla_plan_fill_count(&f, q.blocks, sh.capacity, N) > in->split_cap;
     }
     if (sh.piece_mode) {
       sh.piece_total = 0;
@@ -383,13 +415,16 @@ PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_pl
         sh.piece_total = 1;
     }
   }
-  pmla_plan_base at = {0, 0, 0, 0, 0};
+  pmla_plan_base at = {0, pmla_plan_fill_start(&sh), 0, 0, 0, 0};
   int32_t max_pieces = 0, rows = 0;
   for (int32_t r = 0; r < R; r++) {
     pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-    int32_t npieces = pmla_plan_pieces(in, &sh, &q, at.line);
+    int32_t npieces = pmla_plan_pieces(in, &sh, &q, &at);
     at.unit = pmla_plan_place(in, out, &sh, r, &q, npieces, &at, &err);
-    at.line += pmla_plan_line_cost(in, &sh, &q);
+    if (sh.piece_mode)
+      at.line += pmla_plan_line_cost(in, &sh, &q);
+    else
+      pmla_plan_fill_count(&at.fill, q.blocks, sh.capacity, N);
     at.items += npieces;
     if (npieces > 1) {
       at.partials += npieces;

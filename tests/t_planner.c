@@ -12,8 +12,10 @@
  *   - items <= R + N, partial slots <= 2N, nothing written past any buffer;
  *   - meta words agree with what was emitted;
  *   - with a split cap, no request has more pieces than the cap;
- *   - uncapped (line-cut), every unit's load (blocks + overhead per item) is
- *     within 1 + PMLA_SPLIT_OVERHEAD blocks of the even share C / N.
+ *   - in fill mode (always without a cap), every unit's load (blocks +
+ *     overhead per item) is at most P = ceil(C / N) + PMLA_SPLIT_OVERHEAD,
+ *     and every unit before the last busy one has at least P - overhead:
+ *     units fill in order, so a batch that packs whole is not split.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -74,7 +76,7 @@ static void bufs_free(plan_bufs *b) {
 
 typedef struct plan_stats {
   int64_t plans;
-  double worst_over, worst_under; /* load - C/N, line-cut mode */
+  double worst_over, worst_under; /* load - C/N, fill mode */
   char worst_over_desc[160];
   double worst_piece_over; /* load - C/N in piece mode (informational) */
   int64_t piece_mode_plans;
@@ -278,6 +280,11 @@ static void check_plan(const batch_desc *d) {
   for (int32_t r = 0; r < R; r++)
     C += OH + pmla_plan_blocks(d->lens[r]);
   double share = (double)C / N;
+  const int64_t P = (C > 0 ? (C + N - 1) / N : 1) + OH; /* the fill's capacity */
+  int32_t last_busy = -1;
+  for (int32_t n = 0; n < N; n++)
+    if (b.indptr[n + 1] > b.indptr[n])
+      last_busy = n;
   for (int32_t n = 0; n < N; n++) {
     int64_t load = 0;
     for (int32_t i = b.indptr[n]; i < b.indptr[n + 1]; i++) {
@@ -292,11 +299,14 @@ static void check_plan(const batch_desc *d) {
       }
       if (dev < g_stats.worst_under)
         g_stats.worst_under = dev;
-      if (d->cap == 0)
-        EXPECT(fabs(dev) <= 1 + OH + 1e-9,
-                      "unit %d load %" PRId64 " vs share %.2f (C=%" PRId64
-                      "): off by more than 1 + OH: %s",
-                      n, load, share, C, desc);
+      EXPECT(load <= P,
+             "unit %d load %" PRId64 " over the capacity P = ceil(C/N) + OH = %" PRId64
+             " (C=%" PRId64 "): %s",
+             n, load, P, C, desc);
+      EXPECT(n >= last_busy || load >= P - OH,
+             "unit %d (before the last busy unit %d) load %" PRId64 " under P - OH = %" PRId64
+             ": units must fill in order: %s",
+             n, last_busy, load, P - OH, desc);
     } else if (dev > g_stats.worst_piece_over) {
       g_stats.worst_piece_over = dev;
     }
@@ -385,7 +395,7 @@ START_TEST(test_planner_invariants_hold_on_random_batches) {
     batch_free(&d);
   }
   printf("planner: %" PRId64 " random plans (%" PRId64
-         " in piece mode); line-cut worst unit load vs C/N: +%.2f / %.2f blocks (bound %d)\n"
+         " in piece mode); fill-mode worst unit load vs C/N: +%.2f / %.2f blocks (bound +%d)\n"
          "  worst over: %s\n  piece mode worst over (informational): +%.2f\n",
          g_stats.plans, g_stats.piece_mode_plans, g_stats.worst_over, g_stats.worst_under,
          1 + PMLA_SPLIT_OVERHEAD, g_stats.worst_over_desc, g_stats.worst_piece_over);
@@ -425,8 +435,61 @@ START_TEST(test_planner_honours_split_cap_on_adversarial_batches) {
       }
     }
   }
-  printf("planner: %" PRId64 " adversarial plans; line-cut worst over +%.2f (%s)\n",
+  printf("planner: %" PRId64 " adversarial plans; fill-mode worst over +%.2f (%s)\n",
          g_stats.plans, g_stats.worst_over, g_stats.worst_over_desc);
+}
+END_TEST
+
+/* Plans R requests of length len on N units without a cap; returns the
+ * number of split requests (reduce entries) after checking every invariant. */
+static int32_t splits_of_uniform(int32_t R, int32_t len, int32_t N) {
+  plan_bufs b;
+  bufs_alloc(&b, R, N);
+  int32_t *lens = malloc(sizeof(int32_t) * (size_t)R);
+  EXPECT(lens != NULL, "out of memory");
+  for (int32_t r = 0; r < R; r++)
+    lens[r] = len;
+  batch_desc d;
+  memset(&d, 0, sizeof d);
+  d.R = R;
+  d.N = N;
+  d.max_q_len = 1;
+  d.lens = lens;
+  check_plan(&d);
+  pmla_plan_input in;
+  memset(&in, 0, sizeof in);
+  in.num_requests = R;
+  in.num_units = N;
+  in.max_q_len = 1;
+  in.kv_lens = lens;
+  in.max_kv_len = INT32_MAX;
+  in.max_items = R + N;
+  in.max_partials = 2 * N;
+  pmla_plan_output out = {b.meta, b.indptr, b.info, b.rindptr, b.rfinal, b.rpartial};
+  EXPECT(pmla_plan(&in, &out) == 0, "planner error on a valid batch");
+  int32_t splits = b.meta[PMLA_META_NUM_REDUCE];
+  free(lens);
+  bufs_free(&b);
+  return splits;
+}
+
+/* FlashMLA's packing: when whole requests fit in each unit's slack (OH
+ * blocks over the even share), nothing is split, so a step pays for no
+ * partials and no reduce. The H200 shapes: 128 requests on 66 units (h=128,
+ * two 64-row tiles per request) or 132 (h<=64). */
+START_TEST(test_planner_packs_whole_requests_within_the_slack) {
+  static const struct {
+    int32_t R, len, N;
+  } whole[] = {{128, 1024, 66}, {128, 4096, 66}, {128, 4096, 132}, {64, 8192, 66},
+               {132, 4096, 132}, {5, 100, 8}};
+  for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++) {
+    int32_t splits = splits_of_uniform(whole[i].R, whole[i].len, whole[i].N);
+    EXPECT(splits == 0, "%d requests of %d tokens on %d units: %d split, want none",
+           whole[i].R, whole[i].len, whole[i].N, splits);
+  }
+  /* fewer requests than units, or requests longer than a unit's share: split */
+  EXPECT(splits_of_uniform(4, 32768, 66) == 4, "4 long requests on 66 units must all split");
+  EXPECT(splits_of_uniform(64, 8192, 132) == 64, "64 requests on 132 units must all split");
 }
 END_TEST
 
@@ -568,6 +631,7 @@ Suite *suite_planner(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_planner_invariants_hold_on_random_batches);
   tcase_add_test(tc, test_planner_honours_split_cap_on_adversarial_batches);
+  tcase_add_test(tc, test_planner_packs_whole_requests_within_the_slack);
   tcase_add_test(tc, test_planner_handles_batch_zero_and_zero_lengths);
   tcase_add_test(tc, test_planner_handles_huge_lengths_without_overflow);
   tcase_add_test(tc, test_planner_flags_bad_input);

@@ -2,9 +2,10 @@
  * by one work-group. Every per-request decision is made by the same
  * functions the serial pmla_plan calls (pmla_plan_describe / _line_cost /
  * _pieces / _place / _finish); this file only supplies the prefix sums the
- * serial loop keeps in variables, as block-wide scans over chunks of
- * PLAN_THREADS requests. So the device schedule is the host's, bit for bit,
- * without one thread walking the whole batch. No host sync, no allocation,
+ * serial loop keeps in variables: block-wide scans over chunks of
+ * PLAN_THREADS requests, and the fill state entering each request, which
+ * one thread walks per chunk (a few integer steps per request). So the
+ * device schedule is the host's, bit for bit. No host sync, no allocation,
  * no copies: capturable in a graph together with the decode. */
 #include <stdint.h>
 
@@ -35,25 +36,46 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   return inclusive - x;
 }
 
+/* The fill is sequential: one thread walks a chunk's requests from the
+ * state the previous chunk left in *run (its own register), recording the
+ * state entering each request and its piece count; returns whether some
+ * request got more pieces than `cap` (0: no cap). */
+__device__ int fill_chunk(const int64_t *blocks, int32_t n, const pmla_plan_shape &sh,
+                          int32_t units, int32_t cap, pmla_plan_fill *run,
+                          pmla_plan_fill *fill_at, int32_t *pieces) {
+  int over = 0;
+  for (int32_t i = 0; i < n; i++) {
+    if (fill_at)
+      fill_at[i] = *run;
+    int32_t np = pmla_plan_fill_count(run, blocks[i], sh.capacity, units);
+    if (pieces)
+      pieces[i] = np;
+    over |= cap > 0 && np > cap;
+  }
+  return over;
+}
+
 __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input in,
                                                                   pmla_plan_output out) {
   __shared__ int64_t buf[PLAN_THREADS];
+  __shared__ int64_t blocks[PLAN_THREADS];
+  __shared__ pmla_plan_fill fill_at[PLAN_THREADS];
+  __shared__ int32_t pieces[PLAN_THREADS];
   __shared__ int32_t last_unit[PLAN_THREADS];
-  __shared__ int64_t cuts[PMLA_GPU_MAX_UNITS]; /* the line's cut points, divided once */
   __shared__ unsigned long long s_total, s_piece_total;
   __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
   pdl_wait();
   pdl_trigger();
   const int t = threadIdx.x;
-  const int32_t R = in.num_requests;
-  const int64_t N = in.num_units, OH = PMLA_SPLIT_OVERHEAD;
+  const int32_t R = in.num_requests, N = in.num_units;
+  const int64_t OH = PMLA_SPLIT_OVERHEAD;
   if (t == 0) {
     s_total = s_piece_total = 0;
     s_err = s_piece_mode = s_rows = s_max_pieces = 0;
   }
   __syncthreads();
 
-  /* The line's length C, and the input errors (counted once, as serially). */
+  /* C, and the input errors (counted once, as serially). */
   int32_t err = 0, scratch = 0;
   unsigned long long part = 0;
   for (int32_t r = t; r < R; r += PLAN_THREADS)
@@ -62,30 +84,22 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   atomicOr(&s_err, err);
   err = 0;
   __syncthreads();
-  pmla_plan_shape sh;
-  sh.total = s_total ? (int64_t)s_total : 1;
-  sh.piece_mode = 0;
-  sh.piece_total = 1;
-  for (int32_t u = t; u < N; u += PLAN_THREADS)
-    cuts[u] = pmla_plan_cut(u, sh.total, N);
-  sh.cuts = cuts;
-  __syncthreads();
+  pmla_plan_shape sh = pmla_plan_shape_of((int64_t)s_total, N);
+  pmla_plan_fill run = pmla_plan_fill_start(&sh); /* thread 0's */
 
-  /* Piece mode when the line-cut gives any request more pieces than the cap. */
-  if (in.split_cap > 0 && in.split_cap < N) {
-    int64_t line = 0;
-    for (int32_t c0 = 0; c0 < R; c0 += PLAN_THREADS) {
-      const int32_t r = c0 + t;
-      pmla_plan_req q = {0, 0, 0, 0};
-      if (r < R)
-        q = pmla_plan_describe(&in, r, &scratch);
-      int64_t sum, s = line + block_exclusive_scan(r < R ? OH + q.blocks : 0, buf, &sum);
-      if (r < R && pmla_plan_line_count(&sh, s, q.blocks, N) > in.split_cap)
+  /* Piece mode when the fill gives any request more pieces than the cap. */
+  if (pmla_plan_cap_applies(&in)) {
+    for (int32_t c0 = 0; c0 < R && !s_piece_mode; c0 += PLAN_THREADS) {
+      const int32_t n = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
+      if (t < n)
+        blocks[t] = pmla_plan_describe(&in, c0 + t, &scratch).blocks;
+      __syncthreads();
+      if (t == 0 && fill_chunk(blocks, n, sh, N, in.split_cap, &run, NULL, NULL))
         s_piece_mode = 1;
-      line += sum;
+      __syncthreads();
     }
-    __syncthreads();
     sh.piece_mode = s_piece_mode;
+    run = pmla_plan_fill_start(&sh);
     if (sh.piece_mode) {
       part = 0;
       for (int32_t r = t; r < R; r += PLAN_THREADS) {
@@ -99,18 +113,34 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   }
 
   /* Placement, a chunk of requests at a time; `at` is the prefix before it. */
-  pmla_plan_base at = {0, 0, 0, 0, 0};
+  pmla_plan_base at = {0, pmla_plan_fill_start(&sh), 0, 0, 0, 0};
   int32_t rows = 0, max_pieces = 0;
   for (int32_t c0 = 0; c0 < R; c0 += PLAN_THREADS) {
     const int32_t r = c0 + t, valid = r < R;
+    const int32_t n = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
     pmla_plan_req q = {0, 0, 0, 0};
     if (valid)
       q = pmla_plan_describe(&in, r, &scratch);
-    int64_t line_sum, count_sum;
     pmla_plan_base base = at;
-    base.line += block_exclusive_scan(valid ? pmla_plan_line_cost(&in, &sh, &q) : 0, buf,
-                                      &line_sum);
-    int32_t npieces = valid ? pmla_plan_pieces(&in, &sh, &q, base.line) : 0;
+    int32_t npieces = 0;
+    if (sh.piece_mode) {
+      int64_t line_sum;
+      base.line += block_exclusive_scan(valid ? pmla_plan_line_cost(&in, &sh, &q) : 0, buf,
+                                        &line_sum);
+      at.line += line_sum;
+      npieces = valid ? pmla_plan_pieces(&in, &sh, &q, &base) : 0;
+    } else {
+      blocks[t] = q.blocks;
+      __syncthreads();
+      if (t == 0)
+        fill_chunk(blocks, n, sh, N, 0, &run, fill_at, pieces);
+      __syncthreads();
+      if (valid) {
+        base.fill = fill_at[t];
+        npieces = pieces[t];
+      }
+    }
+    int64_t count_sum;
     int64_t split = npieces > 1;
     int64_t packed = npieces | ((split * npieces) << FIELD_BITS) | (split << (2 * FIELD_BITS));
     int64_t before = block_exclusive_scan(packed, buf, &count_sum);
@@ -127,12 +157,10 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       rows += q.qe - q.qb;
       max_pieces = npieces > max_pieces ? npieces : max_pieces;
     }
-    const int32_t last = (R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS) - 1;
-    at.line += line_sum;
     at.items += (int32_t)(count_sum & FIELD_MASK);
     at.partials += (int32_t)((count_sum >> FIELD_BITS) & FIELD_MASK);
     at.reduces += (int32_t)(count_sum >> (2 * FIELD_BITS));
-    at.unit = last_unit[last];
+    at.unit = last_unit[n - 1];
     __syncthreads();
   }
   atomicOr(&s_err, err);
