@@ -225,6 +225,15 @@ PMLA_HD static inline int32_t pmla_plan_fill_count(pmla_plan_fill *f, int64_t bl
   return pieces;
 }
 
+/* Fill mode: the most pieces a request of `blocks` blocks can get: its
+ * first piece has >= 1 block, every later one but the last is a fresh
+ * unit's P - OH blocks. Lets the device skip the walk that decides piece
+ * mode when no request can exceed the cap (tested in t_planner). */
+PMLA_HD static inline int64_t pmla_plan_fill_max_pieces(int64_t blocks, int64_t capacity) {
+  const int64_t per_unit = capacity - PMLA_SPLIT_OVERHEAD;
+  return blocks <= 1 ? 1 : 1 + (blocks - 1 + per_unit - 1) / per_unit;
+}
+
 /* Piece mode: how many pieces request cost OH + blocks gets. */
 PMLA_HD static inline int32_t pmla_plan_piece_count(int64_t blocks, int64_t total, int64_t units,
                                                     int32_t cap) {

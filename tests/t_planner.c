@@ -160,6 +160,12 @@ static void check_plan(const batch_desc *d) {
   EXPECT(b.indptr[N] == items, "work_indptr[N] = %d != %d items: %s", b.indptr[N], items,
                 desc);
 
+  /* the line's length C and the fill's capacity P (planner.h) */
+  int64_t C = 0;
+  for (int32_t r = 0; r < R; r++)
+    C += OH + pmla_plan_blocks(d->lens[r]);
+  const int64_t P = (C > 0 ? (C + N - 1) / N : 1) + OH;
+
   /* per-request pieces */
   int32_t *npieces = calloc((size_t)R + 1, sizeof *npieces);
   int64_t *covered = calloc((size_t)R + 1, sizeof *covered);
@@ -189,6 +195,11 @@ static void check_plan(const batch_desc *d) {
     if (d->cap > 0)
       EXPECT(npieces[r] <= d->cap, "request %d has %d pieces > cap %d: %s", r, npieces[r],
                     d->cap, desc);
+    if (b.meta[PMLA_META_MODE] == 0) {
+      int64_t bound = pmla_plan_fill_max_pieces(pmla_plan_blocks(d->lens[r]), P);
+      EXPECT(npieces[r] <= bound, "request %d has %d pieces > the fill's bound %" PRId64 ": %s",
+             r, npieces[r], bound, desc);
+    }
   }
   EXPECT(b.meta[PMLA_META_MAX_PIECES] == max_pieces, "meta max pieces %d != %d: %s",
                 b.meta[PMLA_META_MAX_PIECES], max_pieces, desc);
@@ -276,11 +287,7 @@ static void check_plan(const batch_desc *d) {
   }
 
   /* load balance */
-  int64_t C = 0;
-  for (int32_t r = 0; r < R; r++)
-    C += OH + pmla_plan_blocks(d->lens[r]);
   double share = (double)C / N;
-  const int64_t P = (C > 0 ? (C + N - 1) / N : 1) + OH; /* the fill's capacity */
   int32_t last_busy = -1;
   for (int32_t n = 0; n < N; n++)
     if (b.indptr[n + 1] > b.indptr[n])

@@ -36,21 +36,37 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   return inclusive - x;
 }
 
-/* The fill is sequential: one thread walks a chunk's requests from the
- * state the previous chunk left in *run (its own register), recording the
- * state entering each request and its piece count; returns whether some
- * request got more pieces than `cap` (0: no cap). */
-__device__ int fill_chunk(const int64_t *blocks, int32_t n, const pmla_plan_shape &sh,
-                          int32_t units, int32_t cap, pmla_plan_fill *run,
-                          pmla_plan_fill *fill_at, int32_t *pieces) {
+/* The fill is sequential: one thread walks a chunk's n requests from the
+ * state the previous chunk left in `run` (its registers), recording the
+ * state entering each request and its piece count when asked; returns
+ * whether some request got more pieces than `cap` (0: no cap). A request
+ * that fits whole where the fill stands (most do) costs a compare and a
+ * subtract; blocks are read ahead so the walk waits on no shared load. */
+__device__ __forceinline__ int fill_chunk(const int64_t *blocks, int32_t n, int64_t capacity,
+                                          int32_t units, int32_t cap, pmla_plan_fill &run,
+                                          pmla_plan_fill *fill_at, int32_t *pieces) {
+  constexpr int AHEAD = 8;
   int over = 0;
-  for (int32_t i = 0; i < n; i++) {
-    if (fill_at)
-      fill_at[i] = *run;
-    int32_t np = pmla_plan_fill_count(run, blocks[i], sh.capacity, units);
-    if (pieces)
-      pieces[i] = np;
-    over |= cap > 0 && np > cap;
+  for (int32_t i0 = 0; i0 < n; i0 += AHEAD) {
+    int64_t b[AHEAD];
+#pragma unroll
+    for (int k = 0; k < AHEAD; k++)
+      b[k] = i0 + k < n ? blocks[i0 + k] : 0;
+#pragma unroll
+    for (int k = 0; k < AHEAD; k++) {
+      if (i0 + k >= n)
+        break;
+      if (fill_at)
+        fill_at[i0 + k] = run;
+      int32_t np = 1;
+      if (run.room >= PMLA_SPLIT_OVERHEAD + b[k]) /* pmla_plan_fill_count's first test */
+        run.room -= PMLA_SPLIT_OVERHEAD + b[k];
+      else
+        np = pmla_plan_fill_count(&run, b[k], capacity, units);
+      if (pieces)
+        pieces[i0 + k] = np;
+      over |= cap > 0 && np > cap;
+    }
   }
   return over;
 }
@@ -62,7 +78,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ pmla_plan_fill fill_at[PLAN_THREADS];
   __shared__ int32_t pieces[PLAN_THREADS];
   __shared__ int32_t last_unit[PLAN_THREADS];
-  __shared__ unsigned long long s_total, s_piece_total;
+  __shared__ unsigned long long s_total, s_piece_total, s_max_blocks;
   __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
   pdl_wait();
   pdl_trigger();
@@ -70,31 +86,37 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   const int32_t R = in.num_requests, N = in.num_units;
   const int64_t OH = PMLA_SPLIT_OVERHEAD;
   if (t == 0) {
-    s_total = s_piece_total = 0;
+    s_total = s_piece_total = s_max_blocks = 0;
     s_err = s_piece_mode = s_rows = s_max_pieces = 0;
   }
   __syncthreads();
 
   /* C, and the input errors (counted once, as serially). */
   int32_t err = 0, scratch = 0;
-  unsigned long long part = 0;
-  for (int32_t r = t; r < R; r += PLAN_THREADS)
-    part += (unsigned long long)(OH + pmla_plan_describe(&in, r, &err).blocks);
+  unsigned long long part = 0, longest = 0;
+  for (int32_t r = t; r < R; r += PLAN_THREADS) {
+    unsigned long long blocks_r = (unsigned long long)pmla_plan_describe(&in, r, &err).blocks;
+    part += OH + blocks_r;
+    longest = blocks_r > longest ? blocks_r : longest;
+  }
   atomicAdd(&s_total, part);
+  atomicMax(&s_max_blocks, longest);
   atomicOr(&s_err, err);
   err = 0;
   __syncthreads();
   pmla_plan_shape sh = pmla_plan_shape_of((int64_t)s_total, N);
   pmla_plan_fill run = pmla_plan_fill_start(&sh); /* thread 0's */
 
-  /* Piece mode when the fill gives any request more pieces than the cap. */
-  if (pmla_plan_cap_applies(&in)) {
+  /* Piece mode when the fill gives any request more pieces than the cap;
+   * no walk when even the longest request cannot get that many. */
+  if (pmla_plan_cap_applies(&in) &&
+      pmla_plan_fill_max_pieces((int64_t)s_max_blocks, sh.capacity) > in.split_cap) {
     for (int32_t c0 = 0; c0 < R && !s_piece_mode; c0 += PLAN_THREADS) {
       const int32_t n = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
       if (t < n)
         blocks[t] = pmla_plan_describe(&in, c0 + t, &scratch).blocks;
       __syncthreads();
-      if (t == 0 && fill_chunk(blocks, n, sh, N, in.split_cap, &run, NULL, NULL))
+      if (t == 0 && fill_chunk(blocks, n, sh.capacity, N, in.split_cap, run, NULL, NULL))
         s_piece_mode = 1;
       __syncthreads();
     }
@@ -133,7 +155,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       blocks[t] = q.blocks;
       __syncthreads();
       if (t == 0)
-        fill_chunk(blocks, n, sh, N, 0, &run, fill_at, pieces);
+        fill_chunk(blocks, n, sh.capacity, N, 0, run, fill_at, pieces);
       __syncthreads();
       if (valid) {
         base.fill = fill_at[t];
