@@ -617,12 +617,6 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
 #ifndef PMLA_WG_TMA
 #define PMLA_WG_TMA 1
 #endif
-/* PMLA_WG_PREFETCH 1 (default): body_pp's loader issues the next item's Q
- * and block 0 as soon as the current item's last QK is done, so item
- * boundaries do not wait a load latency; 0 loads them at the item start. */
-#ifndef PMLA_WG_PREFETCH
-#define PMLA_WG_PREFETCH 1
-#endif
 #if PMLA_WGMMA && defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PMLA_WG_DEVICE 1
 #endif
@@ -849,36 +843,6 @@ __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint
   for (int sl = 0; sl < 2; sl++)
     mx[sl] = row_max(mx[sl]) * scale_log2;
 }
-/* One work item as this tile's body runs it. runs: it has rows in this
- * tile and sane query rows (bad_rows: its rows lie outside the step's
- * tokens, to be flagged); csr_first only for the loader (CSR maps). */
-struct ItemRun {
-  int32_t r, pslot, qb, qe, kb, ke, len, csr_first;
-  int nrows, nblk;
-  bool runs, bad_rows;
-};
-__device__ __forceinline__ ItemRun item_run(const pmla_gpu_problem &p, int it, int row0,
-                                            bool loader) {
-  const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
-  ItemRun c;
-  c.r = w[PMLA_WI_REQUEST];
-  c.pslot = w[PMLA_WI_PARTIAL];
-  c.qb = w[PMLA_WI_Q_BEGIN];
-  c.qe = w[PMLA_WI_Q_END];
-  c.kb = w[PMLA_WI_KV_BEGIN];
-  c.ke = w[PMLA_WI_KV_END];
-  c.len = w[PMLA_WI_KV_LEN];
-  const int rows_item = (c.qe - c.qb) * p.num_heads;
-  const bool has_rows = c.qe - c.qb > 0 && row0 < rows_item;
-  c.bad_rows = has_rows && (c.qb < 0 || c.qe > p.num_tokens);
-  c.runs = has_rows && !c.bad_rows;
-  c.nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
-  c.nblk = c.ke > c.kb ? (c.ke - c.kb + BN - 1) / BN : 0;
-  c.csr_first =
-      loader && c.runs && !p.map.topk && !p.map.block_table ? p.map.kv_indptr[c.r] : 0;
-  return c;
-}
-
 /* O *= corr by row; skipped when no row of the warp changed its maximum,
  * which after the first blocks is the common case */
 __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) {
@@ -893,7 +857,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   extern __shared__ __align__(1024) char smem_wg[];
   char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
   char *sKV = sQ + TILE;
-  float *sCorr = (float *)(sKV + 2 * TILE); /* [2][ROWS], by stage */
+  float *sCorr = (float *)(sKV + 2 * TILE); /* [2][ROWS], by block parity */
   float *sM = sCorr + 2 * ROWS;
   float *sL = sM + ROWS;
   uint64_t *sVm = (uint64_t *)(sL + ROWS); /* [2]: token validity bits by stage */
@@ -922,24 +886,21 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   enum { EMPTY = 5 }; /* named barrier ids 5, 6 */
 
   const int it_end = p.work_indptr[u + 1];
-  /* Stage of the current item's block 0: blocks alternate stages across
-   * items, so the next item's block 0 can be loaded into the stage the
-   * current item's last block does not hold (PMLA_WG_PREFETCH). */
-  int sbase = 0;
-  uint32_t pending = 0;  /* loader: bit s: stage s awaits our arrival after cp_wait */
-  int prefetched = -1;   /* loader: the item whose Q and block 0 are already issued */
-  int32_t raw_next = -1; /* loader: this thread's raw map entry of its next block */
   for (int it = p.work_indptr[u]; it < it_end; it++) {
-    const ItemRun c = item_run(p, it, row0, g == 1);
-    const int32_t pslot = c.pslot, qb = c.qb;
-    const int32_t ke = c.ke, len = c.len;
-    const int qlen = c.qe - qb, rows_item = qlen * H;
-    if (!c.runs) {
-      if (c.bad_rows && tid == 0)
+    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int qlen = qe - qb, rows_item = qlen * H;
+    if (qlen <= 0 || row0 >= rows_item)
+      continue;
+    if (qb < 0 || qe > p.num_tokens) {
+      if (tid == 0)
         atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
       continue;
     }
-    const int nrows = c.nrows, nblk = c.nblk, kb = c.kb;
+    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
+    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
     float o[128];
 #pragma unroll
     for (int e = 0; e < 128; e++)
@@ -948,33 +909,34 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     if (g == 1) {
       /* ---------------- warpgroup 1: loader + PV columns 256.. */
       const int t = tid - 128;
-      constexpr int TPT = 128 / BN; /* loader threads per token */
-      const int ld_t = t / TPT, ld_sub = t % TPT;
-      auto load_q = [&](const ItemRun &x) {
-        const char *qsrc = (const char *)(p.q + ((int64_t)x.qb * H + row0) * PMLA_QK_DIM);
-        for (int cc = t; cc < ROWS * PMLA_TILE_CHUNKS; cc += 128) {
-          int rr = cc / PMLA_TILE_CHUNKS, ch = cc % PMLA_TILE_CHUNKS;
-          bool v = rr < x.nrows;
-          cp16(sQ + off(rr, ch), v ? qsrc + (int64_t)rr * PITCH + ch * 16 : qsrc, v);
+      {
+        const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
+        for (int c = t; c < ROWS * PMLA_TILE_CHUNKS; c += 128) {
+          int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
+          bool v = rr < nrows;
+          cp16(sQ + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
         }
+      }
+      constexpr int TPT = 128 / BN; /* loader threads per token */
+      const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+      const int ld_t = t / TPT, ld_sub = t % TPT;
+      auto raw_at = [&](int blk) -> int32_t {
+        int pos = kb + blk * BN + ld_t;
+        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
       };
-      auto raw_at = [&](const ItemRun &x, int blk) -> int32_t {
-        int pos = x.kb + blk * BN + ld_t;
-        return pos < x.ke ? kv_raw(p.map, x.r, pos, x.csr_first) : -1;
-      };
-      /* issues block blk of item x into stage st; returns whether the loader
-       * still has to arrive on the stage's barrier after its cp.async wait
-       * (cp.async blocks, and block 0 whose wait also covers Q) */
-      auto load_block = [&](const ItemRun &x, int blk, int st) -> bool {
-        const int pos = x.kb + blk * BN + ld_t;
+      int32_t raw_next = raw_at(0);
+      /* issues block blk into stage st; returns whether the loader still has
+       * to arrive on the stage's barrier after its cp.async wait (cp.async
+       * blocks, and block 0 whose wait also covers Q) */
+      auto load_block = [&](int blk, int st) -> bool {
+        const int pos = kb + blk * BN + ld_t;
         int64_t slot =
-            pos < x.ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
+            pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
         bool v = slot >= 0;
         store_token_bits<TPT>(sVm, st, wi, lane, v);
         const uint32_t bar = aFull + 8 * st;
 #if PMLA_WG_TMA
-        const int64_t first =
-            use_tma ? whole_page_slot(p.map, raw_next, x.kb + blk * BN, x.ke) : -1;
+        const int64_t first = use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
           if (t == 0) {
             if (blk == 0)
@@ -985,7 +947,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           } else if (blk != 0) {
             mbar_arrive(bar);
           }
-          raw_next = raw_at(x, blk + 1);
+          raw_next = raw_at(blk + 1);
           return blk == 0;
         }
 #endif
@@ -999,54 +961,34 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         char *dst = sKV + st * TILE;
 #pragma unroll
         for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
-          int ch = ld_sub + k * TPT;
-          cp16(dst + off(ld_t, ch), src + (v ? ch * 16 : 0), v);
+          int c = ld_sub + k * TPT;
+          cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
         }
-        raw_next = raw_at(x, blk + 1);
+        raw_next = raw_at(blk + 1);
         return true;
       };
-      /* Q and block 0 of item x into stage st, one commit group */
-      auto start_item = [&](const ItemRun &x, int st) {
-        load_q(x);
-        raw_next = raw_at(x, 0);
-        if (x.nblk > 0 && load_block(x, 0, st))
-          pending |= 1u << st;
-        cp_commit();
-      };
-      if (prefetched != it)
-        start_item(c, sbase);
+      uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
+      if (nblk > 0 && load_block(0, 0))
+        pending = 1;
+      cp_commit();
       for (int b = 0; b < nblk; b++) {
-        const int st = (b + sbase) & 1;
-        if (pending & (1u << st)) {
+        if (pending & (1u << (b & 1))) {
           cp_wait<0>();
           proxy_fence();
-          mbar_arrive(aFull + 8 * st);
-          pending &= ~(1u << st);
+          mbar_arrive(aFull + 8 * (b & 1));
+          pending &= ~(1u << (b & 1));
         }
         if (b + 1 < nblk) {
           if (b >= 1)
-            nb_sync(EMPTY + (st ^ 1)); /* the stage of block b - 1 */
-          if (load_block(c, b + 1, st ^ 1))
-            pending |= 1u << (st ^ 1);
+            nb_sync(EMPTY + ((b - 1) & 1));
+          if (load_block(b + 1, (b + 1) & 1))
+            pending |= 1u << ((b + 1) & 1);
         }
         cp_commit();
-        mbar_wait(aPready + 8 * st, (wait_phase >> st) & 1);
-        wait_phase ^= 1u << st;
-#if PMLA_WG_PREFETCH
-        /* P(b) is written, so warpgroup 0's QK of this item is done (sQ is
-         * free) and so is its PV of block b - 1 (the other stage is free):
-         * the next item's Q and block 0 go there now, under this item's
-         * last PV and epilogue instead of after them. */
-        if (b == nblk - 1 && it + 1 < it_end) {
-          const ItemRun nx = item_run(p, it + 1, row0, true);
-          if (nx.runs && nx.nblk > 0) {
-            start_item(nx, st ^ 1);
-            prefetched = it + 1;
-          }
-        }
-#endif
-        const uint32_t aK = smem_u32(sKV + st * TILE);
-        wg_scale_o(o, sCorr[st * ROWS + myrow[0]], sCorr[st * ROWS + myrow[1]]);
+        mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+        wait_phase ^= 1u << (b & 1);
+        const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
+        wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
         reg_fence<128>(o);
         wg_fence();
 #pragma unroll
@@ -1057,8 +999,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         wg_wait0();
         reg_fence<128>(o);
       }
-      if (prefetched != it + 1) /* nothing may be in flight when the kernel ends */
-        cp_wait<0>();
+      cp_wait<0>();
     } else {
       /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
       int lim[2];
@@ -1070,10 +1011,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       }
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
       for (int b = 0; b < nblk; b++) {
-        const int st = (b + sbase) & 1;
-        mbar_wait(aFull + 8 * st, (wait_phase >> st) & 1);
-        wait_phase ^= 1u << st;
-        char *sK = sKV + st * TILE;
+        mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+        wait_phase ^= 1u << (b & 1);
+        char *sK = sKV + (b & 1) * TILE;
         const uint32_t aK = smem_u32(sK);
         const int pos0 = kb + b * BN;
         float s[32];
@@ -1094,7 +1034,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
         float mx[2];
-        wg_mask_max(s, mx, sVm[st], pos0, lim, scale_log2, lane);
+        wg_mask_max(s, mx, sVm[b & 1], pos0, lim, scale_log2, lane);
         float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
@@ -1103,7 +1043,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           corr[sl] = fast_exp2(m_run[sl] - muse[sl]);
           m_run[sl] = m;
           if (row_leader(lane))
-            sCorr[st * ROWS + myrow[sl]] = corr[sl];
+            sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
         }
         char *sP = sK + 8 * BLK;
 #pragma unroll
@@ -1117,7 +1057,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) = pk;
         }
         proxy_fence();
-        mbar_arrive(aPready + 8 * st);
+        mbar_arrive(aPready + 8 * (b & 1));
         /* our PV reads every warp's rows of P */
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
 #pragma unroll
@@ -1134,7 +1074,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         wg_wait0();
         reg_fence<128>(o);
         if (b + 2 < nblk)
-          nb_arrive(EMPTY + st);
+          nb_arrive(EMPTY + (b & 1));
       }
 #pragma unroll
       for (int sl = 0; sl < 2; sl++)
@@ -1178,7 +1118,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       else if (p.lse)
         p.lse[obase + tid] = lse;
     }
-    sbase = (sbase + nblk) & 1;
     __syncthreads();
   }
 }
