@@ -500,6 +500,47 @@ START_TEST(test_planner_packs_whole_requests_within_the_slack) {
 }
 END_TEST
 
+/* The device walk's step is the reference step, case by case: random
+ * states (including the last units and rooms at and around OH) and
+ * lengths (zero, one block, around the capacity, many units long). */
+START_TEST(test_planner_fill_step_equals_reference_step) {
+  uint64_t rng = harness_seed() ^ 0x44;
+  const int64_t OH = PMLA_SPLIT_OVERHEAD;
+  for (int i = 0; i < 2000000; i++) {
+    int32_t units = 1 + (int32_t)rng_below(&rng, 300);
+    int64_t capacity = OH + 1 + (int64_t)rng_below(&rng, rng_below(&rng, 2) ? 50 : 5000);
+    pmla_plan_fill f = {(int32_t)rng_below(&rng, (uint32_t)units),
+                        (int64_t)rng_below(&rng, (uint32_t)capacity + 1)};
+    if (rng_below(&rng, 4) == 0)
+      f.room = OH - 1 + (int64_t)rng_below(&rng, 3);
+    int64_t blocks;
+    switch (rng_below(&rng, 4)) {
+    case 0:
+      blocks = (int64_t)rng_below(&rng, 3);
+      break;
+    case 1:
+      blocks = capacity - OH - 2 + (int64_t)rng_below(&rng, 5);
+      break;
+    case 2:
+      blocks = (int64_t)rng_below(&rng, (uint32_t)(4 * capacity));
+      break;
+    default:
+      blocks = (int64_t)rng_below(&rng, 1u << 20);
+    }
+    if (blocks < 0)
+      blocks = 0;
+    pmla_plan_fill want = f, got = f;
+    int32_t want_pieces = pmla_plan_fill_count(&want, blocks, capacity, units);
+    int32_t got_pieces = pmla_plan_fill_next(&got, blocks, capacity, units);
+    EXPECT(got_pieces == want_pieces && got.unit == want.unit && got.room == want.room,
+           "fill step from unit %d room %" PRId64 " (units %d, P %" PRId64 ", %" PRId64
+           " blocks): %d pieces, unit %d room %" PRId64 "; reference %d, %d, %" PRId64,
+           f.unit, f.room, units, capacity, blocks, got_pieces, got.unit, got.room, want_pieces,
+           want.unit, want.room);
+  }
+}
+END_TEST
+
 START_TEST(test_planner_handles_batch_zero_and_zero_lengths) {
   for (int32_t N = 1; N <= 64; N++) {
     batch_desc d;
@@ -639,6 +680,7 @@ Suite *suite_planner(void) {
   tcase_add_test(tc, test_planner_invariants_hold_on_random_batches);
   tcase_add_test(tc, test_planner_honours_split_cap_on_adversarial_batches);
   tcase_add_test(tc, test_planner_packs_whole_requests_within_the_slack);
+  tcase_add_test(tc, test_planner_fill_step_equals_reference_step);
   tcase_add_test(tc, test_planner_handles_batch_zero_and_zero_lengths);
   tcase_add_test(tc, test_planner_handles_huge_lengths_without_overflow);
   tcase_add_test(tc, test_planner_flags_bad_input);

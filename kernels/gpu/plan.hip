@@ -39,12 +39,13 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
 /* The fill is sequential: one thread walks a chunk's n requests from the
  * state the previous chunk left in `run` (its registers), recording the
  * state entering each request and its piece count when asked; returns
- * whether some request got more pieces than `cap` (0: no cap). A request
- * that fits whole where the fill stands (most do) costs a compare and a
- * subtract; blocks are read ahead so the walk waits on no shared load. */
+ * whether some request got more pieces than `cap` (0: no cap). One thread
+ * alone runs at its instructions' latency, so the step is
+ * pmla_plan_fill_next (a handful of them per request) and blocks are read
+ * ahead so no shared load is waited on. */
 __device__ __forceinline__ int fill_chunk(const int64_t *blocks, int32_t n, int64_t capacity,
                                           int32_t units, int32_t cap, pmla_plan_fill &run,
-                                          pmla_plan_fill *fill_at, int32_t *pieces) {
+                                          int32_t *unit_at, int64_t *room_at, int32_t *pieces) {
   constexpr int AHEAD = 8;
   int over = 0;
   for (int32_t i0 = 0; i0 < n; i0 += AHEAD) {
@@ -54,28 +55,44 @@ __device__ __forceinline__ int fill_chunk(const int64_t *blocks, int32_t n, int6
       b[k] = i0 + k < n ? blocks[i0 + k] : 0;
 #pragma unroll
     for (int k = 0; k < AHEAD; k++) {
-      if (i0 + k >= n)
-        break;
-      if (fill_at)
-        fill_at[i0 + k] = run;
-      int32_t np = 1;
-      if (run.room >= PMLA_SPLIT_OVERHEAD + b[k]) /* pmla_plan_fill_count's first test */
-        run.room -= PMLA_SPLIT_OVERHEAD + b[k];
-      else
-        np = pmla_plan_fill_count(&run, b[k], capacity, units);
-      if (pieces)
-        pieces[i0 + k] = np;
-      over |= cap > 0 && np > cap;
+      if (i0 + k < n) {
+        if (unit_at) {
+          unit_at[i0 + k] = run.unit;
+          room_at[i0 + k] = run.room;
+        }
+        int32_t np = pmla_plan_fill_next(&run, b[k], capacity, units);
+        if (pieces)
+          pieces[i0 + k] = np;
+        over |= np > cap;
+      }
     }
   }
-  return over;
+  return cap > 0 && over;
+}
+
+/* Sum and maximum over the block of one value per thread, one shared
+ * atomic per warp (64-bit shared atomics are compare-and-swap loops). */
+__device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned long long mx,
+                                              unsigned long long *s_sum,
+                                              unsigned long long *s_max) {
+  for (int o = 16; o >= 1; o >>= 1) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    unsigned long long y = __shfl_xor_sync(0xffffffffu, mx, o);
+    mx = y > mx ? y : mx;
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(s_sum, sum);
+    if (s_max)
+      atomicMax(s_max, mx);
+  }
 }
 
 __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input in,
                                                                   pmla_plan_output out) {
   __shared__ int64_t buf[PLAN_THREADS];
   __shared__ int64_t blocks[PLAN_THREADS];
-  __shared__ pmla_plan_fill fill_at[PLAN_THREADS];
+  __shared__ int32_t unit_at[PLAN_THREADS];
+  __shared__ int64_t room_at[PLAN_THREADS];
   __shared__ int32_t pieces[PLAN_THREADS];
   __shared__ int32_t last_unit[PLAN_THREADS];
   __shared__ unsigned long long s_total, s_piece_total, s_max_blocks;
@@ -99,8 +116,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     part += OH + blocks_r;
     longest = blocks_r > longest ? blocks_r : longest;
   }
-  atomicAdd(&s_total, part);
-  atomicMax(&s_max_blocks, longest);
+  block_sum_max(part, longest, &s_total, &s_max_blocks);
   atomicOr(&s_err, err);
   err = 0;
   __syncthreads();
@@ -116,7 +132,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       if (t < n)
         blocks[t] = pmla_plan_describe(&in, c0 + t, &scratch).blocks;
       __syncthreads();
-      if (t == 0 && fill_chunk(blocks, n, sh.capacity, N, in.split_cap, run, NULL, NULL))
+      if (t == 0 && fill_chunk(blocks, n, sh.capacity, N, in.split_cap, run, NULL, NULL, NULL))
         s_piece_mode = 1;
       __syncthreads();
     }
@@ -128,7 +144,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
         pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
         part += (unsigned long long)pmla_plan_line_cost(&in, &sh, &q);
       }
-      atomicAdd(&s_piece_total, part);
+      block_sum_max(part, 0, &s_piece_total, NULL);
       __syncthreads();
       sh.piece_total = s_piece_total ? (int64_t)s_piece_total : 1;
     }
@@ -155,10 +171,11 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       blocks[t] = q.blocks;
       __syncthreads();
       if (t == 0)
-        fill_chunk(blocks, n, sh.capacity, N, 0, run, fill_at, pieces);
+        fill_chunk(blocks, n, sh.capacity, N, 0, run, unit_at, room_at, pieces);
       __syncthreads();
       if (valid) {
-        base.fill = fill_at[t];
+        base.fill.unit = unit_at[t];
+        base.fill.room = room_at[t];
         npieces = pieces[t];
       }
     }
