@@ -284,7 +284,7 @@ START_TEST(test_device_schedule_equals_host_planner) {
   if (!require_graphs(__func__))
     return;
   uint64_t rng = harness_seed() ^ 0x77;
-  enum { MAXB = 300, WIDTH = 40 };
+  enum { MAXB = 700, WIDTH = 40 }; /* up to three 256-request chunks of the device planner */
   int32_t *qo = malloc(sizeof(int32_t) * (MAXB + 1)), *lens = malloc(sizeof(int32_t) * MAXB);
   int32_t *bt = calloc((size_t)MAXB * WIDTH, sizeof(int32_t));
   ck_assert(qo && lens && bt);

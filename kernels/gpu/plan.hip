@@ -4,8 +4,8 @@
  * _pieces / _place / _finish); this file only supplies the prefix sums the
  * serial loop keeps in variables: block-wide scans over chunks of
  * PLAN_THREADS requests, and the fill state entering each request, which
- * one thread walks per chunk (a few integer steps per request). So the
- * device schedule is the host's, bit for bit. No host sync, no allocation,
+ * warp 0 walks per chunk (see fill_chunk). So the device schedule is the
+ * host's, bit for bit. No host sync, no allocation,
  * no copies: capturable in a graph together with the decode. */
 #include <stdint.h>
 
@@ -36,35 +36,62 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   return inclusive - x;
 }
 
-/* The fill is sequential: one thread walks a chunk's n requests from the
- * state the previous chunk left in `run` (its registers), recording the
- * state entering each request and its piece count when asked; returns
- * whether some request got more pieces than `cap` (0: no cap). One thread
- * alone runs at its instructions' latency, so the step is
- * pmla_plan_fill_next (a handful of them per request) and blocks are read
- * ahead so no shared load is waited on. */
+/* The fill is sequential, so warp 0 walks it over a chunk's n requests
+ * (blocks in shared memory), 32 at a time, from the state the previous
+ * chunk left in `run` (identical in every lane). Requests that fit whole
+ * where the fill stands are settled together from a warp prefix sum of
+ * their costs; only the first that does not fit (a split, or a move to the
+ * next unit: about one per unit boundary) takes a step of
+ * pmla_plan_fill_next, every lane computing it alike. Records the state
+ * entering each request and its piece count when unit_at is set (then
+ * room_at and pieces too); returns whether some request got more pieces
+ * than `cap` (0: no cap). */
 __device__ __forceinline__ int fill_chunk(const int64_t *blocks, int32_t n, int64_t capacity,
                                           int32_t units, int32_t cap, pmla_plan_fill &run,
                                           int32_t *unit_at, int64_t *room_at, int32_t *pieces) {
-  constexpr int AHEAD = 8;
+  const unsigned all = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
   int over = 0;
-  for (int32_t i0 = 0; i0 < n; i0 += AHEAD) {
-    int64_t b[AHEAD];
-#pragma unroll
-    for (int k = 0; k < AHEAD; k++)
-      b[k] = i0 + k < n ? blocks[i0 + k] : 0;
-#pragma unroll
-    for (int k = 0; k < AHEAD; k++) {
-      if (i0 + k < n) {
-        if (unit_at) {
-          unit_at[i0 + k] = run.unit;
-          room_at[i0 + k] = run.room;
-        }
-        int32_t np = pmla_plan_fill_next(&run, b[k], capacity, units);
-        if (pieces)
-          pieces[i0 + k] = np;
-        over |= np > cap;
+  for (int32_t w0 = 0; w0 < n; w0 += 32) {
+    const int m = n - w0 < 32 ? n - w0 : 32; /* requests in this window */
+    const bool valid = lane < m;
+    const int64_t b = valid ? blocks[w0 + lane] : 0;
+    const int64_t need = valid ? PMLA_SPLIT_OVERHEAD + b : 0;
+    int64_t incl = need; /* costs of this window's requests up to this lane */
+    for (int o = 1; o < 32; o <<= 1) {
+      int64_t y = __shfl_up_sync(all, incl, o);
+      if (lane >= o)
+        incl += y;
+    }
+    const int64_t excl = incl - need;
+    int start = 0;    /* first request of the window still to place */
+    int64_t off = 0;  /* its excl */
+    for (;;) {
+      const bool live = valid && lane >= start;
+      const bool fits = incl - off <= run.room || run.unit >= units - 1;
+      const unsigned stop = __ballot_sync(all, live && !fits);
+      const int e = stop ? __ffs(stop) - 1 : m; /* the first that does not fit */
+      if (unit_at && live && lane < e) {
+        unit_at[w0 + lane] = run.unit;
+        room_at[w0 + lane] = run.room - (excl - off);
+        pieces[w0 + lane] = 1;
       }
+      const int64_t excl_e = __shfl_sync(all, excl, e & 31), incl_e = __shfl_sync(all, incl, e & 31);
+      const int64_t last = __shfl_sync(all, incl, 31);
+      run.room -= (e < 32 ? excl_e : last) - off;
+      if (e >= m)
+        break;
+      const int64_t be = __shfl_sync(all, b, e);
+      if (lane == e && unit_at) {
+        unit_at[w0 + e] = run.unit;
+        room_at[w0 + e] = run.room;
+      }
+      const int32_t np = pmla_plan_fill_next(&run, be, capacity, units);
+      if (lane == e && unit_at)
+        pieces[w0 + e] = np;
+      over |= np > cap;
+      off = incl_e;
+      start = e + 1;
     }
   }
   return cap > 0 && over;
@@ -121,7 +148,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   err = 0;
   __syncthreads();
   pmla_plan_shape sh = pmla_plan_shape_of((int64_t)s_total, N);
-  pmla_plan_fill run = pmla_plan_fill_start(&sh); /* thread 0's */
+  pmla_plan_fill run = pmla_plan_fill_start(&sh); /* warp 0's */
 
   /* Piece mode when the fill gives any request more pieces than the cap;
    * no walk when even the longest request cannot get that many. */
@@ -132,7 +159,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       if (t < n)
         blocks[t] = pmla_plan_describe(&in, c0 + t, &scratch).blocks;
       __syncthreads();
-      if (t == 0 && fill_chunk(blocks, n, sh.capacity, N, in.split_cap, run, NULL, NULL, NULL))
+      if (t < 32 && fill_chunk(blocks, n, sh.capacity, N, in.split_cap, run, NULL, NULL, NULL))
         s_piece_mode = 1;
       __syncthreads();
     }
@@ -170,7 +197,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     } else {
       blocks[t] = q.blocks;
       __syncthreads();
-      if (t == 0)
+      if (t < 32)
         fill_chunk(blocks, n, sh.capacity, N, 0, run, unit_at, room_at, pieces);
       __syncthreads();
       if (valid) {
