@@ -19,6 +19,34 @@
 
 namespace {
 
+/* 32-lane shuffles and ballots on both platforms (an AMD wavefront of 64
+ * lanes is two independent 32-lane groups for these). */
+#ifdef PMLA_PLATFORM_NVIDIA
+template <typename T> __device__ __forceinline__ T shfl32(T v, int src) {
+  return __shfl_sync(0xffffffffu, v, src);
+}
+template <typename T> __device__ __forceinline__ T shfl32_up(T v, int d) {
+  return __shfl_up_sync(0xffffffffu, v, d);
+}
+template <typename T> __device__ __forceinline__ T shfl32_xor(T v, int m) {
+  return __shfl_xor_sync(0xffffffffu, v, m);
+}
+__device__ __forceinline__ unsigned ballot32(bool p) { return __ballot_sync(0xffffffffu, p); }
+#else
+template <typename T> __device__ __forceinline__ T shfl32(T v, int src) {
+  return __shfl(v, src, 32);
+}
+template <typename T> __device__ __forceinline__ T shfl32_up(T v, int d) {
+  return __shfl_up(v, d, 32);
+}
+template <typename T> __device__ __forceinline__ T shfl32_xor(T v, int m) {
+  return __shfl_xor(v, m, 32);
+}
+__device__ __forceinline__ unsigned ballot32(bool p) {
+  return (unsigned)(__ballot(p) >> (threadIdx.x & 32));
+}
+#endif
+
 /* Exclusive prefix of x over the block; *sum gets the block's total. */
 __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   const int t = threadIdx.x;
@@ -49,7 +77,6 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
 __device__ __forceinline__ int fill_chunk(const int64_t *blocks, int32_t n, int64_t capacity,
                                           int32_t units, int32_t cap, pmla_plan_fill &run,
                                           int32_t *unit_at, int64_t *room_at, int32_t *pieces) {
-  const unsigned all = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   int over = 0;
   for (int32_t w0 = 0; w0 < n; w0 += 32) {
@@ -59,7 +86,7 @@ __device__ __forceinline__ int fill_chunk(const int64_t *blocks, int32_t n, int6
     const int64_t need = valid ? PMLA_SPLIT_OVERHEAD + b : 0;
     int64_t incl = need; /* costs of this window's requests up to this lane */
     for (int o = 1; o < 32; o <<= 1) {
-      int64_t y = __shfl_up_sync(all, incl, o);
+      int64_t y = shfl32_up(incl, o);
       if (lane >= o)
         incl += y;
     }
@@ -69,19 +96,19 @@ __device__ __forceinline__ int fill_chunk(const int64_t *blocks, int32_t n, int6
     for (;;) {
       const bool live = valid && lane >= start;
       const bool fits = incl - off <= run.room || run.unit >= units - 1;
-      const unsigned stop = __ballot_sync(all, live && !fits);
+      const unsigned stop = ballot32(live && !fits);
       const int e = stop ? __ffs(stop) - 1 : m; /* the first that does not fit */
       if (unit_at && live && lane < e) {
         unit_at[w0 + lane] = run.unit;
         room_at[w0 + lane] = run.room - (excl - off);
         pieces[w0 + lane] = 1;
       }
-      const int64_t excl_e = __shfl_sync(all, excl, e & 31), incl_e = __shfl_sync(all, incl, e & 31);
-      const int64_t last = __shfl_sync(all, incl, 31);
+      const int64_t excl_e = shfl32(excl, e & 31), incl_e = shfl32(incl, e & 31);
+      const int64_t last = shfl32(incl, 31);
       run.room -= (e < 32 ? excl_e : last) - off;
       if (e >= m)
         break;
-      const int64_t be = __shfl_sync(all, b, e);
+      const int64_t be = shfl32(b, e);
       if (lane == e && unit_at) {
         unit_at[w0 + e] = run.unit;
         room_at[w0 + e] = run.room;
@@ -103,8 +130,8 @@ __device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned l
                                               unsigned long long *s_sum,
                                               unsigned long long *s_max) {
   for (int o = 16; o >= 1; o >>= 1) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    unsigned long long y = __shfl_xor_sync(0xffffffffu, mx, o);
+    sum += shfl32_xor(sum, o);
+    unsigned long long y = shfl32_xor(mx, o);
     mx = y > mx ? y : mx;
   }
   if ((threadIdx.x & 31) == 0) {
