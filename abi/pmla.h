@@ -251,8 +251,8 @@ typedef pmla_status (*pmla_entry_fn)(pmla_negotiation *negotiation);
  * 4..5 KV positions [begin, end) of the request, 6 the request's KV length,
  * 7 the piece's index within its request. Unit n runs items
  * work_indptr[n] .. work_indptr[n + 1] in order. work_meta_data words:
- * 0 items, 1 reduce entries, 2 partial slots used, 3 schedule mode (0 even
- * line cut, 1 capped pieces), 4 most pieces of one request, 5 requests,
+ * 0 items, 1 reduce entries, 2 partial slots used, 3 schedule mode (0 units
+ * filled in order, 1 capped pieces), 4 most pieces of one request, 5 requests,
  * 6 the device error word, 7 query rows. Reduce entry k merges partial
  * slots reduce_partial_map[reduce_indptr[k] .. reduce_indptr[k + 1]] into
  * request reduce_final_map[k]. */
