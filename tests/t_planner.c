@@ -108,8 +108,9 @@ static int cmp_i32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Plans `d` and checks every invariant; fails the test with the batch. */
-static void check_plan(const batch_desc *d) {
+/* Plans `d` and checks every invariant; fails the test with the batch.
+ * Returns the number of split requests (reduce entries). */
+static int32_t check_plan(const batch_desc *d) {
   const int32_t R = d->R, N = d->N, OH = PMLA_SPLIT_OVERHEAD;
   char desc[2048];
   plan_bufs b;
@@ -328,6 +329,7 @@ static void check_plan(const batch_desc *d) {
   free(slot_used);
   free(item_of);
   bufs_free(&b);
+  return reduces;
 }
 
 static int32_t random_len(uint64_t *rng) {
@@ -447,11 +449,9 @@ START_TEST(test_planner_honours_split_cap_on_adversarial_batches) {
 }
 END_TEST
 
-/* Plans R requests of length len on N units without a cap; returns the
- * number of split requests (reduce entries) after checking every invariant. */
+/* Plans R requests of length len on N units without a cap, checking every
+ * invariant; returns the number of split requests. */
 static int32_t splits_of_uniform(int32_t R, int32_t len, int32_t N) {
-  plan_bufs b;
-  bufs_alloc(&b, R, N);
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)R);
   EXPECT(lens != NULL, "out of memory");
   for (int32_t r = 0; r < R; r++)
@@ -462,21 +462,8 @@ static int32_t splits_of_uniform(int32_t R, int32_t len, int32_t N) {
   d.N = N;
   d.max_q_len = 1;
   d.lens = lens;
-  check_plan(&d);
-  pmla_plan_input in;
-  memset(&in, 0, sizeof in);
-  in.num_requests = R;
-  in.num_units = N;
-  in.max_q_len = 1;
-  in.kv_lens = lens;
-  in.max_kv_len = INT32_MAX;
-  in.max_items = R + N;
-  in.max_partials = 2 * N;
-  pmla_plan_output out = {b.meta, b.indptr, b.info, b.rindptr, b.rfinal, b.rpartial};
-  EXPECT(pmla_plan(&in, &out) == 0, "planner error on a valid batch");
-  int32_t splits = b.meta[PMLA_META_NUM_REDUCE];
+  int32_t splits = check_plan(&d);
   free(lens);
-  bufs_free(&b);
   return splits;
 }
 
