@@ -18,10 +18,11 @@
  * nothing is paid for partials or a reduce. Proven below and tested:
  *   - every unit's load is <= P (within one block plus OH of C/N), and every
  *     unit before the last non-empty one has load >= P - OH;
- *   - the fill never runs past unit N - 1: a unit ends either with a split
- *     (room 0, and the next unit starts with a continuation piece whose OH
- *     is not on the line) or with room <= OH (and the next unit starts a
- *     request), so each of N units advances the line by >= P - OH >= C/N;
+ *   - the fill never runs past unit N - 1: the loads add up to C + OH * S
+ *     (S splits, each adding a continuation's OH); a unit that ends with a
+ *     split has load P, any other that ends has room <= OH, so load
+ *     >= P - OH; hence units 0..N-2 take at least (N - 1) * ceil(C/N) of C
+ *     and the last unit's rest, at most ceil(C/N) <= P, never splits;
  *   - each split ends a unit, so at most N - 1 splits: at most R + N - 1
  *     work items and 2(N - 1) partial slots.
  *

@@ -20,6 +20,7 @@ constexpr int REDUCE_THREADS = 128;
 /* Pieces whose partial rows a warp loads before it adds any of them, so
  * AHEAD * PMLA_V_DIM * 4 bytes per warp are in flight, not one row. */
 constexpr int AHEAD = 4;
+static_assert(WARP % AHEAD == 0, "a chunk's pieces j0 + a stay below WARP");
 
 template <typename T> __device__ __forceinline__ T lane_value(T v, int src) {
 #ifdef PMLA_PLATFORM_NVIDIA

@@ -20,7 +20,8 @@
 namespace {
 
 /* 32-lane shuffles and ballots on both platforms (an AMD wavefront of 64
- * lanes is two independent 32-lane groups for these). */
+ * lanes is two independent 32-lane groups for these; ballot32 assumes the
+ * wave64 CDNA targets the build is for). */
 #ifdef PMLA_PLATFORM_NVIDIA
 template <typename T> __device__ __forceinline__ T shfl32(T v, int src) {
   return __shfl_sync(0xffffffffu, v, src);
