@@ -194,7 +194,7 @@ typedef struct pmla_plan_fill {
 /* Fill mode: the piece of a request (`blocks` blocks) that starts at block
  * `first`, from fill state *f. Sets *unit to the unit that takes it and
  * returns the block after it (== blocks for the request's last piece),
- * leaving *f after it. The last unit takes whatever is left (planner.h
+ * leaving *f after it. The last unit takes whatever is left (the header
  * proves it never must; the room then goes negative and is flagged). */
 PMLA_HD static inline int64_t pmla_plan_fill_piece(pmla_plan_fill *f, int64_t blocks,
                                                    int64_t first, int64_t capacity,
@@ -228,8 +228,8 @@ PMLA_HD static inline int32_t pmla_plan_fill_count(pmla_plan_fill *f, int64_t bl
 
 /* pmla_plan_fill_count in a few predicable steps for the cases that are
  * nearly all of them (the request fits where the fill stands, or its rest
- * fits one fresh unit); the loop otherwise. The device's one-thread walk
- * runs this per request, so its instruction count is the walk's latency.
+ * fits one fresh unit); the loop otherwise. The device's walk is serial in
+ * this step (plan.hip), so its instruction count is the walk's latency.
  * Equal to pmla_plan_fill_count in pieces and state (tested). */
 PMLA_HD static inline int32_t pmla_plan_fill_next(pmla_plan_fill *f, int64_t blocks,
                                                   int64_t capacity, int32_t units) {
@@ -301,17 +301,6 @@ typedef struct pmla_plan_base {
   int32_t reduces;     /* its reduce entry, when split */
   int32_t unit;        /* unit of the previous request's last item (0 first) */
 } pmla_plan_base;
-
-/* Pieces of a request placed from `base`. */
-PMLA_HD static inline int32_t pmla_plan_pieces(const pmla_plan_input *in,
-                                               const pmla_plan_shape *sh,
-                                               const pmla_plan_req *q,
-                                               const pmla_plan_base *base) {
-  if (sh->piece_mode)
-    return pmla_plan_piece_count(q->blocks, sh->total, in->num_units, in->split_cap);
-  pmla_plan_fill f = base->fill;
-  return pmla_plan_fill_count(&f, q->blocks, sh->capacity, in->num_units);
-}
 
 /* Walks request r's pieces (there are npieces) and, when `out` is set,
  * writes its work items, its reduce entry and the work_indptr of units
@@ -451,12 +440,15 @@ PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_pl
   int32_t max_pieces = 0, rows = 0;
   for (int32_t r = 0; r < R; r++) {
     pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-    int32_t npieces = pmla_plan_pieces(in, &sh, &q, &at);
+    pmla_plan_fill after = at.fill;
+    int32_t npieces = sh.piece_mode
+                          ? pmla_plan_piece_count(q.blocks, sh.total, N, in->split_cap)
+                          : pmla_plan_fill_next(&after, q.blocks, sh.capacity, N);
     at.unit = pmla_plan_place(in, out, &sh, r, &q, npieces, &at, &err);
     if (sh.piece_mode)
       at.line += pmla_plan_line_cost(in, &sh, &q);
     else
-      pmla_plan_fill_next(&at.fill, q.blocks, sh.capacity, N);
+      at.fill = after;
     at.items += npieces;
     if (npieces > 1) {
       at.partials += npieces;

@@ -1,12 +1,12 @@
-/* plan.hip - the metadata kernel: the planner of planner.h run in parallel
- * by one work-group. Every per-request decision is made by the same
- * functions the serial pmla_plan calls (pmla_plan_describe / _line_cost /
- * _pieces / _place / _finish); this file only supplies the prefix sums the
- * serial loop keeps in variables: block-wide scans over chunks of
- * PLAN_THREADS requests, and the fill state entering each request, which
- * warp 0 walks per chunk (see fill_chunk). So the device schedule is the
- * host's, bit for bit. No host sync, no allocation,
- * no copies: capturable in a graph together with the decode. */
+/* plan.hip - the metadata kernel: the planner of planner.h run in parallel by
+ * one work-group. Every per-request decision is made by the same functions
+ * the serial pmla_plan calls (pmla_plan_describe / _line_cost / _piece_count
+ * / _fill_next / _place / _finish); this file only supplies the prefix sums
+ * the serial loop keeps in variables: block-wide scans over chunks of
+ * PLAN_THREADS requests, and the fill state entering each request, which warp
+ * 0 walks per chunk (see fill_chunk). So the device schedule is the host's,
+ * bit for bit. No host sync, no allocation, no copies: capturable in a graph
+ * together with the decode. */
 #include <stdint.h>
 
 #include "hip_compat.h"
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       base.line += block_exclusive_scan(valid ? pmla_plan_line_cost(&in, &sh, &q) : 0, buf,
                                         &line_sum);
       at.line += line_sum;
-      npieces = valid ? pmla_plan_pieces(&in, &sh, &q, &base) : 0;
+      npieces = valid ? pmla_plan_piece_count(q.blocks, sh.total, N, in.split_cap) : 0;
     } else {
       blocks[t] = q.blocks;
       __syncthreads();
