@@ -38,8 +38,9 @@ typedef struct pmla_gpu_problem {
   const int32_t *reduce_partial_map;
 } pmla_gpu_problem;
 
-/* The most planner units the metadata kernel takes (its cut table lives in
- * shared memory); the plugin clamps pmla_gpu_sched_units to it. */
+/* The most planner units the metadata kernel takes (its per-chunk piece
+ * counts are packed in 21-bit fields: 256 requests x 2048 units); the
+ * plugin clamps pmla_gpu_sched_units to it. */
 #define PMLA_GPU_MAX_UNITS 2048
 
 /* The smallest row tile (16-row units) for a builder with this page size
