@@ -41,6 +41,8 @@ static void gpu_destroy(pmla_builder *b) {
   for (int i = 0; i < PMLA_BUF_COUNT; i++)
     if (b->buf[i])
       gpuFree(b->buf[i]);
+  if (b->impl)
+    gpuFree(b->impl);
   leave_device(d);
   free(b);
 }
@@ -92,6 +94,21 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
                        bytes, i == PMLA_BUF_PARTIAL_OUT ? "partial_out" : "schedule buffers",
                        cfg.device, (unsigned long long)total);
     }
+  }
+  /* impl: the fused reduce's arrival counters (see pmla_gpu_problem) */
+  size_t counts = (size_t)b->info.max_requests *
+                  (size_t)PMLA_GPU_MAX_TILES(cfg.max_q_len, cfg.num_heads) * sizeof(int32_t);
+  void *counters = NULL;
+  if (gpuMalloc(&counters, counts) != GPU_SUCCESS)
+    counters = NULL; /* gpu_destroy must not free what the runtime did not give */
+  b->impl = counters;
+  if (!counters || gpuMemset(counters, 0, counts) != GPU_SUCCESS) {
+    gpuGetLastError();
+    gpu_destroy(b);
+    leave_device(d);
+    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
+                     "init_builder: cannot allocate %zu bytes (reduce counters) on device %d",
+                     counts, cfg.device);
   }
   leave_device(d);
   *out = b;
@@ -159,6 +176,7 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   p.reduce_indptr = b->buf[PMLA_BUF_REDUCE_INDPTR];
   p.reduce_final_map = b->buf[PMLA_BUF_REDUCE_FINAL_MAP];
   p.reduce_partial_map = b->buf[PMLA_BUF_REDUCE_PARTIAL_MAP];
+  p.merge_counts = b->impl;
   device_scope d = enter_device(b->cfg.device);
   int rc = pmla_gpu_decode(&p, a.stream);
   leave_device(d);

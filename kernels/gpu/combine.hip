@@ -17,40 +17,14 @@ using namespace pmla_mma;
 /* Small blocks: a b=4 long-context step has only entries x heads = 512
  * (entry, row) pairs, and 256-thread blocks would leave half the SMs idle. */
 constexpr int REDUCE_THREADS = 128;
-/* Pieces whose partial rows a warp loads before it adds any of them, so
- * AHEAD * PMLA_V_DIM * 4 bytes per warp are in flight, not one row. */
-constexpr int AHEAD = 4;
-static_assert(WARP % AHEAD == 0, "a chunk's pieces j0 + a stay below WARP");
 
-template <typename T> __device__ __forceinline__ T lane_value(T v, int src) {
-#ifdef PMLA_PLATFORM_NVIDIA
-  return __shfl_sync(0xffffffffu, v, src);
-#else
-  return __shfl(v, src);
-#endif
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = WARP / 2; o > 0; o >>= 1)
-#ifdef PMLA_PLATFORM_NVIDIA
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-#else
-    v += __shfl_xor(v, o);
-#endif
-  return v;
-}
-
-/* One warp per (reduce entry, row): merge the pieces' partials by lse. The
- * lanes first take one piece each (its slot and weight exp(lse - max lse),
- * 0 for a piece to skip); then the warp walks the pieces AHEAD at a time,
- * every lane loading its columns of all AHEAD rows before adding them. */
+/* One warp per (reduce entry, row): pmla_merge::merge_row. */
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
   pdl_wait();
   pdl_trigger();
-  constexpr int V4 = PMLA_V_DIM / 4 / WARP; /* float4 per lane */
   const int H = p.num_heads, mq = p.max_q_len;
   const int64_t rows_max = (int64_t)mq * H;
   const int nred = p.work_meta_data[PMLA_META_NUM_REDUCE];
-  const int64_t max_slots = 2LL * p.num_units;
   const int lane = threadIdx.x % WARP;
   const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP);
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
@@ -67,68 +41,7 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     }
     if (i >= (qe - qb) * H)
       continue;
-    const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
-    float best = -INFINITY;
-    for (int q = p0 + lane; q < p1; q += WARP) {
-      int s = p.reduce_partial_map[q];
-      if (s >= 0 && s < max_slots)
-        best = fmaxf(best, p.partial_lse[(int64_t)s * rows_max + i]);
-    }
-    best = warp_max(best);
-    float4 acc[V4];
-#pragma unroll
-    for (int v = 0; v < V4; v++)
-      acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-    float total = 0.f; /* this lane's pieces' weights */
-    for (int c0 = p0; best != -INFINITY && c0 < p1; c0 += WARP) {
-      const int q = c0 + lane;
-      int64_t row = 0; /* this lane's piece: its partial row, and weight */
-      float wgt = 0.f;
-      if (q < p1) {
-        int s = p.reduce_partial_map[q];
-        if (s >= 0 && s < max_slots) {
-          row = (int64_t)s * rows_max + i;
-          float l = p.partial_lse[row];
-          wgt = l == -INFINITY ? 0.f : expf(l - best);
-        }
-      }
-      total += wgt;
-      const int n = p1 - c0 < WARP ? p1 - c0 : WARP;
-      for (int j0 = 0; j0 < n; j0 += AHEAD) {
-        float w[AHEAD];
-        float4 x[AHEAD][V4];
-#pragma unroll
-        for (int a = 0; a < AHEAD; a++) {
-          w[a] = lane_value(wgt, j0 + a); /* lanes >= n hold weight 0 */
-          const int64_t at = lane_value(row, j0 + a);
-          const float4 *src = (const float4 *)(p.partial_out + at * PMLA_V_DIM);
-#pragma unroll
-          for (int v = 0; v < V4; v++)
-            x[a][v] = w[a] != 0.f ? src[lane + v * WARP] : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int a = 0; a < AHEAD; a++)
-#pragma unroll
-          for (int v = 0; v < V4; v++) {
-            acc[v].x += w[a] * x[a][v].x;
-            acc[v].y += w[a] * x[a][v].y;
-            acc[v].z += w[a] * x[a][v].z;
-            acc[v].w += w[a] * x[a][v].w;
-          }
-      }
-    }
-    total = warp_sum(total);
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    uint16_t *dst = p.out + ((int64_t)qb * H + i) * PMLA_V_DIM;
-#pragma unroll
-    for (int v = 0; v < V4; v++) {
-      uint2 pk;
-      pk.x = pack_bf16x2(acc[v].x * inv, acc[v].y * inv);
-      pk.y = pack_bf16x2(acc[v].z * inv, acc[v].w * inv);
-      *(uint2 *)(dst + (lane + v * WARP) * 4) = pk;
-    }
-    if (lane == 0 && p.lse)
-      p.lse[(int64_t)qb * H + i] = total > 0.f ? best + logf(total) : -INFINITY;
+    pmla_merge::merge_row(p, k, i, qb, lane);
   }
 }
 

@@ -610,6 +610,13 @@ __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
 #ifndef PMLA_WG_SPLIT
 #define PMLA_WG_SPLIT 0
 #endif
+/* PMLA_FUSED_REDUCE 1: body_pp merges a split request's partials in the
+ * work-group that finishes its last piece (per head tile) and no reduce
+ * kernel is launched for the 64-row wgmma path; 0 (default): the separate
+ * reduce kernel (measured faster, README). */
+#ifndef PMLA_FUSED_REDUCE
+#define PMLA_FUSED_REDUCE 0
+#endif
 /* PMLA_WG_TMA 1 (default): body_pp loads a KV block that is one whole,
  * valid, page-aligned run of 64 slots (page sizes that are multiples of 64)
  * with nine TMA copies issued by one thread; every other block takes the
@@ -843,6 +850,47 @@ __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint
   for (int sl = 0; sl < 2; sl++)
     mx[sl] = row_max(mx[sl]) * scale_log2;
 }
+#if PMLA_FUSED_REDUCE
+/* The fused reduce: the work-group that writes the last of a split
+ * request's partials for its head tile merges that tile's rows, so no
+ * reduce kernel runs. Arrivals are counted per (request, tile) in
+ * merge_counts; the last arriver resets its counter for the next step.
+ * first_slot: the request's first partial slot (its reduce entry starts
+ * there). */
+__device__ __noinline__ void merge_if_last(const pmla_gpu_problem &p, int32_t r,
+                                           int32_t first_slot, int32_t qb, int row0,
+                                           int nrows) {
+  __shared__ int s_entry;
+  __threadfence(); /* this thread's partial stores, before the arrival */
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int nred = p.work_meta_data[PMLA_META_NUM_REDUCE];
+    int lo = 0, hi = nred; /* the entry whose slots start at first_slot */
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (p.reduce_indptr[mid] < first_slot)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    const int pieces = p.reduce_indptr[lo + 1] - p.reduce_indptr[lo];
+    int32_t *count = p.merge_counts + (int64_t)r * gridDim.y + blockIdx.y;
+    const int before = atomicAdd(count, 1);
+    s_entry = before == pieces - 1 ? lo : -1;
+    if (before == pieces - 1)
+      *count = 0;
+  }
+  __syncthreads();
+  const int k = s_entry;
+  if (k < 0)
+    return;
+  __threadfence(); /* the other pieces' partials, after their arrivals */
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int rl = warp; rl < nrows; rl += NT / 32)
+    pmla_merge::merge_row(p, k, row0 + rl, qb, lane);
+}
+#endif
+
 /* O *= corr by row; skipped when no row of the warp changed its maximum,
  * which after the first blocks is the common case */
 __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) {
@@ -888,7 +936,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const int it_end = p.work_indptr[u + 1];
   for (int it = p.work_indptr[u]; it < it_end; it++) {
     const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
-    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL], piece = w[PMLA_WI_PIECE];
     const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
     const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
     const int qlen = qe - qb, rows_item = qlen * H;
@@ -1118,6 +1166,12 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       else if (p.lse)
         p.lse[obase + tid] = lse;
     }
+#if PMLA_FUSED_REDUCE
+    if (pslot >= 0)
+      merge_if_last(p, r, pslot - piece, qb, row0, nrows);
+#else
+    (void)piece;
+#endif
     __syncthreads();
   }
 }
@@ -1796,6 +1850,10 @@ extern "C" int pmla_gpu_decode(const pmla_gpu_problem *problem, void *stream) {
   }
   if (e != hipSuccess)
     return (int)e;
+#if PMLA_FUSED_REDUCE && PMLA_WGMMA && PMLA_WG_PP == 1 && defined(PMLA_PLATFORM_NVIDIA)
+  if (host_mt(p.num_heads, p.max_q_len, p.min_mt) == 4 && g_wgmma_loaded)
+    return 0; /* body_pp merged the split requests itself */
+#endif
   return (int)pmla_gpu_combine(p, st);
 }
 
