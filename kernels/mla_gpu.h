@@ -36,13 +36,14 @@ typedef struct pmla_gpu_problem {
   const int32_t *reduce_indptr;
   const int32_t *reduce_final_map;
   const int32_t *reduce_partial_map;
-  int32_t *merge_counts;      /* [max requests * PMLA_GPU_MAX_TILES(max_q_len, heads)], zero
-                                 between steps: arrivals per (request, head tile) for the
-                                 fused reduce (built with -DPMLA_FUSED_REDUCE=1 only) */
+  int32_t *merge_counts;      /* [pmla_gpu_merge_counts(...)], zero between steps: arrivals
+                                 per (request, head tile) for the fused reduce; NULL when
+                                 the kernels are built without it */
 } pmla_gpu_problem;
 
-/* Head tiles of a step at most (the smallest tile has 16 rows). */
-#define PMLA_GPU_MAX_TILES(max_q_len, heads) (((int64_t)(max_q_len) * (heads) + 15) / 16)
+/* int32 arrival counters the decode needs (zeroed once at init): 0 unless
+ * the kernels are built with -DPMLA_FUSED_REDUCE=1. */
+int64_t pmla_gpu_merge_counts(int64_t max_requests, int32_t max_q_len, int32_t num_heads);
 
 /* The most planner units the metadata kernel takes (its per-chunk piece
  * counts are packed in 21-bit fields: 256 requests x 2048 units); the

@@ -95,20 +95,23 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
                        cfg.device, (unsigned long long)total);
     }
   }
-  /* impl: the fused reduce's arrival counters (see pmla_gpu_problem) */
-  size_t counts = (size_t)b->info.max_requests *
-                  (size_t)PMLA_GPU_MAX_TILES(cfg.max_q_len, cfg.num_heads) * sizeof(int32_t);
-  void *counters = NULL;
-  if (gpuMalloc(&counters, counts) != GPU_SUCCESS)
-    counters = NULL; /* gpu_destroy must not free what the runtime did not give */
-  b->impl = counters;
-  if (!counters || gpuMemset(counters, 0, counts) != GPU_SUCCESS) {
-    gpuGetLastError();
-    gpu_destroy(b);
-    leave_device(d);
-    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
-                     "init_builder: cannot allocate %zu bytes (reduce counters) on device %d",
-                     counts, cfg.device);
+  /* impl: the fused reduce's arrival counters, when the kernels use them */
+  size_t counts = (size_t)pmla_gpu_merge_counts(b->info.max_requests, (int32_t)cfg.max_q_len,
+                                                (int32_t)cfg.num_heads) *
+                  sizeof(int32_t);
+  if (counts) {
+    void *counters = NULL;
+    if (gpuMalloc(&counters, counts) != GPU_SUCCESS)
+      counters = NULL; /* gpu_destroy must not free what the runtime did not give */
+    b->impl = counters;
+    if (!counters || gpuMemset(counters, 0, counts) != GPU_SUCCESS) {
+      gpuGetLastError();
+      gpu_destroy(b);
+      leave_device(d);
+      return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
+                       "init_builder: cannot allocate %zu bytes (reduce counters) on device %d",
+                       counts, cfg.device);
+    }
   }
   leave_device(d);
   *out = b;

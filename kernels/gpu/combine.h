@@ -23,13 +23,6 @@ using namespace pmla_mma;
 constexpr int AHEAD = 4;
 static_assert(WARP % AHEAD == 0, "a chunk's pieces j0 + a stay below WARP");
 
-template <typename T> __device__ __forceinline__ T lane_value(T v, int src) {
-#ifdef PMLA_PLATFORM_NVIDIA
-  return __shfl_sync(0xffffffffu, v, src);
-#else
-  return __shfl(v, src);
-#endif
-}
 /* a load that skips L1 (NVIDIA); a plain load elsewhere */
 template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
 #ifdef PMLA_PLATFORM_NVIDIA
@@ -37,15 +30,6 @@ template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
 #else
   return *a;
 #endif
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = WARP / 2; o > 0; o >>= 1)
-#ifdef PMLA_PLATFORM_NVIDIA
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-#else
-    v += __shfl_xor(v, o);
-#endif
-  return v;
 }
 
 /* One warp merges row i of reduce entry k (its request's query rows start

@@ -936,7 +936,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const int it_end = p.work_indptr[u + 1];
   for (int it = p.work_indptr[u]; it < it_end; it++) {
     const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
-    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL], piece = w[PMLA_WI_PIECE];
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
     const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
     const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
     const int qlen = qe - qb, rows_item = qlen * H;
@@ -1168,9 +1168,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
 #if PMLA_FUSED_REDUCE
     if (pslot >= 0)
-      merge_if_last(p, r, pslot - piece, qb, row0, nrows);
-#else
-    (void)piece;
+      merge_if_last(p, r, pslot - w[PMLA_WI_PIECE], qb, row0, nrows);
 #endif
     __syncthreads();
   }
@@ -1855,6 +1853,18 @@ extern "C" int pmla_gpu_decode(const pmla_gpu_problem *problem, void *stream) {
     return 0; /* body_pp merged the split requests itself */
 #endif
   return (int)pmla_gpu_combine(p, st);
+}
+
+extern "C" int64_t pmla_gpu_merge_counts(int64_t max_requests, int32_t max_q_len,
+                                         int32_t num_heads) {
+#if PMLA_FUSED_REDUCE
+  return max_requests * (((int64_t)max_q_len * num_heads + 15) / 16); /* 16-row tiles at most */
+#else
+  (void)max_requests;
+  (void)max_q_len;
+  (void)num_heads;
+  return 0;
+#endif
 }
 
 extern "C" const char *pmla_gpu_error_string(int code) {

@@ -392,6 +392,24 @@ __device__ __forceinline__ float warp_max(float v) {
 #endif
   return v;
 }
+/* Sum over all lanes of the warp (wave). */
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = WARP / 2; o > 0; o >>= 1)
+#ifdef PMLA_PLATFORM_NVIDIA
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+#else
+    v += __shfl_xor(v, o);
+#endif
+  return v;
+}
+/* Lane src's v, to every lane of the warp (wave). */
+template <typename T> __device__ __forceinline__ T lane_value(T v, int src) {
+#ifdef PMLA_PLATFORM_NVIDIA
+  return __shfl_sync(0xffffffffu, v, src);
+#else
+  return __shfl(v, src);
+#endif
+}
 
 } /* namespace pmla_mma */
 
