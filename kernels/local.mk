@@ -10,12 +10,14 @@ kernels_libpmla_kernels_la_LIBADD = $(LIBM)
 
 # GPU device code (HIP), built by hipcc (AMD) or nvcc (NVIDIA) as libtool
 # objects by the suffix rule below; the plugin links them when configured.
-PMLA_HIP_FILES = kernels/gpu/plan.hip kernels/gpu/decode.hip kernels/gpu/combine.hip
-PMLA_HIP_DEPS = kernels/mla_gpu.h kernels/planner.h kernels/mla_types.h \
-	kernels/gpu/hip_compat.h kernels/gpu/mma.h kernels/gpu/combine.h kernels/gpu/pdl.h
+PMLA_HIP_FILES = kernels/gpu/metadata.hip kernels/gpu/decode_mma.hip \
+	kernels/gpu/decode_sm90.hip kernels/gpu/reduce.hip kernels/gpu/dispatch.hip
+PMLA_GPU_INCS = kernels/gpu/hip_compat.h kernels/gpu/config.h kernels/gpu/traits.h \
+	kernels/gpu/launch.h kernels/gpu/mma.h kernels/gpu/sm90.h kernels/gpu/kv_map.h \
+	kernels/gpu/pdl.h
+PMLA_HIP_DEPS = kernels/mla_gpu.h kernels/planner.h kernels/mla_types.h $(PMLA_GPU_INCS)
 PMLA_HIP_OBJS = $(PMLA_HIP_FILES:.hip=.lo)
-EXTRA_DIST += $(PMLA_HIP_FILES) kernels/mla_gpu.h kernels/gpu/hip_compat.h kernels/gpu/mma.h kernels/gpu/pdl.h \
-	kernels/gpu/combine.h
+EXTRA_DIST += $(PMLA_HIP_FILES) $(PMLA_GPU_INCS) kernels/mla_gpu.h
 SUFFIXES = .hip .lo
 .hip.lo:
 	@$(MKDIR_P) `dirname $@`/.libs

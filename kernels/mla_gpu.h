@@ -21,6 +21,7 @@ typedef struct pmla_gpu_problem {
   float softmax_scale;
   int32_t num_units;          /* N: planner units = persistent work-groups per head tile */
   int32_t min_mt;             /* smallest row tile, 16-row units: pmla_gpu_min_mt */
+  int32_t sm90;               /* 64-row tiles run the wgmma body: pmla_gpu_prepare */
   const uint16_t *q;          /* bf16 [num_tokens, heads, 576] */
   int64_t num_tokens;
   const uint16_t *kv;         /* bf16 [num_slots, 576] */
@@ -36,14 +37,7 @@ typedef struct pmla_gpu_problem {
   const int32_t *reduce_indptr;
   const int32_t *reduce_final_map;
   const int32_t *reduce_partial_map;
-  int32_t *merge_counts;      /* [pmla_gpu_merge_counts(...)], zero between steps: arrivals
-                                 per (request, head tile) for the fused reduce; NULL when
-                                 the kernels are built without it */
 } pmla_gpu_problem;
-
-/* int32 arrival counters the decode needs (zeroed once at init): 0 unless
- * the kernels are built with -DPMLA_FUSED_REDUCE=1. */
-int64_t pmla_gpu_merge_counts(int64_t max_requests, int32_t max_q_len, int32_t num_heads);
 
 /* The most planner units the metadata kernel takes (its per-chunk piece
  * counts are packed in 21-bit fields: 256 requests x 2048 units); the
@@ -51,9 +45,9 @@ int64_t pmla_gpu_merge_counts(int64_t max_requests, int32_t max_q_len, int32_t n
 #define PMLA_GPU_MAX_UNITS 2048
 
 /* The smallest row tile (16-row units) for a builder with this page size
- * and top-k: 4 (64-row wgmma tiles for every head count) where that is
- * measured faster, else 1. Call after pmla_gpu_prepare. */
-int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk);
+ * and top-k on a device where pmla_gpu_prepare answered sm90: 4 (64-row
+ * wgmma tiles for every head count) where that is measured faster, else 1. */
+int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk, int32_t sm90);
 
 /* Planner units for a device with cu_count CUs/SMs and this head count
  * (a head tile may take several CUs per unit). */
@@ -62,8 +56,10 @@ int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_
 
 /* One-time lookups the launchers need later (NVIDIA: the tensor-map
  * encoder, found through the runtime), so a decode step allocates nothing
- * on the host. Idempotent; call it at builder init. */
-void pmla_gpu_prepare(void);
+ * on the host; call it at builder init with the builder's device current.
+ * Returns 1 when that device runs the sm_90a wgmma body, else 0 (the value
+ * of pmla_gpu_problem.sm90 for its builders). */
+int32_t pmla_gpu_prepare(void);
 
 /* Runs pmla_plan on the device. `in` holds device pointers (qo_indptr,
  * kv_lens, ...); `out` device buffers. */

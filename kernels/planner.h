@@ -47,12 +47,9 @@
 #endif
 
 #define PMLA_BLOCK_TOKENS 64
-#ifndef PMLA_SPLIT_OVERHEAD /* a knob for measuring; host and device must agree */
+/* >= 1: every piece must cost something; 5 measured best among 3/5/8
+ * (docs/performance.md) */
 #define PMLA_SPLIT_OVERHEAD 5
-#endif
-#if PMLA_SPLIT_OVERHEAD < 1
-#error "PMLA_SPLIT_OVERHEAD must be >= 1: every piece must cost something"
-#endif
 
 /* work_info_set entry, int32 words */
 enum {
@@ -229,7 +226,7 @@ PMLA_HD static inline int32_t pmla_plan_fill_count(pmla_plan_fill *f, int64_t bl
 /* pmla_plan_fill_count in a few predicable steps for the cases that are
  * nearly all of them (the request fits where the fill stands, or its rest
  * fits one fresh unit); the loop otherwise. The device's walk is serial in
- * this step (plan.hip), so its instruction count is the walk's latency.
+ * this step (the metadata kernel, kernels/gpu/metadata.hip), so its instruction count is the walk's latency.
  * Equal to pmla_plan_fill_count in pieces and state (tested). */
 PMLA_HD static inline int32_t pmla_plan_fill_next(pmla_plan_fill *f, int64_t blocks,
                                                   int64_t capacity, int32_t units) {

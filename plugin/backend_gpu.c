@@ -13,6 +13,13 @@
 #include "mla_gpu.h"
 #include "planner.h"
 
+/* What the builder's device runs, decided once at init (per builder, so
+ * builders on different devices each get their own). */
+typedef struct gpu_state {
+  int32_t sm90;   /* pmla_gpu_prepare: the wgmma body runs on the device */
+  int32_t min_mt; /* pmla_gpu_min_mt for this builder */
+} gpu_state;
+
 /* Runs the body with the builder's device current, restoring the caller's. */
 typedef struct device_scope {
   int previous, ok;
@@ -41,9 +48,8 @@ static void gpu_destroy(pmla_builder *b) {
   for (int i = 0; i < PMLA_BUF_COUNT; i++)
     if (b->buf[i])
       gpuFree(b->buf[i]);
-  if (b->impl)
-    gpuFree(b->impl);
   leave_device(d);
+  free(b->impl);
   free(b);
 }
 
@@ -74,11 +80,19 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
     leave_device(d);
     return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: out of host memory");
   }
+  gpu_state *s = calloc(1, sizeof *s);
+  if (!s) {
+    free(b);
+    leave_device(d);
+    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: out of host memory");
+  }
   b->backend = &pmla_gpu_backend;
   b->cfg = cfg;
-  pmla_gpu_prepare();
+  b->impl = s;
+  s->sm90 = pmla_gpu_prepare();
+  s->min_mt = pmla_gpu_min_mt((int32_t)cfg.page_size, (int32_t)cfg.topk, s->sm90);
   int32_t units = pmla_gpu_sched_units((int32_t)cus, (int32_t)cfg.num_heads, (int32_t)cfg.max_q_len,
-                                       pmla_gpu_min_mt((int32_t)cfg.page_size, (int32_t)cfg.topk));
+                                       s->min_mt);
   pmla_size_buffers(b, cus, (uint32_t)(units < PMLA_GPU_MAX_UNITS ? units : PMLA_GPU_MAX_UNITS));
   for (int i = 0; i < PMLA_BUF_COUNT; i++) {
     size_t bytes = (size_t)b->info.buffer_bytes[i];
@@ -93,24 +107,6 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
                        "needs %llu bytes in all",
                        bytes, i == PMLA_BUF_PARTIAL_OUT ? "partial_out" : "schedule buffers",
                        cfg.device, (unsigned long long)total);
-    }
-  }
-  /* impl: the fused reduce's arrival counters, when the kernels use them */
-  size_t counts = (size_t)pmla_gpu_merge_counts(b->info.max_requests, (int32_t)cfg.max_q_len,
-                                                (int32_t)cfg.num_heads) *
-                  sizeof(int32_t);
-  if (counts) {
-    void *counters = NULL;
-    if (gpuMalloc(&counters, counts) != GPU_SUCCESS)
-      counters = NULL; /* gpu_destroy must not free what the runtime did not give */
-    b->impl = counters;
-    if (!counters || gpuMemset(counters, 0, counts) != GPU_SUCCESS) {
-      gpuGetLastError();
-      gpu_destroy(b);
-      leave_device(d);
-      return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
-                       "init_builder: cannot allocate %zu bytes (reduce counters) on device %d",
-                       counts, cfg.device);
     }
   }
   leave_device(d);
@@ -163,7 +159,9 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   p.max_q_len = (int32_t)b->cfg.max_q_len;
   p.softmax_scale = b->cfg.softmax_scale;
   p.num_units = (int32_t)b->info.sched_units;
-  p.min_mt = pmla_gpu_min_mt((int32_t)b->cfg.page_size, (int32_t)b->cfg.topk);
+  const gpu_state *s = b->impl;
+  p.min_mt = s->min_mt;
+  p.sm90 = s->sm90;
   p.q = pmla_tensor_data(a.q);
   p.num_tokens = a.q->shape[0];
   p.kv = pmla_tensor_data(a.kv_cache);
@@ -179,7 +177,6 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   p.reduce_indptr = b->buf[PMLA_BUF_REDUCE_INDPTR];
   p.reduce_final_map = b->buf[PMLA_BUF_REDUCE_FINAL_MAP];
   p.reduce_partial_map = b->buf[PMLA_BUF_REDUCE_PARTIAL_MAP];
-  p.merge_counts = b->impl;
   device_scope d = enter_device(b->cfg.device);
   int rc = pmla_gpu_decode(&p, a.stream);
   leave_device(d);

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "mla_cpu.h"
+#include "mla_types.h"
 #include "planner.h"
 
 _Static_assert(PMLA_WI_WORDS == PMLA_WORK_INFO_WORDS, "work item layout matches the ABI");

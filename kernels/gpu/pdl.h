@@ -1,6 +1,6 @@
 /* pdl.h - programmatic dependent launch (NVIDIA sm_90, CUDA 12+), behind
- * the knob PMLA_PDL (default 0: plain launches, the calls below are no-ops;
- * always so on AMD).
+ * the knob PMLA_PDL of config.h (default 0: plain launches, the calls below
+ * are no-ops; always so on AMD).
  *
  * With PMLA_PDL=1 each of our kernels is launched with programmatic stream
  * serialisation: the runtime may schedule it while the previous kernel in
@@ -13,11 +13,9 @@
 #ifndef PMLA_GPU_PDL_H
 #define PMLA_GPU_PDL_H
 
+#include "config.h"
 #include "hip_compat.h"
 
-#ifndef PMLA_PDL
-#define PMLA_PDL 0
-#endif
 #if PMLA_PDL && defined(PMLA_PLATFORM_NVIDIA)
 #define PMLA_PDL_ON 1
 #endif

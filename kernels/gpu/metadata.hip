@@ -1,4 +1,5 @@
-/* plan.hip - the metadata kernel: the planner of planner.h run in parallel by
+/* SPDX-License-Identifier: MIT */
+/* metadata.hip - the metadata kernel: the planner of planner.h run in parallel by
  * one work-group. Every per-request decision is made by the same functions
  * the serial pmla_plan calls (pmla_plan_describe / _line_cost / _piece_count
  * / _fill_next / _place / _finish); this file only supplies the prefix sums

@@ -1,0 +1,507 @@
+/* SPDX-License-Identifier: MIT */
+/* decode_sm90.hip - the persistent split-KV MLA decode kernel for 64-row
+ * head tiles on sm_90a: wgmma from shared-memory descriptors, whole-page
+ * KV blocks by TMA. Same work items, masking and outputs as decode_mma.hip.
+ *
+ * Shared memory holds every 576-dim row (Q and each of two KV stages) as 9
+ * column blocks of 64 rows x 64 bf16 (128 B), each block in the canonical
+ * K-major 128-byte-swizzle layout (16-byte chunk j of row r at chunk
+ * j ^ (r & 7); blocks 1024-byte aligned): the layout TMA writes with
+ * CU_TENSOR_MAP_SWIZZLE_128B and the cp.async gather reproduces. Per
+ * 64-token block:
+ *   QK  warpgroup 0: S[64 x 64] = 36 wgmma m64n64k16, A = Q and B = K
+ *       straight from shared memory through descriptors
+ *   P   exp2(S - m) as bf16 into the stage's rope block (block 8: 64 rows x
+ *       64 tokens, the same swizzled layout, free once QK is done)
+ *   PV  warpgroup g: O[64 x 256] (columns 256g..) += P V, 4 wgmma
+ *       m64n256k16 with V read MN-major (transposed B) from the stage
+ * Warpgroup 1 also loads: a block that is one whole valid page-aligned run
+ * of 64 slots (page sizes that are multiples of 64) as nine TMA boxes from
+ * one thread, any other block (partial, invalid slots, page sizes 1 / 16,
+ * top-k gathers) by per-token cp.async with zero fill. Generic-proxy writes
+ * (cp.async, P stores) are made visible to the wgmma async proxy with
+ * fence.proxy.async before the barrier that publishes them.
+ *
+ * One QK warpgroup: warpgroup 0 computes all of S[64 x 64]
+ * (36 wgmma m64n64k16: K and Q each read once per block, a third less
+ * shared-memory traffic than two m64n32 halves) and the softmax, keeping the
+ * running max and sum of its rows in registers; warpgroup 1 is the loader
+ * (TMA for whole pages, cp.async otherwise) and runs its half of PV while
+ * warpgroup 0 computes the next block's S. Hand-offs, one per stage (block
+ * parity b & 1), so a fast side can never complete one twice:
+ *   FULL[b&1]    mbarrier: wg1's 128 threads arrive (plus the TMA bytes)
+ *                when block b is in shared memory; wg0 waits
+ *   PREADY[b&1]  mbarrier: wg0's 128 threads arrive when P(b) and corr(b)
+ *                are written; wg1 waits
+ *   EMPTY[b&1]   named barrier: wg0 arrives when its PV(b) is done and block
+ *                b + 2 exists; wg1 syncs before loading b + 2 into the stage
+ * The data hand-offs are mbarriers (release / acquire) rather than bar.arrive
+ * + bar.sync, which racecheck does not see as ordering the sCorr read. A
+ * side reaches a stage's barrier again only after a hand-off from the other
+ * side that follows the first completion (wg0 needs FULL(b + 2), which the
+ * loader gives after waiting on PREADY(b)), so the parities stay in step.
+ *
+ * The kernel is compiled for every NVIDIA target but has a body only in the
+ * sm_90a image; dispatch.hip launches it only where that image runs. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "config.h"
+#include "hip_compat.h"
+#include "kv_map.h"
+#include "launch.h"
+#include "mla_gpu.h"
+#include "mma.h"
+#include "pdl.h"
+#include "sm90.h"
+#include <cudaTypedefs.h> /* CUtensorMap, PFN_cuTensorMapEncodeTiled */
+
+namespace {
+
+constexpr int BN = 64, ROWS = 64, NT = 256;
+constexpr int BLK = 64 * 128; /* one column block: 64 rows x 128 B */
+constexpr int TILE = 9 * BLK; /* 64 rows x 576 bf16 */
+constexpr int PITCH = PMLA_TILE_PITCH;
+constexpr size_t SMEM = 1024 /* alignment slack */ + 3 * (size_t)TILE +
+                        sizeof(float) * 8 * ROWS + sizeof(int) * 2 * BN;
+static_assert(SMEM <= 232448, "shared memory per block (sm_90)");
+
+#ifdef PMLA_SM90_DEVICE
+using namespace pmla_mma;
+using namespace pmla_kv;
+using namespace pmla_sm90;
+
+constexpr int KSTEPS = PMLA_QK_DIM / 16;
+constexpr float LN2_F = 0.6931471805599453f;
+
+/* byte offset of 16-byte chunk c (0..71) of row r (0..63) */
+__device__ __forceinline__ uint32_t off(int r, int c) {
+  return (uint32_t)((c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+/* The first slot of block [pos_blk, pos_blk + BN) when the block is one
+ * whole valid run of BN slots inside a single page (page size a multiple of
+ * BN, block page-aligned, before ke), else -1. Every loader thread holds
+ * the same raw entry for such a block, so all of them decide alike. */
+__device__ __forceinline__ int64_t whole_page_slot(const pmla_kv_map &m, int32_t raw, int pos_blk,
+                                                   int ke) {
+  if (m.topk || m.page_size % BN != 0 || pos_blk % BN != 0 || pos_blk + BN > ke || raw < 0)
+    return -1;
+  const int64_t slot = (int64_t)raw * m.page_size + pos_blk % m.page_size;
+  return slot + BN <= m.num_slots ? slot : -1;
+}
+/* a whole 64-token block (nine 64-column boxes) into the stage at dst */
+__device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, int64_t slot,
+                                          uint32_t bar) {
+#pragma unroll
+  for (int c = 0; c < 9; c++)
+    tma_box(dst + c * BLK, map, c * 64, (int)slot, bar);
+}
+
+/* Softmax helpers of the 64-row bodies. Element e of a thread's S
+ * accumulator holds row myrow[(e >> 1) & 1], token 8 (e >> 2) + 2 (lane & 3)
+ * + (e & 1) of the block. */
+
+/* a loader warp's token validity as bits (the TPT lanes of a token agree):
+ * bit k = the warp's k-th token; read back as one word instead of one shared
+ * load per element (those loads sat on the softmax's critical path) */
+template <int TPT> __device__ __forceinline__ uint32_t token_bits(bool v) {
+  const uint32_t b = __ballot_sync(0xffffffffu, v);
+  uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < 32 / TPT; k++)
+    m |= ((b >> (k * TPT)) & 1u) << k;
+  return m;
+}
+/* publishes a loader warp's validity bits as its 16-bit quarter of the
+ * stage's 64-bit word (four loader warps, 16 tokens each) */
+template <int TPT>
+__device__ __forceinline__ void store_token_bits(uint64_t *sVm, int st, int wi, int lane, bool v) {
+  static_assert(32 / TPT == 16, "four loader warps of 16 tokens per 64-token block");
+  const uint32_t bits = token_bits<TPT>(v);
+  if (lane == 0)
+    ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
+}
+/* tokens pos0 + [0, 64) that lie before lim */
+__device__ __forceinline__ uint64_t before64(int lim, int pos0) {
+  if (lim <= pos0)
+    return 0;
+  return lim - pos0 >= 64 ? ~0ull : (1ull << (lim - pos0)) - 1;
+}
+/* masks S in place (raw scores; -inf where a token is invalid or causally
+ * after the row) and returns the row maxima scaled to base 2 */
+__device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
+                                            const int (&lim)[2], float scale_log2, int lane) {
+  uint64_t rm[2];
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+    rm[sl] = (vm & before64(lim[sl], pos0)) >> ((lane & 3) << 1);
+  const uint64_t mine = 0x0303030303030303ull; /* this thread's columns */
+  mx[0] = mx[1] = -INFINITY;
+  if ((rm[0] & rm[1] & mine) == mine) {
+#pragma unroll
+    for (int e = 0; e < 32; e++)
+      mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 32; e++) {
+      const int sl = (e >> 1) & 1;
+      if (!((rm[sl] >> ((e >> 2) * 8 + (e & 1))) & 1))
+        s[e] = -INFINITY;
+      mx[sl] = fmaxf(mx[sl], s[e]);
+    }
+  }
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+    mx[sl] = row_max(mx[sl]) * scale_log2;
+}
+/* O *= corr by row; skipped when no row of the warp changed its maximum,
+ * which after the first blocks is the common case */
+__device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) {
+  if (!__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f))
+    return;
+#pragma unroll
+  for (int e = 0; e < 128; e++)
+    o[e] *= (e & 2) ? c1 : c0;
+}
+__device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
+                                        const CUtensorMap *kv_tmap, int use_tma) {
+  extern __shared__ __align__(1024) char smem_wg[];
+  char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
+  char *sKV = sQ + TILE;
+  float *sCorr = (float *)(sKV + 2 * TILE); /* [2][ROWS], by block parity */
+  float *sM = sCorr + 2 * ROWS;
+  float *sL = sM + ROWS;
+  uint64_t *sVm = (uint64_t *)(sL + ROWS); /* [2]: token validity bits by stage */
+  const uint32_t aFull = smem_u32(sVm + 2);   /* [2] mbarriers: stage loaded */
+  const uint32_t aPready = smem_u32(sVm + 4); /* [2] mbarriers: P(b) written */
+
+  const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+  if (tid == 0) {
+    mbar_init(aFull, 128);
+    mbar_init(aFull + 8, 128);
+    mbar_init(aPready, 128);
+    mbar_init(aPready + 8, 128);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
+                              barrier this side waits on (wg0 FULL, wg1 PREADY) */
+  const int H = p.num_heads;
+  const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
+  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  const char *kvbase = (const char *)p.kv;
+  const uint32_t aQ = smem_u32(sQ);
+  int myrow[2];
+  myrow[0] = wi * 16 + (lane >> 2);
+  myrow[1] = myrow[0] + 8;
+  enum { EMPTY = 5 }; /* named barrier ids 5, 6 */
+
+  const int it_end = p.work_indptr[u + 1];
+  for (int it = p.work_indptr[u]; it < it_end; it++) {
+    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int qlen = qe - qb, rows_item = qlen * H;
+    if (qlen <= 0 || row0 >= rows_item)
+      continue;
+    if (qb < 0 || qe > p.num_tokens) {
+      if (tid == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
+    }
+    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
+    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+    float o[128];
+#pragma unroll
+    for (int e = 0; e < 128; e++)
+      o[e] = 0.f;
+
+    if (g == 1) {
+      /* ---------------- warpgroup 1: loader + PV columns 256.. */
+      const int t = tid - 128;
+      {
+        const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
+        for (int c = t; c < ROWS * PMLA_TILE_CHUNKS; c += 128) {
+          int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
+          bool v = rr < nrows;
+          cp16(sQ + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
+        }
+      }
+      constexpr int TPT = 128 / BN; /* loader threads per token */
+      const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+      const int ld_t = t / TPT, ld_sub = t % TPT;
+      auto raw_at = [&](int blk) -> int32_t {
+        int pos = kb + blk * BN + ld_t;
+        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+      };
+      int32_t raw_next = raw_at(0);
+      /* issues block blk into stage st; returns whether the loader still has
+       * to arrive on the stage's barrier after its cp.async wait (cp.async
+       * blocks, and block 0 whose wait also covers Q) */
+      auto load_block = [&](int blk, int st) -> bool {
+        const int pos = kb + blk * BN + ld_t;
+        int64_t slot =
+            pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
+        bool v = slot >= 0;
+        store_token_bits<TPT>(sVm, st, wi, lane, v);
+        const uint32_t bar = aFull + 8 * st;
+#if PMLA_WG_TMA
+        const int64_t first = use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+        if (first >= 0) {
+          if (t == 0) {
+            if (blk == 0)
+              mbar_expect_tx(bar, TILE);
+            else
+              mbar_arrive_tx(bar, TILE);
+            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar);
+          } else if (blk != 0) {
+            mbar_arrive(bar);
+          }
+          raw_next = raw_at(blk + 1);
+          return blk == 0;
+        }
+#endif
+        const char *src = v ? kvbase + slot * PITCH : kvbase;
+        char *dst = sKV + st * TILE;
+#pragma unroll
+        for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
+          int c = ld_sub + k * TPT;
+          cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
+        }
+        raw_next = raw_at(blk + 1);
+        return true;
+      };
+      uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
+      if (nblk > 0 && load_block(0, 0))
+        pending = 1;
+      cp_commit();
+      for (int b = 0; b < nblk; b++) {
+        if (pending & (1u << (b & 1))) {
+          cp_wait<0>();
+          proxy_fence();
+          mbar_arrive(aFull + 8 * (b & 1));
+          pending &= ~(1u << (b & 1));
+        }
+        if (b + 1 < nblk) {
+          if (b >= 1)
+            nb_sync(EMPTY + ((b - 1) & 1));
+          if (load_block(b + 1, (b + 1) & 1))
+            pending |= 1u << ((b + 1) & 1);
+        }
+        cp_commit();
+        mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+        wait_phase ^= 1u << (b & 1);
+        const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
+        wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
+        reg_fence<128>(o);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+          mma_n256_tb(o, desc(aK + 8 * BLK + kk * 32, 16, 1024),
+                      desc(aK + 4 * BLK + kk * 16 * 128, BLK, 1024));
+        wg_commit();
+        wg_wait0();
+        reg_fence<128>(o);
+      }
+      cp_wait<0>();
+    } else {
+      /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
+      int lim[2];
+#pragma unroll
+      for (int s = 0; s < 2; s++) {
+        int i = row0 + myrow[s];
+        int causal = len - qlen + 1 + i / H;
+        lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+      }
+      float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+      for (int b = 0; b < nblk; b++) {
+        mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+        wait_phase ^= 1u << (b & 1);
+        char *sK = sKV + (b & 1) * TILE;
+        const uint32_t aK = smem_u32(sK);
+        const int pos0 = kb + b * BN;
+        float s[32];
+#pragma unroll
+        for (int e = 0; e < 32; e++)
+          s[e] = 0.f;
+        reg_fence<32>(s);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+          uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
+          mma_n64(s, desc(aQ + ko, 16, 1024), desc(aK + ko, 16, 1024));
+        }
+        wg_commit();
+        wg_wait0();
+        reg_fence<32>(s);
+        /* every warp's QK has read the rope block before P overwrites it */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+
+        float mx[2];
+        wg_mask_max(s, mx, sVm[b & 1], pos0, lim, scale_log2, lane);
+        float muse[2], corr[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+          float m = fmaxf(m_run[sl], mx[sl]);
+          muse[sl] = m == -INFINITY ? 0.f : m;
+          corr[sl] = fast_exp2(m_run[sl] - muse[sl]);
+          m_run[sl] = m;
+          if (row_leader(lane))
+            sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
+        }
+        char *sP = sK + 8 * BLK;
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+          int sl = (e >> 1) & 1, row = myrow[sl];
+          int col = (e >> 2) * 8 + ((lane & 3) << 1);
+          float p0 = fast_exp2(fmaf(s[e], scale_log2, -muse[sl]));
+          float p1 = fast_exp2(fmaf(s[e + 1], scale_log2, -muse[sl]));
+          sum[sl] += p0 + p1;
+          uint32_t pk = pack_bf16x2(p0, p1);
+          *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) = pk;
+        }
+        proxy_fence();
+        mbar_arrive(aPready + 8 * (b & 1));
+        /* our PV reads every warp's rows of P */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
+          l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
+        wg_scale_o(o, corr[0], corr[1]);
+        reg_fence<128>(o);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+          mma_n256_tb(o, desc(aK + 8 * BLK + kk * 32, 16, 1024),
+                      desc(aK + kk * 16 * 128, BLK, 1024));
+        wg_commit();
+        wg_wait0();
+        reg_fence<128>(o);
+        if (b + 2 < nblk)
+          nb_arrive(EMPTY + (b & 1));
+      }
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++)
+        l_run[sl] = row_sum(l_run[sl]);
+      if (row_leader(lane)) {
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+          sM[myrow[sl]] = m_run[sl];
+          sL[myrow[sl]] = l_run[sl];
+        }
+      }
+    }
+    __syncthreads();
+
+    /* ---- epilogue */
+    const int64_t obase =
+        pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++) {
+      int rl = myrow[sl];
+      if (rl >= nrows)
+        continue;
+      float l = sL[rl], inv = l > 0.f ? 1.f / l : 0.f;
+      int64_t ro = (obase + rl) * PMLA_V_DIM;
+#pragma unroll
+      for (int j = 0; j < 32; j++) {
+        int col = g * 256 + j * 8 + ((lane & 3) << 1);
+        float v0 = o[4 * j + 2 * sl] * inv, v1 = o[4 * j + 2 * sl + 1] * inv;
+        if (pslot >= 0)
+          *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
+        else
+          *(uint32_t *)(p.out + ro + col) =
+              pack_bf16x2(v0, v1);
+      }
+    }
+    if (tid < nrows) {
+      float l = sL[tid];
+      float lse = l > 0.f ? (sM[tid] + log2f(l)) * LN2_F : -INFINITY;
+      if (pslot >= 0)
+        p.partial_lse[obase + tid] = lse;
+      else if (p.lse)
+        p.lse[obase + tid] = lse;
+    }
+    __syncthreads();
+  }
+}
+#endif /* PMLA_SM90_DEVICE */
+
+/* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
+ * boxes, 128B swizzle), valid when use_tma */
+__global__ void __launch_bounds__(NT, 1)
+    pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
+                            const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
+#ifdef PMLA_SM90_DEVICE
+  pdl_wait();
+  pdl_trigger();
+  body_pp(p, scale_log2, &kv_tmap, use_tma);
+#endif
+}
+
+/* cuTensorMapEncodeTiled, looked up once through the runtime (the plugin
+ * links no libcuda); NULL: no TMA, every block takes the cp.async path */
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static bool looked = false;
+  if (!looked) {
+    cudaDriverEntryPointQueryResult q;
+    void *f = nullptr;
+    /* a failure clears only the error it set, never one the host had pending */
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess)
+      cudaGetLastError();
+    else if (q == cudaDriverEntryPointSuccess)
+      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+    looked = true;
+  }
+  return fn;
+}
+/* The KV cache as a 2-D tensor map for body_pp's whole-page loads; 0 when
+ * TMA does not apply (top-k gather, page size not a multiple of 64, a cache
+ * the map cannot describe) */
+int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  if (!PMLA_WG_TMA || !enc || p.map.topk || p.map.page_size % BN != 0 ||
+      p.map.num_slots < BN || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
+    return 0;
+  cuuint64_t dim[2] = {PMLA_QK_DIM, (cuuint64_t)p.map.num_slots};
+  cuuint64_t stride[1] = {PITCH};
+  cuuint32_t box[2] = {64, (cuuint32_t)BN}, estride[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p.kv, dim, stride, box, estride,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+  static unsigned long long opted_in = 0;
+  const size_t smem = SMEM;
+  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel, smem, &opted_in);
+  if (e != hipSuccess)
+    return e;
+  dim3 grid((unsigned)p.num_units, (unsigned)tiles);
+  CUtensorMap tmap;
+  memset(&tmap, 0, sizeof tmap);
+  const int use_tma = kv_tensor_map(&tmap, p);
+  return pdl_launch(pmla_decode_sm90_kernel, grid, dim3(NT), smem, st, p,
+                    p.softmax_scale * 1.4426950408889634f /* log2(e) */, tmap, use_tma);
+}
+
+} /* namespace */
+
+hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+  return launch_decode_wg(p, tiles, st);
+}
+
+void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
+
+bool pmla_sm90_image_runs() {
+  /* binaryVersion 90: the sm_90a image (the one with the body) runs here */
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel) != cudaSuccess) {
+    cudaGetLastError(); /* no image for this device: no error left behind */
+    return false;
+  }
+  return fa.binaryVersion == 90;
+}
