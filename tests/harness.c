@@ -1,4 +1,4 @@
-/* harness.c - shared helpers of the conformance suite (see harness.h). */
+/* harness.c - shared helpers of the Check programs (see harness.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
 
@@ -130,9 +130,19 @@ uint64_t rng_next(uint64_t *s) { /* splitmix64 */
 uint32_t rng_below(uint64_t *s, uint32_t n) { return n ? (uint32_t)(rng_next(s) % n) : 0; }
 double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
 
+static const char *g_env_prefix = "PMLA_CONFORMANCE";
+
+/* getenv("<prefix>_<name>"); NULL when unset or empty. */
+static const char *harness_env(const char *name) {
+  char key[128];
+  snprintf(key, sizeof key, "%s_%s", g_env_prefix, name);
+  const char *v = getenv(key);
+  return v && *v ? v : NULL;
+}
+
 uint64_t harness_seed(void) {
-  const char *e = getenv("PMLA_CONFORMANCE_SEED");
-  return e && *e ? strtoull(e, NULL, 0) : 0x5eed2024ull;
+  const char *e = harness_env("SEED");
+  return e ? strtoull(e, NULL, 0) : 0x5eed2024ull;
 }
 
 int harness_status_in(pmla_status got, const pmla_status *set, size_t n) {
@@ -161,4 +171,111 @@ int harness_mock_path(const char *name, char *buf, size_t size) {
     return -1;
   snprintf(buf, size, "%s/%s.so", g_mock_dir, name);
   return harness_file_exists(buf) ? 0 : -1;
+}
+
+/* ---- the common main ---- */
+
+/* First existing file of a colon-separated list (or the first entry). */
+static const char *first_existing(const char *list) {
+  static char buf[4096];
+  const char *p = list;
+  const char *first = NULL;
+  size_t first_len = 0;
+  while (p && *p) {
+    const char *e = strchr(p, ':');
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    if (n && n < sizeof buf) {
+      memcpy(buf, p, n);
+      buf[n] = '\0';
+      if (harness_file_exists(buf))
+        return buf;
+      if (!first) {
+        first = p;
+        first_len = n;
+      }
+    }
+    p = e ? e + 1 : NULL;
+  }
+  if (first) {
+    memcpy(buf, first, first_len);
+    buf[first_len] = '\0';
+    return buf;
+  }
+  return list;
+}
+
+int harness_main(int argc, char **argv, const char *program, const char *env_prefix,
+                 const char *default_plugins, const char *default_mock_dir,
+                 const harness_suite_fn *suites, size_t nsuites) {
+  g_env_prefix = env_prefix;
+  if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
+    fprintf(stderr,
+            "usage: %s [PLUGIN.so]\n  env: %s_PLUGIN, %s_BACKEND (default pmla-cpu), "
+            "%s_MOCK_DIR, %s_SEED, CK_RUN_SUITE, CK_RUN_CASE, CK_FORK\n",
+            argv[0], env_prefix, env_prefix, env_prefix, env_prefix);
+    return argc == 2 ? 0 : 2;
+  }
+  const char *env_plugin = harness_env("PLUGIN");
+  g_plugin_path = argc == 2 ? argv[1] : env_plugin ? env_plugin : first_existing(default_plugins);
+  const char *env_backend = harness_env("BACKEND");
+  g_backend_name = env_backend ? env_backend : "pmla-cpu";
+  const char *env_mock = harness_env("MOCK_DIR");
+  g_mock_dir = env_mock ? env_mock : default_mock_dir;
+
+  if (!harness_file_exists(g_plugin_path)) {
+    fprintf(stderr, "%s: plugin %s not found (pass it as the argument)\n", program,
+            g_plugin_path);
+    return 2;
+  }
+  if (pmla_registry_open(g_plugin_path, &g_registry) != PMLA_OK) {
+    fprintf(stderr, "%s: cannot open a registry on %s\n", program, g_plugin_path);
+    return 2;
+  }
+  g_be = pmla_registry_find(g_registry, g_backend_name);
+  if (!g_be) {
+    fprintf(stderr, "%s: backend %s not in %s\n%s", program, g_backend_name, g_plugin_path,
+            pmla_registry_diagnostics(g_registry));
+    return 1;
+  }
+
+  int gpu = strcmp(g_backend_name, "pmla-cpu") != 0;
+  if (gpu) {
+    const char *why = NULL;
+    const devmem *m = devmem_gpu(&why);
+    if (m)
+      g_mem = m;
+    else
+      g_no_device = why ? why : "no GPU memory provider";
+  }
+  if (!g_no_device) {
+    /* Does the backend have a device at all? */
+    pmla_builder_config c = harness_config(16, 16, 1, 1, 0, 1);
+    pmla_builder *b = NULL;
+    pmla_status s = g_be->init_builder(&c, &b);
+    if (s == PMLA_ERR_NO_DEVICE) {
+      static char why[512];
+      snprintf(why, sizeof why, "init_builder says PMLA_ERR_NO_DEVICE: %s",
+               g_be->last_error(NULL));
+      g_no_device = why;
+    } else if (s == PMLA_OK) {
+      g_be->destroy_builder(b);
+    }
+  }
+  printf("%s: plugin %s, backend %s, memory %s, mocks %s\n", program, g_plugin_path,
+         g_backend_name, g_mem->name, g_mock_dir ? g_mock_dir : "(none)");
+  if (g_no_device)
+    printf("%s: tests that need a builder are SKIPPED: %s\n", program, g_no_device);
+  fflush(stdout);
+
+  SRunner *sr = srunner_create(nsuites ? suites[0]() : NULL);
+  for (size_t i = 1; i < nsuites; i++)
+    srunner_add_suite(sr, suites[i]());
+  /* A GPU runtime does not survive fork: run in one process there. */
+  if (gpu && g_mem->device_type != kDLCPU && !getenv("CK_FORK"))
+    srunner_set_fork_status(sr, CK_NOFORK);
+  srunner_run_all(sr, CK_ENV);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  pmla_registry_close(g_registry);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

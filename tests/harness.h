@@ -1,6 +1,8 @@
-/* harness.h - shared helpers of the conformance suite: which plugin and
+/* harness.h - shared helpers of the Check programs (pmla-conformance, the
+ * black-box suite, and pmla-unit, the white-box one): which plugin and
  * backend are under test, tensors in the backend's memory, configs, random
- * numbers and skip reporting. */
+ * numbers, skip reporting and the common main. Nothing here includes
+ * kernels/ or plugin/. */
 #ifndef PMLA_TEST_HARNESS_H
 #define PMLA_TEST_HARNESS_H
 
@@ -87,20 +89,36 @@ pmla_builder_info harness_query(const pmla_builder *b);
 uint64_t rng_next(uint64_t *state);
 uint32_t rng_below(uint64_t *state, uint32_t n); /* [0, n) */
 double rng_uniform(uint64_t *state);             /* [0, 1) */
-uint64_t harness_seed(void);                     /* PMLA_CONFORMANCE_SEED or fixed */
+uint64_t harness_seed(void);                     /* <PREFIX>_SEED or fixed */
 int harness_status_in(pmla_status got, const pmla_status *set, size_t n);
 const char *harness_status_name(pmla_status s);
 int harness_file_exists(const char *path);
 /* mock plugin path "<g_mock_dir>/<name>.so" into buf; 0 when it exists. */
 int harness_mock_path(const char *name, char *buf, size_t size);
 
-/* ---- suites ---- */
+/* ---- the common main ----
+ * Picks the plugin (argv[1], else $<PREFIX>_PLUGIN, else the first existing
+ * entry of default_plugins, a colon-separated list), the backend
+ * ($<PREFIX>_BACKEND, default pmla-cpu), the mock plugins' directory
+ * ($<PREFIX>_MOCK_DIR, else default_mock_dir, may be NULL) and the memory
+ * provider, runs `suites` and returns the exit status (0: every test
+ * passed). env_prefix is e.g. "PMLA_CONFORMANCE". */
+typedef Suite *(*harness_suite_fn)(void);
+int harness_main(int argc, char **argv, const char *program, const char *env_prefix,
+                 const char *default_plugins, const char *default_mock_dir,
+                 const harness_suite_fn *suites, size_t nsuites);
+
+/* ---- suites of pmla-conformance (black box: only abi/ and tests/) ---- */
 Suite *suite_abi(void);
 Suite *suite_builder(void);
 Suite *suite_args(void);
-Suite *suite_planner(void);
+Suite *suite_schedule(void);
 Suite *suite_numerics(void);
 Suite *suite_threads(void);
 Suite *suite_gpu(void);
+
+/* ---- suites of pmla-unit (white box: this plugin's planner) ---- */
+Suite *suite_planner(void);
+Suite *suite_plan_exact(void);
 
 #endif

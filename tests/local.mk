@@ -1,22 +1,40 @@
-# tests/: the conformance suite (installed as pmla-conformance), the
+# tests/: pmla-conformance (installed: the black-box suite any plugin must
+# pass), pmla-unit (the white-box tests of this plugin's planner), the
 # no-allocation check, and mock plugins built only for the registry tests.
 # Paths are relative to the top directory (non-recursive build).
 
-# ---- pmla-conformance: installed, and run by make check on the in-tree plugin
-bin_PROGRAMS += tests/pmla-conformance
-tests_pmla_conformance_SOURCES = tests/conformance.c \
-	tests/harness.c tests/harness.h tests/test_config.c tests/test_config.h \
-	tests/reference.c tests/reference.h \
+# Sources both Check programs share: harness, configs, memory providers, the
+# schedule layout checker and the named decode cases.
+TEST_HARNESS_SOURCES = tests/harness.c tests/harness.h tests/test_config.c tests/test_config.h \
 	tests/devmem.h tests/devmem_cpu.c $(DEVMEM_GPU_SOURCE) \
-	tests/t_abi.c tests/t_builder.c tests/t_args.c tests/t_planner.c tests/t_numerics.c \
+	tests/schedule.c tests/schedule.h tests/cases.c tests/cases.h
+TEST_DEFINES = \
+	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so:$(plugindir)/pmla.so"'
+TEST_LDADD = abi/libpmla-registry.la $(CHECK_LIBS) $(GPU_LIBS) $(DL_LIBS) $(PTHREAD_LIBS) $(LIBM)
+
+# ---- pmla-conformance: installed, and run by make check on the in-tree plugin.
+# Black box: it sees abi/ and tests/ only. Its flags are AM_CPPFLAGS without
+# -I kernels, so an include of a kernels/ header does not compile.
+bin_PROGRAMS += tests/pmla-conformance
+tests_pmla_conformance_SOURCES = tests/conformance.c $(TEST_HARNESS_SOURCES) \
+	tests/reference.c tests/reference.h \
+	tests/t_abi.c tests/t_builder.c tests/t_args.c tests/t_schedule.c tests/t_numerics.c \
 	tests/t_threads.c tests/t_gpu.c
-tests_pmla_conformance_CPPFLAGS = $(AM_CPPFLAGS) $(GPU_CPPFLAGS) \
-	-I$(top_srcdir)/abi -I$(top_srcdir)/kernels -I$(top_srcdir)/tests \
-	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so:$(plugindir)/pmla.so"' \
+tests_pmla_conformance_CPPFLAGS = -D_POSIX_C_SOURCE=200809L -I$(top_builddir) \
+	-I$(top_srcdir)/abi -I$(top_srcdir)/tests $(GPU_CPPFLAGS) $(TEST_DEFINES) \
 	-DPMLA_TEST_MOCK_DIR='"$(abs_top_builddir)/tests/.libs"'
 tests_pmla_conformance_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_pmla_conformance_LDADD = abi/libpmla-registry.la $(CHECK_LIBS) $(GPU_LIBS) $(DL_LIBS) \
-	$(PTHREAD_LIBS) $(LIBM)
+tests_pmla_conformance_LDADD = $(TEST_LDADD)
+
+# ---- pmla-unit: white box, not installed: the shared planner called
+# directly, and this plugin's schedules against its exact output.
+check_PROGRAMS += tests/pmla-unit
+tests_pmla_unit_SOURCES = tests/unit.c $(TEST_HARNESS_SOURCES) \
+	tests/t_planner.c tests/t_plan_exact.c
+tests_pmla_unit_CPPFLAGS = $(AM_CPPFLAGS) $(GPU_CPPFLAGS) -I$(top_srcdir)/kernels \
+	-I$(top_srcdir)/tests $(TEST_DEFINES)
+tests_pmla_unit_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_pmla_unit_LDADD = $(TEST_LDADD)
 
 # ---- noalloc: interposes malloc & co, so it is its own program (no Check)
 check_PROGRAMS += tests/noalloc
@@ -26,7 +44,7 @@ tests_noalloc_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi -I$(top_srcdir)/test
 tests_noalloc_LDADD = abi/libpmla-registry.la $(LIBM)
 tests_noalloc_LDFLAGS = -export-dynamic
 
-TESTS += tests/pmla-conformance tests/noalloc
+TESTS += tests/pmla-conformance tests/pmla-unit tests/noalloc
 
 # ---- mock plugins (never installed; -rpath makes libtool build real .so)
 MOCK_LDFLAGS = -module -avoid-version -shared -rpath $(abs_builddir)/tests
@@ -60,12 +78,6 @@ tests_mock_not_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)
 TESTS += tests/check-needed.sh
 EXTRA_DIST += tests/check-needed.sh
 
-# ---- models of the seesaw GPU body (kernels/gpu/decode.hip, PMLA_WG_PP=2):
-# its hand-off protocol under spin, its softmax bookkeeping in fp64; each
-# skips when its tool (spin, python3-numpy) is missing
-TESTS += tests/models/check-handoff.sh tests/models/check-seesaw-math.sh
-EXTRA_DIST += tests/models/check-handoff.sh tests/models/seesaw_handoff.pml \
-	tests/models/check-seesaw-math.sh tests/models/seesaw.py
 AM_TESTS_ENVIRONMENT = GPU_PLATFORM='$(GPU_PLATFORM)'; \
 	PMLA_TEST_PLUGIN='$(abs_top_builddir)/plugin/.libs/pmla.so'; \
 	export GPU_PLATFORM PMLA_TEST_PLUGIN;

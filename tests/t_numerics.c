@@ -5,29 +5,20 @@
  * request may read are then written, so reading any other slot (the tail of
  * a last page, an unused block-table entry, a page of another request)
  * poisons the output. Pages are handed out in random order. out and lse are
- * filled with a sentinel before decode so every row must be written. */
+ * filled with a sentinel before decode so every row must be written. Each
+ * build's schedule is also held to pmla.h's layout (schedule.h). The cases
+ * themselves are in cases.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
-#include "planner.h"
+#include "cases.h"
 #include "reference.h"
+#include "schedule.h"
 
-#define MAX_BATCH 16
-
-typedef struct dense_case {
-  const char *name;
-  uint32_t heads, page_size, cu;
-  uint32_t layout; /* PMLA_KV_BLOCK_TABLE or PMLA_KV_CSR */
-  int32_t batch;
-  int32_t q_lens[MAX_BATCH];
-  int32_t kv_lens[MAX_BATCH];
-  int kv4d;         /* pass the cache as [pages, page_size, 1, 576] */
-  int twice;        /* decode a second q against the same schedule */
-  int expect_split; /* some request must be split and reduced */
-} dense_case;
+#define MAX_BATCH CASE_MAX_BATCH
 
 typedef struct host_bufs {
   uint16_t *q, *kv, *out;
@@ -192,15 +183,10 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   pmla_status s = g_be->build_decode(b, &batch);
   ck_assert_msg(s == PMLA_OK, "%s: build_decode returned %s: %s", c->name,
                 harness_status_name(s), g_be->last_error(b));
-  pmla_builder_info info = harness_query(b);
-  ck_assert_msg(info.split_cap == 0, "%s: dense build reports split_cap %u", c->name,
-                info.split_cap);
-  if (c->expect_split) {
-    int32_t meta[PMLA_META_WORDS];
-    ck_assert_int_eq(g_be->copy_buffer(b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta), PMLA_OK);
-    ck_assert_msg(meta[PMLA_META_NUM_REDUCE] > 0,
-                  "%s: expected a split request (cu %u), schedule has none", c->name, c->cu);
-  }
+  /* the schedule keeps pmla.h's layout (whether it splits is the plugin's
+   * choice; pmla-unit asserts this plugin splits the expect_split cases) */
+  sched_step step = {B, qo, c->kv_lens, 0};
+  sched_check(b, &step, c->name);
 
   ref_slot_lists lists;
   int rc = c->layout == PMLA_KV_BLOCK_TABLE
@@ -230,35 +216,7 @@ static void run_dense(const dense_case *c, uint64_t seed) {
 
 #define BT PMLA_KV_BLOCK_TABLE
 #define CSR PMLA_KV_CSR
-static const dense_case dense_cases[] = {
-    {"one request, page 16", 16, 16, 2, BT, 1, {1}, {100}, 0, 1, 0},
-    {"page 1, CSR, with an empty request", 16, 1, 2, CSR, 3, {1, 2, 1}, {5, 0, 17}, 0, 0, 0},
-    {"page 64, batch 8, ragged", 16, 64, 7, BT, 8, {1, 2, 3, 4, 1, 4, 2, 1},
-     {0, 1, 63, 64, 65, 200, 129, 7}, 0, 0, 0},
-    {"page 64, batch 8, ragged, CSR", 16, 64, 7, CSR, 8, {4, 3, 2, 1, 1, 2, 3, 4},
-     {70, 0, 1, 128, 250, 3, 64, 191}, 0, 0, 0},
-    {"page 256, CSR", 16, 256, 1, CSR, 3, {2, 1, 3}, {300, 0, 513}, 0, 0, 0},
-    {"page 256, block table", 32, 256, 2, BT, 3, {1, 4, 2}, {257, 600, 1}, 0, 0, 0},
-    {"heads 128, block table", 128, 16, 2, BT, 3, {1, 2, 1}, {40, 0, 90}, 0, 0, 0},
-    {"heads 128, CSR, q_len 4", 128, 64, 7, CSR, 1, {4}, {130}, 0, 0, 0},
-    {"heads 64, 4-d cache", 64, 16, 3, BT, 2, {2, 1}, {33, 47}, 1, 0, 0},
-    {"kv shorter than q_len", 16, 16, 2, BT, 3, {4, 3, 2}, {2, 0, 1}, 0, 0, 0},
-    {"all requests empty", 16, 16, 2, CSR, 3, {1, 2, 1}, {0, 0, 0}, 0, 0, 0},
-    {"long request split over 7 units", 16, 16, 7, BT, 1, {1}, {2000}, 0, 1, 1},
-    {"long request split over 2 units, q_len 3", 16, 64, 2, CSR, 1, {3}, {1500}, 0, 0, 1},
-    {"one long among short, cu 7", 16, 16, 7, BT, 5, {1, 1, 2, 1, 1}, {10, 3000, 5, 0, 64}, 0,
-     1, 1},
-    {"cu 1: nothing split", 16, 16, 1, BT, 4, {1, 2, 3, 4}, {500, 20, 0, 90}, 0, 0, 0},
-    {"batch 0", 16, 16, 2, BT, 0, {0}, {0}, 0, 0, 0},
-    {"zero-row request", 16, 16, 2, CSR, 3, {1, 0, 2}, {50, 40, 30}, 0, 0, 0},
-    /* long chains of 64-token blocks on 64-row tiles: every pair-loop case
-     * of the wgmma bodies (odd and even block counts, with and without a
-     * next pair) several times over, split and unsplit */
-    {"heads 128, 21 blocks, split, cu 4", 128, 64, 4, BT, 1, {1}, {1300}, 0, 1, 1},
-    {"heads 64, q_len 2, up to 18 blocks, cu 4", 64, 16, 4, CSR, 3, {2, 1, 2}, {1100, 700, 1153},
-     0, 0, 0},
-};
-#define N_DENSE ((int)(sizeof dense_cases / sizeof dense_cases[0]))
+#define N_DENSE n_dense_cases
 
 START_TEST(test_dense_decode_matches_reference) {
   REQUIRE_BACKEND();
@@ -296,17 +254,6 @@ START_TEST(test_dense_decode_matches_reference_on_random_batches) {
 END_TEST
 
 /* ---- sparse ---- */
-
-typedef struct sparse_case {
-  const char *name;
-  uint32_t heads, page_size, topk, cu;
-  int32_t tokens, num_pages;
-  int64_t max_seq_len;
-  int hole_pct, dup_pct;
-  int32_t valid; /* listed entries per token (0: topk); the rest are -1 */
-  int empty_token0; /* token 0 lists only -1 */
-  int nocap;        /* build with PMLA_SPARSE_NO_SPLIT_CAP */
-} sparse_case;
 
 static void run_sparse(const sparse_case *c, uint64_t seed) {
   uint64_t rng = seed;
@@ -360,23 +307,14 @@ static void run_sparse(const sparse_case *c, uint64_t seed) {
   pmla_status s = g_be->build_sparse(b, &sb);
   ck_assert_msg(s == PMLA_OK, "%s: build_sparse returned %s: %s", c->name,
                 harness_status_name(s), g_be->last_error(b));
-  pmla_builder_info info = harness_query(b);
-  int32_t want_cap =
-      c->nocap ? 0 : pmla_sparse_split_cap(c->max_seq_len, c->topk, info.cu_count);
-  ck_assert_msg(info.split_cap == (uint32_t)want_cap,
-                "%s: split_cap %u, want min(next_pow2(max(1, min(%lld, %u) / 128)), %u) = %d",
-                c->name, info.split_cap, (long long)c->max_seq_len, c->topk, info.cu_count,
-                want_cap);
-  int32_t meta[PMLA_META_WORDS];
-  ck_assert_int_eq(g_be->copy_buffer(b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta), PMLA_OK);
-  if (c->nocap) /* uncapped, few tokens over many units: tokens split wider */
-    ck_assert_msg(meta[PMLA_META_MAX_PIECES] > pmla_sparse_split_cap(c->max_seq_len, c->topk,
-                                                                    info.cu_count),
-                  "%s: uncapped schedule has only %d pieces per token", c->name,
-                  meta[PMLA_META_MAX_PIECES]);
-  else
-    ck_assert_msg(meta[PMLA_META_MAX_PIECES] <= want_cap, "%s: a token has %d pieces > cap %d",
-                  c->name, meta[PMLA_META_MAX_PIECES], want_cap);
+  /* the schedule keeps pmla.h's layout, no token over a non-zero split_cap;
+   * PMLA_SPARSE_NO_SPLIT_CAP reports split_cap 0 (uncapped). The cap's
+   * formula is this plugin's (pmla-unit). */
+  sched_step step = {T, NULL, NULL, K};
+  sched_summary sum = sched_check(b, &step, c->name);
+  if (c->nocap)
+    ck_assert_msg(sum.split_cap == 0, "%s: PMLA_SPARSE_NO_SPLIT_CAP build reports split_cap %u",
+                  c->name, sum.split_cap);
 
   ref_slot_lists lists;
   ck_assert_int_eq(ref_slots_from_topk(T, K, idx, &lists), 0);
@@ -394,57 +332,11 @@ static void run_sparse(const sparse_case *c, uint64_t seed) {
   free(q);
 }
 
-static const sparse_case sparse_cases[] = {
-    {"topk 512, max_seq_len below topk, holes, dups", 16, 64, 512, 7, 3, 40, 300, 10, 5, 0, 0, 0},
-    {"topk 512, max_seq_len above topk", 16, 16, 512, 7, 4, 200, 10000, 5, 10, 0, 0, 0},
-    {"topk 2048, max_seq_len 4096, cu 7", 16, 16, 2048, 7, 2, 400, 4096, 3, 3, 0, 0, 0},
-    {"topk 2048, short lists of 100", 16, 64, 2048, 2, 4, 50, 100, 0, 0, 100, 0, 0},
-    {"topk 2048, one token empty", 16, 1, 2048, 3, 3, 3000, 2048, 20, 5, 0, 1, 0},
-    {"topk 512, heads 128", 128, 16, 512, 2, 2, 64, 512, 10, 10, 0, 0, 0},
-    {"topk 64, page 1, 8 tokens", 32, 1, 64, 3, 8, 500, 64, 25, 25, 0, 0, 0},
-    {"topk 512, cu 1", 64, 256, 512, 1, 3, 6, 100000, 5, 5, 300, 0, 0},
-    {"topk 2048, max_seq_len 0", 16, 16, 2048, 7, 2, 300, 0, 0, 50, 0, 0, 0},
-    {"topk 2048, uncapped (PMLA_SPARSE_NO_SPLIT_CAP), cu 16", 16, 16, 2048, 16, 2, 400, 300, 5,
-     5, 0, 0, 1},
-};
-#define N_SPARSE ((int)(sizeof sparse_cases / sizeof sparse_cases[0]))
+#define N_SPARSE n_sparse_cases
 
 START_TEST(test_sparse_decode_matches_reference) {
   REQUIRE_BACKEND();
   run_sparse(&sparse_cases[_i], harness_seed() + 77 + (uint64_t)_i);
-}
-END_TEST
-
-/* The cap the query reports follows the formula for every max_seq_len. */
-START_TEST(test_sparse_split_cap_through_query) {
-  REQUIRE_BACKEND();
-  static const uint32_t cus[] = {1, 5, 16};
-  static const int64_t seqs[] = {0, 1, 127, 128, 255, 256, 300, 1000, 2047, 2048, 4096, 1 << 20};
-  for (size_t ci = 0; ci < 3; ci++) {
-    pmla_builder_config cfg = harness_config(16, 64, 2, 1, 2048, cus[ci]);
-    pmla_builder *b = harness_init(&cfg);
-    int32_t *idx = malloc(sizeof(int32_t) * 2 * 2048);
-    for (int i = 0; i < 2 * 2048; i++)
-      idx[i] = i % 3 ? i % 1000 : -1;
-    test_tensor t;
-    tt_make2(&t, TT_I32, idx, 2, 2048);
-    pmla_sparse_batch sb;
-    memset(&sb, 0, sizeof sb);
-    sb.struct_size = sizeof sb;
-    sb.topk_indices = &t.t;
-    sb.stream = harness_stream();
-    for (size_t si = 0; si < sizeof seqs / sizeof seqs[0]; si++) {
-      sb.max_seq_len = seqs[si];
-      ck_assert_int_eq(g_be->build_sparse(b, &sb), PMLA_OK);
-      pmla_builder_info info = harness_query(b);
-      uint32_t want = (uint32_t)pmla_sparse_split_cap(seqs[si], 2048, info.cu_count);
-      ck_assert_msg(info.split_cap == want, "cu %u max_seq_len %lld: split_cap %u want %u",
-                    info.cu_count, (long long)seqs[si], info.split_cap, want);
-    }
-    tt_free(&t);
-    free(idx);
-    g_be->destroy_builder(b);
-  }
 }
 END_TEST
 
@@ -501,7 +393,6 @@ Suite *suite_numerics(void) {
   tc = tcase_create("sparse");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_sparse_decode_matches_reference, 0, N_SPARSE);
-  tcase_add_test(tc, test_sparse_split_cap_through_query);
   tcase_add_test(tc, test_sparse_unknown_flags_are_refused);
   tcase_add_test(tc, test_builder_alternates_dense_and_sparse_steps);
   suite_add_tcase(s, tc);

@@ -528,7 +528,7 @@ START_TEST(test_planner_fill_step_equals_reference_step) {
 }
 END_TEST
 
-START_TEST(test_planner_handles_batch_zero_and_zero_lengths) {
+START_TEST(test_planner_invariants_hold_for_batch_zero_and_zero_lengths) {
   for (int32_t N = 1; N <= 64; N++) {
     batch_desc d;
     memset(&d, 0, sizeof d);
@@ -548,7 +548,7 @@ START_TEST(test_planner_handles_batch_zero_and_zero_lengths) {
 }
 END_TEST
 
-START_TEST(test_planner_handles_huge_lengths_without_overflow) {
+START_TEST(test_planner_invariants_hold_for_huge_lengths_without_overflow) {
   batch_desc d;
   memset(&d, 0, sizeof d);
   d.R = 64;
@@ -569,7 +569,7 @@ END_TEST
 
 /* Bad per-request input flags its bit and counts as length 0; the plan stays
  * within the buffers. */
-START_TEST(test_planner_flags_bad_input) {
+START_TEST(test_planner_flags_bad_input_and_writes_within_its_buffers) {
   plan_bufs b;
   const int32_t R = 4, N = 8;
   int32_t lens[4] = {10, -3, 5000, 70};
@@ -632,7 +632,7 @@ static int64_t indep_cap(int64_t max_seq_len, int64_t topk, int64_t cu) {
   return p < cu ? p : cu;
 }
 
-START_TEST(test_sparse_split_cap_table) {
+START_TEST(test_sparse_split_cap_matches_its_table_and_an_independent_formula) {
   static const struct {
     int64_t seq, topk, cu, cap;
   } rows[] = {{4096, 2048, 132, 16}, {100, 2048, 132, 1}, {300, 2048, 132, 2},
@@ -668,10 +668,10 @@ Suite *suite_planner(void) {
   tcase_add_test(tc, test_planner_honours_split_cap_on_adversarial_batches);
   tcase_add_test(tc, test_planner_packs_whole_requests_within_the_slack);
   tcase_add_test(tc, test_planner_fill_step_equals_reference_step);
-  tcase_add_test(tc, test_planner_handles_batch_zero_and_zero_lengths);
-  tcase_add_test(tc, test_planner_handles_huge_lengths_without_overflow);
-  tcase_add_test(tc, test_planner_flags_bad_input);
-  tcase_add_test(tc, test_sparse_split_cap_table);
+  tcase_add_test(tc, test_planner_invariants_hold_for_batch_zero_and_zero_lengths);
+  tcase_add_test(tc, test_planner_invariants_hold_for_huge_lengths_without_overflow);
+  tcase_add_test(tc, test_planner_flags_bad_input_and_writes_within_its_buffers);
+  tcase_add_test(tc, test_sparse_split_cap_matches_its_table_and_an_independent_formula);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -42,7 +42,10 @@
  * loader gives after waiting on PREADY(b)), so the parities stay in step.
  *
  * The kernel is compiled for every NVIDIA target but has a body only in the
- * sm_90a image; dispatch.hip launches it only where that image runs. */
+ * sm_90a image; dispatch.hip launches it only where that image runs. An AMD
+ * build compiles this file to nothing. */
+#include "hip_compat.h"
+#ifdef PMLA_PLATFORM_NVIDIA
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -505,3 +508,4 @@ bool pmla_sm90_image_runs() {
   }
   return fa.binaryVersion == 90;
 }
+#endif /* PMLA_PLATFORM_NVIDIA */

@@ -1,0 +1,51 @@
+/* cases.c - the named decode cases (see cases.h). */
+#include "cases.h"
+
+#include "pmla.h"
+
+#define BT PMLA_KV_BLOCK_TABLE
+#define CSR PMLA_KV_CSR
+const dense_case dense_cases[] = {
+    {"one request, page 16", 16, 16, 2, BT, 1, {1}, {100}, 0, 1, 0},
+    {"page 1, CSR, with an empty request", 16, 1, 2, CSR, 3, {1, 2, 1}, {5, 0, 17}, 0, 0, 0},
+    {"page 64, batch 8, ragged", 16, 64, 7, BT, 8, {1, 2, 3, 4, 1, 4, 2, 1},
+     {0, 1, 63, 64, 65, 200, 129, 7}, 0, 0, 0},
+    {"page 64, batch 8, ragged, CSR", 16, 64, 7, CSR, 8, {4, 3, 2, 1, 1, 2, 3, 4},
+     {70, 0, 1, 128, 250, 3, 64, 191}, 0, 0, 0},
+    {"page 256, CSR", 16, 256, 1, CSR, 3, {2, 1, 3}, {300, 0, 513}, 0, 0, 0},
+    {"page 256, block table", 32, 256, 2, BT, 3, {1, 4, 2}, {257, 600, 1}, 0, 0, 0},
+    {"heads 128, block table", 128, 16, 2, BT, 3, {1, 2, 1}, {40, 0, 90}, 0, 0, 0},
+    {"heads 128, CSR, q_len 4", 128, 64, 7, CSR, 1, {4}, {130}, 0, 0, 0},
+    {"heads 64, 4-d cache", 64, 16, 3, BT, 2, {2, 1}, {33, 47}, 1, 0, 0},
+    {"kv shorter than q_len", 16, 16, 2, BT, 3, {4, 3, 2}, {2, 0, 1}, 0, 0, 0},
+    {"all requests empty", 16, 16, 2, CSR, 3, {1, 2, 1}, {0, 0, 0}, 0, 0, 0},
+    {"long request split over 7 units", 16, 16, 7, BT, 1, {1}, {2000}, 0, 1, 1},
+    {"long request split over 2 units, q_len 3", 16, 64, 2, CSR, 1, {3}, {1500}, 0, 0, 1},
+    {"one long among short, cu 7", 16, 16, 7, BT, 5, {1, 1, 2, 1, 1}, {10, 3000, 5, 0, 64}, 0,
+     1, 1},
+    {"cu 1: nothing split", 16, 16, 1, BT, 4, {1, 2, 3, 4}, {500, 20, 0, 90}, 0, 0, 0},
+    {"batch 0", 16, 16, 2, BT, 0, {0}, {0}, 0, 0, 0},
+    {"zero-row request", 16, 16, 2, CSR, 3, {1, 0, 2}, {50, 40, 30}, 0, 0, 0},
+    /* long chains of 64-token blocks on 64-row tiles: every pair-loop case
+     * of the wgmma bodies (odd and even block counts, with and without a
+     * next pair) several times over, split and unsplit */
+    {"heads 128, 21 blocks, split, cu 4", 128, 64, 4, BT, 1, {1}, {1300}, 0, 1, 1},
+    {"heads 64, q_len 2, up to 18 blocks, cu 4", 64, 16, 4, CSR, 3, {2, 1, 2}, {1100, 700, 1153},
+     0, 0, 0},
+};
+const int n_dense_cases = (int)(sizeof dense_cases / sizeof dense_cases[0]);
+
+const sparse_case sparse_cases[] = {
+    {"topk 512, max_seq_len below topk, holes, dups", 16, 64, 512, 7, 3, 40, 300, 10, 5, 0, 0, 0},
+    {"topk 512, max_seq_len above topk", 16, 16, 512, 7, 4, 200, 10000, 5, 10, 0, 0, 0},
+    {"topk 2048, max_seq_len 4096, cu 7", 16, 16, 2048, 7, 2, 400, 4096, 3, 3, 0, 0, 0},
+    {"topk 2048, short lists of 100", 16, 64, 2048, 2, 4, 50, 100, 0, 0, 100, 0, 0},
+    {"topk 2048, one token empty", 16, 1, 2048, 3, 3, 3000, 2048, 20, 5, 0, 1, 0},
+    {"topk 512, heads 128", 128, 16, 512, 2, 2, 64, 512, 10, 10, 0, 0, 0},
+    {"topk 64, page 1, 8 tokens", 32, 1, 64, 3, 8, 500, 64, 25, 25, 0, 0, 0},
+    {"topk 512, cu 1", 64, 256, 512, 1, 3, 6, 100000, 5, 5, 300, 0, 0},
+    {"topk 2048, max_seq_len 0", 16, 16, 2048, 7, 2, 300, 0, 0, 50, 0, 0, 0},
+    {"topk 2048, uncapped (PMLA_SPARSE_NO_SPLIT_CAP), cu 16", 16, 16, 2048, 16, 2, 400, 300, 5,
+     5, 0, 0, 1},
+};
+const int n_sparse_cases = (int)(sizeof sparse_cases / sizeof sparse_cases[0]);
