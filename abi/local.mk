@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # abi/: the public headers and the host-side registry library.
 pmlaincludedir = $(includedir)/pmla
 pmlainclude_HEADERS = abi/pmla.h abi/pmla_registry.h

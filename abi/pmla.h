@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* pmla.h - the pmla plugin ABI: MLA decode attention backends behind a
  * versioned C vtable, loaded with dlopen.
  *

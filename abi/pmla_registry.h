@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* pmla_registry.h - host-side plugin registry (link -lpmla-registry).
  *
  * Scans a colon-separated search path (the explicit argument first, then the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* registry.c - host-side plugin discovery: scan the search path, dlopen,
  * negotiate, index backends by name (first on the path wins). */
 #define _DEFAULT_SOURCE

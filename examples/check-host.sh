@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # Runs the example host against the in-tree plugin (make check exports
 # PMLA_TEST_PLUGIN), then checks that the copy of examples/host.c shown in
 # README.md is that file, line for line.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # examples/: a minimal host, built and run by make check against the in-tree
 # CPU plugin, so the example README.md shows cannot rot.
 check_PROGRAMS += examples/host

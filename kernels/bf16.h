@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bf16.h - bfloat16 <-> float on the host, round to nearest even. */
 #ifndef PMLA_BF16_H
 #define PMLA_BF16_H

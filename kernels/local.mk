@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # kernels/: the shared planner and all compute; knows nothing of the ABI.
 noinst_LTLIBRARIES += kernels/libpmla-kernels.la
 kernels_libpmla_kernels_la_SOURCES = kernels/planner.h kernels/bf16.h kernels/mla_types.h \

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mla_cpu.c - the CPU twin of the persistent decode kernel. Each work item
  * streams its KV range in chunks of PMLA_CPU_CHUNK tokens (converted to fp32
  * once, then reused by every query row and head) with a base-2 online

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mla_cpu.h - MLA decode compute on the CPU: one scheduling unit's work
  * items (online softmax over its KV range) and the reduce of split requests.
  * Plain pointers only; the plugin owns threads and buffers. */

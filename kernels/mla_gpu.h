@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mla_gpu.h - host-callable launchers of the GPU kernels (HIP source in
  * kernels/gpu/, built by hipcc for AMD or nvcc for NVIDIA). C linkage and
  * plain device pointers only: the plugin owns allocation and streams.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mla_types.h - shapes and the KV slot map shared by CPU and GPU compute.
  * Plain C, includable from device code. */
 #ifndef PMLA_MLA_TYPES_H

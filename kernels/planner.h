@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* planner.h - the persistent schedule, written once for host C and device
  * code (the GPU metadata kernel runs the same per-request functions in
  * parallel), so both backends produce identical schedules.

@@ -1,3 +1,4 @@
+dnl SPDX-License-Identifier: MIT
 # PMLA_CHECK_VISIBILITY: VISIBILITY_CFLAGS=-fvisibility=hidden when the C
 # compiler takes it (the plugin then exports only its entry point).
 AC_DEFUN([PMLA_CHECK_VISIBILITY], [

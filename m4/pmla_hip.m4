@@ -1,3 +1,4 @@
+dnl SPDX-License-Identifier: MIT
 # PMLA_CHECK_HIP: the GPU platform for the `pmla` backend.
 #   --with-hip=nvidia|amd|no   (default: detect; nvcc first, then hipcc)
 #   --with-gpu-arch=LIST       NVIDIA default sm_90a; AMD default "gfx90a gfx940"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* backend_cpu.c - `pmla-cpu`: the persistent schedule walked by worker
  * threads, one per scheduling unit. All data is host memory (kDLCPU), so
  * every device-side check of the GPU backend is done here up front, with a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* backend_gpu.c - `pmla`: buffers in GPU memory, the planner run by a
  * metadata kernel, the persistent decode kernel and its reduce. build_* and
  * decode only launch on the caller's stream: no host sync, no allocation, no

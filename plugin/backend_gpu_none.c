@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* backend_gpu_none.c - `pmla` in a build without HIP: every call answers
  * PMLA_ERR_NO_DEVICE so hosts can fall back to pmla-cpu. */
 #include "backends.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* backends.h - the backends this plugin carries. */
 #ifndef PMLA_PLUGIN_BACKENDS_H
 #define PMLA_PLUGIN_BACKENDS_H

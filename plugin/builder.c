@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* builder.c - config validation, buffer sizing, argument checks and error
  * messages shared by the CPU and GPU backends. */
 #include "builder.h"

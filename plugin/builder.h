@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* builder.h - what every backend's builder shares: the validated config,
  * buffer sizes, the remembered step plan, and error reporting. */
 #ifndef PMLA_PLUGIN_BUILDER_H

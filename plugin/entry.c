@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* entry.c - the plugin's one exported symbol: version negotiation and the
  * plugin descriptor listing its backends. */
 #include "config.h"

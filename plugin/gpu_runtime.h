@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* gpu_runtime.h - the few GPU runtime calls the plugin's C code makes, mapped
  * to the CUDA runtime (NVIDIA) or HIP (AMD). Debian's HIP 5.2 headers for the
  * NVIDIA platform do not compile against CUDA 13 (nvidia_hip_runtime_api.h

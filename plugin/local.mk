@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # plugin/: the dlopen-able module; exports only pmla_plugin_entry.
 plugin_LTLIBRARIES += plugin/pmla.la
 plugin_pmla_la_SOURCES = plugin/entry.c plugin/backends.h \

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* workers.c - a generation-counted dispatch: the caller bumps `generation`
  * and broadcasts; each worker runs the job once per generation and the last
  * one to finish wakes the caller. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* workers.h - persistent worker threads for the CPU backend: started once
  * at init, each runs job(arg, index) when dispatched; the caller waits for
  * all. Dispatch allocates nothing. */

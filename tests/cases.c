@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cases.c - the named decode cases (see cases.h). */
 #include "cases.h"
 

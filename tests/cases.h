@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cases.h - the named dense and sparse decode cases. pmla-conformance
  * decodes each against the fp64 reference (t_numerics.c); pmla-unit checks
  * what this plugin's planner makes of the same shapes (t_plan_exact.c:

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # A CPU-only plugin links neither libstdc++ nor libdl: dlopen is the host's
 # business (abi/registry.c), and nothing CPU-side is C++. GPU builds skip.
 plugin=${PMLA_TEST_PLUGIN:-plugin/.libs/pmla.so}

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* conformance.c - pmla-conformance: the black-box conformance suite for any
  * pmla plugin. It speaks to the plugin only through abi/pmla.h and the
  * registry (abi/pmla_registry.h): what it asserts is what the ABI promises,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* devmem.h - memory and timing where a backend wants its tensors: host
  * memory for pmla-cpu, GPU memory (CUDA or HIP runtime) for pmla. Shared by
  * the conformance suite and the benchmark; knows nothing of the plugin. */

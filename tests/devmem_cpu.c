@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* devmem_cpu.c - host memory and wall-clock timing for pmla-cpu. */
 #include <stdlib.h>
 #include <string.h>

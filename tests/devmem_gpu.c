@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* devmem_gpu.c - GPU memory, a stream and event timing through the CUDA
  * runtime (NVIDIA) or HIP (AMD), for tests and the benchmark. */
 #include <stddef.h>

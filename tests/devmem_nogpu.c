@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* devmem_nogpu.c - devmem_gpu() in a build without GPU support. */
 #include "devmem.h"
 

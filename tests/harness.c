@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* harness.c - shared helpers of the Check programs (see harness.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* harness.h - shared helpers of the Check programs (pmla-conformance, the
  * black-box suite, and pmla-unit, the white-box one): which plugin and
  * backend are under test, tensors in the backend's memory, configs, random

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # tests/: pmla-conformance (installed: the black-box suite any plugin must
 # pass), pmla-unit (the white-box tests of this plugin's planner), the
 # no-allocation check, and mock plugins built only for the registry tests.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mock_plugin.c - tiny plugins built only for the registry tests. Compiled
  * once per MOCK_KIND:
  *   1 wrong major    speaks 2.0 only                      backend "mock-wrong-major"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* noalloc.c - "nothing is allocated after init_builder": this program
  * interposes malloc, calloc, realloc, free, posix_memalign, aligned_alloc,
  * memalign and valloc (forwarding to glibc's __libc_* entry points), counts

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* reference.c - double-precision MLA decode reference (see reference.h). */
 #include "reference.h"
 

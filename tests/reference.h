@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* reference.h - an independent double-precision MLA decode reference for the
  * conformance suite. It shares no code with the plugin or kernels/.
  *

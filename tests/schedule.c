@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* schedule.c - sched_check (see schedule.h): the schedule layout that
  * pmla.h documents, checked through copy_buffer. */
 #include "schedule.h"

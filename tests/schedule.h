@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* schedule.h - what abi/pmla.h promises about a builder's schedule, read
  * back through copy_buffer after a successful build. Black box: the layouts
  * below are pmla.h's "Work-item and metadata layouts" and pmla_buffer, not

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* t_abi.c - the plugin boundary: exported symbols, version negotiation,
  * struct_size handling, the plugin descriptor, and the registry (lookup,
  * search path order, bad files, mock plugins). */

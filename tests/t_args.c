@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* t_args.c - build_decode / build_sparse / decode argument checking: every
  * bad argument gets its code, a message, and nothing written to the outputs
  * (out and lse are filled with a sentinel first and must stay intact).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* t_builder.c - init_builder / destroy_builder / query_builder / copy_buffer
  * / last_error: accepted and rejected configs with their codes and
  * messages, struct_size both ways, buffer sizes against the header's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* t_gpu.c - what only a GPU backend promises: build + decode captured in one
  * graph replay exactly like eager calls (also after the host rewrites the
  * lengths or top-k lists in place, when the replayed build must schedule the

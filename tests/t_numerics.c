@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* t_numerics.c - decode output and lse against the double-precision
  * reference (reference.c), dense and sparse.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* t_plan_exact.c - white-box: this plugin's schedules are exactly what its
  * shared planner (kernels/planner.h) computes. The backend's six schedule
  * buffers equal pmla_plan's word for word (on pmla the device's metadata

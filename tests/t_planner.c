@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* t_planner.c - invariants of the shared scheduler (kernels/planner.h),
  * called directly over thousands of random and adversarial batches.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* t_schedule.c - the schedule a build leaves in the builder's buffers, read
  * through copy_buffer and held to what pmla.h documents (schedule.h lists
  * every check), over random and edge-case dense and sparse steps. Only the

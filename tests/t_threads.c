@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* t_threads.c - "builders are independent: many may live in one process and
  * be used from many threads at once". Each thread owns a builder and its own
  * tensors; run concurrently, every decode must give bit-for-bit what the

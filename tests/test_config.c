@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_config.c - see test_config.h. */
 #include "test_config.h"
 

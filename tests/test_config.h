@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_config.h - the DeepSeek MLA builder config every test program starts from
  * (512 latent + 64 rope dims, bf16, scale 576^-0.5, device 0). */
 #ifndef PMLA_TEST_CONFIG_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* unit.c - pmla-unit: white-box tests of this plugin (not installed). They
  * may include kernels/ headers: the shared planner (kernels/planner.h) is
  * called directly, and the plugin's schedules are compared with the

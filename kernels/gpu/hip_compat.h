@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* hip_compat.h - the thin portability layer of kernels/gpu/.
  *
  * AMD (hipcc, __HIP_PLATFORM_AMD__): <hip/hip_runtime.h> as is.

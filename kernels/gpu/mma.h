@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mma.h - the tensor-core tile interface of the decode kernel.
  *
  * One warp multiplies A (16 x 16, bf16, row-major in shared memory) by B

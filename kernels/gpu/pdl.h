@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* pdl.h - programmatic dependent launch (NVIDIA sm_90, CUDA 12+), behind
  * the knob PMLA_PDL of config.h (default 0: plain launches, the calls below
  * are no-ops; always so on AMD).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* pmla-bench - runs MLA decode steps through the registry on a chosen
  * backend and prints median time, TFLOP/s, GB/s and the fraction of the copy
  * bandwidth measured at start; --check compares against the fp64 reference.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # tests/bench/: pmla-bench, the main job (a program, not a timed test).
 bin_PROGRAMS += tests/bench/pmla-bench
 tests_bench_pmla_bench_SOURCES = tests/bench/bench.c tests/reference.c tests/reference.h \
