@@ -170,9 +170,9 @@ __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) 
 }
 /* The epilogue of an item: normalised O (columns 256g.. of this
  * warpgroup) as bf16 out or as the fp32 partial of its slot, and the lse of
- * each row; the row sum is sLa[row] (+ sLb[row]) */
+ * each row (row maxima sM, row sums sL) */
 __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const float (&o)[128],
-                                           const float *sM, const float *sLa, const float *sLb,
+                                           const float *sM, const float *sL,
                                            int g, int lane, const int (&myrow)[2], int nrows,
                                            int32_t pslot, int32_t qb, int row0, int tid) {
   const int H = p.num_heads;
@@ -183,7 +183,7 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
     int rl = myrow[sl];
     if (rl >= nrows)
       continue;
-    float l = sLa[rl] + (sLb ? sLb[rl] : 0.f), inv = l > 0.f ? 1.f / l : 0.f;
+    float l = sL[rl], inv = l > 0.f ? 1.f / l : 0.f;
     int64_t ro = (obase + rl) * PMLA_V_DIM;
 #pragma unroll
     for (int j = 0; j < 32; j++) {
@@ -196,7 +196,7 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
     }
   }
   if (tid < nrows) {
-    float l = sLa[tid] + (sLb ? sLb[tid] : 0.f);
+    float l = sL[tid];
     float lse = l > 0.f ? (sM[tid] + log2f(l)) * LN2_F : -INFINITY;
     if (pslot >= 0)
       p.partial_lse[obase + tid] = lse;
@@ -436,452 +436,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     __syncthreads();
 
-    store_tile(p, o, sM, sL, nullptr, g, lane, myrow, nrows, pslot, qb, row0, tid);
-    __syncthreads();
-  }
-}
-/* ------------------------------------------------------------------ body_pair
- * Whole-page blocks only (dense steps, page size a multiple of 64: every
- * block of an item lies in one page, so every block comes by TMA; a page
- * index out of range becomes an out-of-bounds box, which TMA fills with
- * zeros, and the block is masked and flagged). The two warpgroups take the
- * blocks in pairs, FlashMLA's schedule: warpgroup 0 owns even blocks (stage
- * 0), warpgroup 1 odd ones (stage 1); each computes S for its own block,
- * and each owns half of O (columns 256g..). Per pair (b, b + 1):
- *   wg0  softmax(b) -> sScale0, sM                            SCALE0 ->
- *        O0 += P0 V0[:, 0:256]   (P0 from registers)
- *   wg1  (SCALE0) softmax(b + 1) from sM -> sScale1, sM;
- *        O1 *= scale0 * scale1                                SCALE1 ->
- *        P1 into stage 1's rope box; O1 += P1 V1[:, 256:]    (registers)
- *   wg0  (SCALE1) refill stage 0 boxes 0-3 with b + 2; P0 * scale1 into
- *        stage 0's rope box                                   P0READY ->
- *   wg1  (P0READY) O1 += P0 V0[:, 256:]                        P1READY ->
- *   wg0  (P1READY) O0 *= scale1; O0 += P1 V1[:, 0:256]; S(b + 2) over
- *        boxes 0-3; once P1 V1 is done, refill stage 1 boxes 0-3 and 8
- *        with b + 3; S(b + 2) over boxes 4-8
- *   wg1  once P1 V1 is done, refill stage 1 boxes 4-7 with b + 3; once
- *        P0 V0 is done, refill stage 0 boxes 4-8 with b + 2; S(b + 3)
- * so one warpgroup's softmax runs while the other's wgmma keep the tensor
- * cores busy. A stage's boxes are refilled by the warpgroup that reads them
- * last, as soon as it is done, on two mbarriers per stage (the boxes each
- * warpgroup refills); the owner waits on both before its QK. Each P lives
- * in the rope box of its own stage (free once its S is computed). V rows of
- * positions past the item (NaN-poisoned slots of a last page) are zeroed in
- * shared memory before a PV reads them. */
-enum { NB_SCALE0 = 1, NB_SCALE1, NB_P0READY, NB_P1READY, NB_WG0, NB_WG1 };
-
-/* S (+)= Q K^T over box c of the stage at aK (16 k-steps... 4 of the 36),
- * one commit group (first: S = the product, its old value unread) */
-__device__ __forceinline__ void qk_box(float (&s)[32], uint32_t aQ, uint32_t aK, int c,
-                                       bool first) {
-  wg_fence();
-#pragma unroll
-  for (int k = 0; k < 4; k++) {
-    const uint32_t ko = c * BLK + k * 32;
-    mma_n64(s, desc_at(desc(aQ, 16, 1024), ko), desc_at(desc(aK, 16, 1024), ko),
-            !(first && k == 0));
-  }
-  wg_commit();
-}
-/* O[:, 256 half..] += P V; P from registers (pa) */
-__device__ __forceinline__ void pv_rs(float (&o)[128], const uint32_t (&pa)[16], uint32_t aK,
-                                      int half) {
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; kk++)
-    mma_n256_rs(o, pa + 4 * kk, desc_at(desc(aK, BLK, 1024), 4 * half * BLK + kk * 16 * 128));
-}
-/* O[:, 256 half..] += P V; P from the stage's rope box */
-__device__ __forceinline__ void pv_ss(float (&o)[128], uint32_t aK, int half) {
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; kk++)
-    mma_n256_tb(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
-                desc_at(desc(aK, BLK, 1024), 4 * half * BLK + kk * 16 * 128));
-}
-/* The TMA row of block [pos0, pos0 + 64) (its first slot), or -BN when its
- * page is out of range (flagged; TMA then fills the box with zeros) */
-__device__ __forceinline__ int block_row(const pmla_kv_map &m, int32_t r, int32_t csr_first,
-                                         int pos0, int32_t *errw, bool flag) {
-  const int32_t raw = kv_raw(m, r, pos0, csr_first);
-  const int64_t slot = (int64_t)raw * m.page_size + pos0 % m.page_size;
-  if (raw < 0 || slot + BN > m.num_slots) {
-    if (flag)
-      atomicOr(errw, (int)PMLA_PLAN_ERR_PAGE_INDEX);
-    return -BN;
-  }
-  return (int)slot;
-}
-/* boxes [b0, b0 + n) (and the rope box 8 when rope) of the block at TMA row
- * `row` into the stage at dst; box c completes on its own barrier bars + 8c */
-__device__ __forceinline__ void tma_boxes(uint32_t dst, const CUtensorMap *map, int row,
-                                          uint32_t bars, int b0, int n, bool rope) {
-  for (int c = b0; c < b0 + n; c++) {
-#ifdef PMLA_DIAG_NOLOAD
-    mbar_arrive(bars + 8 * c);
-    continue;
-#endif
-    mbar_arrive_tx(bars + 8 * c, BLK);
-    tma_box(dst + c * BLK, map, c * 64, row, bars + 8 * c);
-  }
-  if (rope) {
-#ifdef PMLA_DIAG_NOLOAD
-    mbar_arrive(bars + 8 * 8);
-    return;
-#endif
-    mbar_arrive_tx(bars + 8 * 8, BLK);
-    tma_box(dst + 8 * BLK, map, 8 * 64, row, bars + 8 * 8);
-  }
-}
-/* zeroes V (boxes [b0, b0 + 4)) of tokens [from, 64) of a stage, then makes
- * the zeros visible to this warpgroup's wgmma */
-__device__ __forceinline__ void zero_v_tail(char *stage, int b0, int from, int t, int nb) {
-  const int rows = BN - from;
-  for (int i = t; i < rows * 4 * 8; i += 128) {
-    const int chunk = i & 7, k = i >> 3;
-    *(uint4 *)(stage + (b0 + k / rows) * BLK + (from + k % rows) * 128 + chunk * 16) =
-        make_uint4(0, 0, 0, 0);
-  }
-  proxy_fence();
-  nb_sync_n(nb, 128);
-}
-/* softmax of one block's S in place: mask, row maxima against sM, P =
- * exp2(S scale - m); returns exp2(m_old - m) per row and this lane's share
- * of the row sums; the row leader publishes the new maximum and scale */
-__device__ __forceinline__ void pair_softmax(float (&s)[32], float (&sc)[2], float (&sum)[2],
-                                             float *sM, float *sScale, uint64_t vm, int pos0,
-                                             const int (&lim)[2], float scale_log2,
-                                             const int (&myrow)[2], int lane) {
-  float mx[2];
-  wg_mask_max(s, mx, vm, pos0, lim, scale_log2, lane);
-  float muse[2];
-#pragma unroll
-  for (int sl = 0; sl < 2; sl++) {
-    const float m_old = sM[myrow[sl]], m = fmaxf(m_old, mx[sl]);
-    muse[sl] = m == -INFINITY ? 0.f : m;
-    sc[sl] = fast_exp2(m_old - muse[sl]);
-    sum[sl] = 0.f;
-    __syncwarp();
-    if (row_leader(lane)) {
-      sM[myrow[sl]] = m;
-      sScale[myrow[sl]] = sc[sl];
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < 32; e++) {
-    s[e] = fast_exp2(fmaf(s[e], scale_log2, -muse[(e >> 1) & 1]));
-    sum[(e >> 1) & 1] += s[e];
-  }
-}
-/* P as bf16 A fragments: k-step kk takes n-tiles 2kk and 2kk + 1 */
-__device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pa)[16]) {
-#pragma unroll
-  for (int i = 0; i < 16; i++)
-    pa[i] = pack_bf16x2(s[2 * i], s[2 * i + 1]);
-}
-/* P * (f0, f1 by row) as bf16 into a stage's rope box (64 rows x 64 tokens,
- * 128B swizzle: the layout a K-major A descriptor reads) */
-__device__ __forceinline__ void store_p(char *stage, const float (&s)[32], float f0, float f1,
-                                        const int (&myrow)[2], int lane) {
-  char *sP = stage + 8 * BLK;
-#pragma unroll
-  for (int i = 0; i < 16; i++) {
-    const int row = myrow[i & 1], col = (i >> 1) * 8 + ((lane & 3) << 1);
-    const float f = (i & 1) ? f1 : f0;
-    *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
-        pack_bf16x2(s[2 * i] * f, s[2 * i + 1] * f);
-  }
-}
-/* the registers an RS wgmma reads stay live (and unmoved) until its wait */
-__device__ __forceinline__ void reg_fence_u(uint32_t (&a)[16]) {
-#pragma unroll
-  for (int i = 0; i < 16; i++)
-    asm volatile("" : "+r"(a[i])::"memory");
-}
-
-__device__ __forceinline__ void body_pair(const pmla_gpu_problem &p, float scale_log2,
-                                          const CUtensorMap *kv_tmap) {
-  extern __shared__ __align__(1024) char smem_wg[];
-  char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
-  char *sKV = sQ + TILE;
-  float *sScale = (float *)(sKV + 2 * TILE); /* [2][ROWS]: scale0, scale1 of the pair */
-  float *sM = sScale + 2 * ROWS;             /* running row maxima (base 2, scaled) */
-  float *sL = sM + ROWS;                     /* [2][ROWS]: row sums of each warpgroup */
-  uint64_t *sVm = (uint64_t *)(sL + 2 * ROWS); /* [2]: page validity of each stage's block */
-  const uint32_t aBar = smem_u32(sVm + 2);     /* [2 stages][9 boxes] mbarriers */
-  static_assert(sizeof(float) * 5 * ROWS + 8 * 20 <= sizeof(float) * 8 * ROWS + sizeof(int) * 2 * BN,
-                "body_pair's shared state fits SMEM");
-
-  const int tid = threadIdx.x, g = tid >> 7, t = tid & 127, wi = (tid >> 5) & 3, lane = tid & 31;
-  if (tid == 0) {
-    for (int i = 0; i < 18; i++)
-      mbar_init(aBar + 8 * i, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  /* parity of the next completion of the own stage's two barriers */
-  uint32_t phase = 0;
-  const int H = p.num_heads;
-  const int u = blockIdx.x, row0 = blockIdx.y * ROWS;
-  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
-  const uint32_t aQ = smem_u32(sQ);
-  char *stage0 = sKV, *stage1 = sKV + TILE;
-  const uint32_t aK0 = smem_u32(stage0), aK1 = smem_u32(stage1);
-  const uint32_t bars0 = aBar, bars1 = aBar + 8 * 9; /* box c of stage s: bars_s + 8c */
-  int myrow[2];
-  myrow[0] = wi * 16 + (lane >> 2);
-  myrow[1] = myrow[0] + 8;
-  const bool flag = blockIdx.y == 0; /* one head tile reports bad pages */
-
-  const int it_end = p.work_indptr[u + 1];
-  for (int it = p.work_indptr[u]; it < it_end; it++) {
-    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
-    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
-    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
-    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
-    const int qlen = qe - qb, rows_item = qlen * H;
-    if (qlen <= 0 || row0 >= rows_item)
-      continue;
-    if (qb < 0 || qe > p.num_tokens) {
-      if (tid == 0)
-        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
-      continue;
-    }
-    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
-    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
-    const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
-    auto row_of = [&](int blk) { return block_row(p.map, r, csr_first, kb + blk * BN, errw, flag); };
-
-    /* Q (rows past the item zero-filled) by every thread; the first two
-     * blocks by TMA, block 0 by wg0's first thread, block 1 by wg1's */
-    {
-      const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
-      for (int c = tid; c < ROWS * PMLA_TILE_CHUNKS; c += NT) {
-        int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
-        bool v = rr < nrows;
-        cp16(sQ + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
-      }
-      cp_commit();
-    }
-    if (t == 0 && g < nblk) {
-      const int row = row_of(g);
-      sVm[g] = row >= 0 ? ~0ull : 0ull;
-      if (g == 0)
-        tma_boxes(aK0, kv_tmap, row, bars0, 0, 8, true);
-      else
-        tma_boxes(aK1, kv_tmap, row, bars1, 4, 4, false), tma_boxes(aK1, kv_tmap, row, bars1, 0, 4, true);
-    }
-    if (tid < ROWS)
-      sM[tid] = -INFINITY;
-    cp_wait<0>();
-    proxy_fence();
-    __syncthreads();
-
-    int lim[2];
-#pragma unroll
-    for (int s = 0; s < 2; s++) {
-      int i = row0 + myrow[s];
-      int causal = len - qlen + 1 + i / H;
-      lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
-    }
-    float o[128], s[32], lrun[2] = {0.f, 0.f};
-    uint32_t pa[16];
-#pragma unroll
-    for (int e = 0; e < 128; e++)
-      o[e] = 0.f;
-    /* One pair (b, b + 1) on each side; the flags are compile-time so that
-     * no wgmma is issued or waited for under a runtime branch (ptxas would
-     * serialise every wgmma of the kernel). wg0: HAS1 = b + 1 < nblk, NEXT =
-     * b + 2 < nblk; wg1: HAS1, NEXT = b + 3 < nblk. */
-    auto wg0_pair = [&](int b, bool has1_t, bool next_t) {
-      const bool HAS1 = has1_t, NEXT = next_t;
-      const int pos0 = kb + b * BN, pos1 = pos0 + BN;
-      /* the refills' rows, read now: the table lookup is off the issue path */
-      const int row2 = t == 0 && b + 2 < nblk ? row_of(b + 2) : 0;
-      const int row3 = t == 0 && b + 3 < nblk ? row_of(b + 3) : 0;
-      float sc[2], sum[2];
-      pair_softmax(s, sc, sum, sM, sScale, sVm[0], pos0, lim, scale_log2, myrow, lane);
-      nb_arrive_n(NB_SCALE0, 256);
-#pragma unroll
-      for (int sl = 0; sl < 2; sl++)
-        lrun[sl] = lrun[sl] * sc[sl] + sum[sl];
-      wg_scale_o(o, sc[0], sc[1]);
-      pack_p(s, pa);
-      if (ke - pos0 < BN)
-        zero_v_tail(stage0, 0, ke - pos0, t, NB_WG0);
-      reg_fence<128>(o);
-      reg_fence_u(pa);
-      wg_fence();
-      pv_rs(o, pa, aK0, 0);
-      wg_commit();
-      wg_wait0();
-      reg_fence<128>(o);
-      reg_fence_u(pa);
-      nb_sync_n(NB_SCALE1, 256);
-      if (NEXT && t == 0) {
-        sVm[0] = row2 >= 0 ? ~0ull : 0ull;
-        tma_boxes(aK0, kv_tmap, row2, bars0, 0, 4, false);
-      }
-      const float c0 = sScale[ROWS + myrow[0]], c1 = sScale[ROWS + myrow[1]];
-      store_p(stage0, s, c0, c1, myrow, lane);
-      proxy_fence();
-      nb_arrive_n(NB_P0READY, 256);
-      lrun[0] *= c0;
-      lrun[1] *= c1;
-      wg_scale_o(o, c0, c1);
-      if (HAS1) {
-        if (ke - pos1 < BN)
-          zero_v_tail(stage1, 0, ke - pos1, t, NB_WG0);
-        nb_sync_n(NB_P1READY, 256);
-        reg_fence<128>(o);
-        wg_fence();
-        pv_ss(o, aK1, 0);
-        wg_commit();
-      }
-      if (NEXT) {
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          mbar_wait(bars0 + 8 * c, phase);
-          qk_box(s, aQ, aK0, c, c == 0);
-        }
-        wg_wait<4>(); /* P1 V1 done: stage 1's boxes 0-3 and 8 are free */
-        if (t == 0 && b + 3 < nblk) {
-          sVm[1] = row3 >= 0 ? ~0ull : 0ull;
-          tma_boxes(aK1, kv_tmap, row3, bars1, 0, 4, true);
-        }
-#pragma unroll
-        for (int c = 4; c < 9; c++) {
-          mbar_wait(bars0 + 8 * c, phase);
-          qk_box(s, aQ, aK0, c, false);
-        }
-        phase ^= 1;
-      }
-      wg_wait0();
-      reg_fence<128>(o);
-      reg_fence<32>(s);
-    };
-    auto wg1_pair = [&](int b, bool has1_t, bool next_t) {
-      const bool HAS1 = has1_t, NEXT = next_t;
-      const int pos0 = kb + b * BN, pos1 = pos0 + BN;
-      const int row2 = t == 0 && b + 2 < nblk ? row_of(b + 2) : 0;
-      const int row3 = t == 0 && b + 3 < nblk ? row_of(b + 3) : 0;
-      nb_sync_n(NB_SCALE0, 256);
-      float sc[2] = {1.f, 1.f}, sum[2] = {0.f, 0.f};
-      if (HAS1) {
-        pair_softmax(s, sc, sum, sM, sScale + ROWS, sVm[1], pos1, lim, scale_log2, myrow, lane);
-      } else if (row_leader(lane)) {
-        sScale[ROWS + myrow[0]] = 1.f;
-        sScale[ROWS + myrow[1]] = 1.f;
-      }
-      float c[2];
-#pragma unroll
-      for (int sl = 0; sl < 2; sl++) {
-        c[sl] = sc[sl] * sScale[myrow[sl]];
-        lrun[sl] = lrun[sl] * c[sl] + sum[sl];
-      }
-      nb_arrive_n(NB_SCALE1, 256);
-      wg_scale_o(o, c[0], c[1]);
-      if (HAS1) {
-        pack_p(s, pa);
-        store_p(stage1, s, 1.f, 1.f, myrow, lane);
-        proxy_fence();
-        if (ke - pos1 < BN)
-          zero_v_tail(stage1, 4, ke - pos1, t, NB_WG1);
-        reg_fence<128>(o);
-        reg_fence_u(pa);
-        wg_fence();
-        pv_rs(o, pa, aK1, 1);
-        wg_commit();
-      }
-      nb_sync_n(NB_P0READY, 256);
-      if (ke - pos0 < BN)
-        zero_v_tail(stage0, 4, ke - pos0, t, NB_WG1);
-      if (!HAS1) /* else O is in flight: P1 V1 accumulates into it */
-        reg_fence<128>(o);
-      wg_fence();
-      pv_ss(o, aK0, 1);
-      wg_commit();
-      if (HAS1) {
-        nb_arrive_n(NB_P1READY, 256);
-        wg_wait<1>();
-        reg_fence_u(pa);
-        if (t == 0 && b + 3 < nblk)
-          tma_boxes(aK1, kv_tmap, row3, bars1, 4, 4, false);
-      }
-      wg_wait0();
-      reg_fence<128>(o);
-      if (t == 0 && b + 2 < nblk)
-        tma_boxes(aK0, kv_tmap, row2, bars0, 4, 4, true);
-      if (NEXT) {
-#pragma unroll
-        for (int i = 0; i < 9; i++) { /* boxes 4-7 (refilled first), 0-3, 8 */
-          const int c = i < 4 ? i + 4 : i < 8 ? i - 4 : 8;
-          mbar_wait(bars1 + 8 * c, phase);
-          qk_box(s, aQ, aK1, c, i == 0);
-        }
-        phase ^= 1;
-      }
-      wg_wait0();
-      reg_fence<32>(s);
-    };
-    if (g == 0) {
-      /* S of block 0; the wait stays outside the branch (see above) */
-      if (nblk > 0) {
-#pragma unroll
-        for (int c = 0; c < 9; c++) {
-          mbar_wait(bars0 + 8 * c, phase);
-          qk_box(s, aQ, aK0, c, c == 0);
-        }
-        phase ^= 1;
-      }
-      wg_wait0();
-      reg_fence<32>(s);
-#pragma unroll 1
-      for (int b = 0; b < nblk; b += 2)
-        wg0_pair(b, b + 1 < nblk, b + 2 < nblk);
-    } else {
-      if (nblk > 1) {
-#pragma unroll
-        for (int i = 0; i < 9; i++) { /* boxes 4-7 (refilled first), 0-3, 8 */
-          const int c = i < 4 ? i + 4 : i < 8 ? i - 4 : 8;
-          mbar_wait(bars1 + 8 * c, phase);
-          qk_box(s, aQ, aK1, c, i == 0);
-        }
-        phase ^= 1;
-      }
-      wg_wait0();
-      reg_fence<32>(s);
-#pragma unroll 1
-      for (int b = 0; b < nblk; b += 2)
-        wg1_pair(b, b + 1 < nblk, b + 3 < nblk);
-    }
-
-    /* ---- epilogue: each warpgroup's row sums, then O by warpgroup halves */
-#pragma unroll
-    for (int sl = 0; sl < 2; sl++)
-      lrun[sl] = row_sum(lrun[sl]);
-    if (row_leader(lane)) {
-      sL[g * ROWS + myrow[0]] = lrun[0];
-      sL[g * ROWS + myrow[1]] = lrun[1];
-    }
-    __syncthreads();
-    store_tile(p, o, sM, sL, sL + ROWS, g, lane, myrow, nrows, pslot, qb, row0, tid);
+    store_tile(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, tid);
     __syncthreads();
   }
 }
 #endif /* PMLA_SM90_DEVICE */
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
- * boxes, 128B swizzle). Two kernels, so that each body gets the registers
- * it needs: body_pair where every block can come by TMA, body_pp (its
- * loader gathers by cp.async what TMA cannot) otherwise. */
-__global__ void __launch_bounds__(NT, 1)
-    pmla_decode_sm90_pair_kernel(pmla_gpu_problem p, float scale_log2,
-                                 const __grid_constant__ CUtensorMap kv_tmap) {
-#ifdef PMLA_SM90_DEVICE
-  pdl_wait();
-  pdl_trigger();
-  body_pair(p, scale_log2, &kv_tmap);
-#endif
-}
+ * boxes, 128B swizzle), valid when use_tma */
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
@@ -926,29 +488,16 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
-  static unsigned long long opted_pp = 0, opted_pair = 0;
-  const dim3 grid((unsigned)p.num_units, (unsigned)tiles);
-  const float scale_log2 = p.softmax_scale * 1.4426950408889634f; /* log2(e) */
-  CUtensorMap tmap;
-  memset(&tmap, 0, sizeof tmap);
-  int use_tma = kv_tensor_map(&tmap, p);
-#ifdef PMLA_DIAG_PP
-  if (use_tma) {
-    static unsigned long long o2 = 0;
-    hipError_t e2 = pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel, SMEM, &o2);
-    if (e2 != hipSuccess)
-      return e2;
-    return pdl_launch(pmla_decode_sm90_kernel, grid, dim3(NT), SMEM, st, p, scale_log2, tmap, use_tma);
-  }
-#endif
-  const void *kernel =
-      use_tma ? (const void *)pmla_decode_sm90_pair_kernel : (const void *)pmla_decode_sm90_kernel;
-  hipError_t e = pmla_opt_in_smem(kernel, SMEM, use_tma ? &opted_pair : &opted_pp);
+  static unsigned long long opted_in = 0;
+  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel, SMEM, &opted_in);
   if (e != hipSuccess)
     return e;
-  if (use_tma)
-    return pdl_launch(pmla_decode_sm90_pair_kernel, grid, dim3(NT), SMEM, st, p, scale_log2, tmap);
-  return pdl_launch(pmla_decode_sm90_kernel, grid, dim3(NT), SMEM, st, p, scale_log2, tmap, use_tma);
+  const dim3 grid((unsigned)p.num_units, (unsigned)tiles);
+  CUtensorMap tmap;
+  memset(&tmap, 0, sizeof tmap);
+  const int use_tma = kv_tensor_map(&tmap, p);
+  return pdl_launch(pmla_decode_sm90_kernel, grid, dim3(NT), SMEM, st, p,
+                    p.softmax_scale * 1.4426950408889634f /* log2(e) */, tmap, use_tma);
 }
 
 } /* namespace */
