@@ -48,8 +48,8 @@
 #endif
 
 #define PMLA_BLOCK_TOKENS 64
-/* >= 1: every piece must cost something; 5 measured best among 3/5/8
- * (docs/performance.md) */
+/* >= 1: every piece must cost something; FlashMLA's 5, kept against the
+ * alternatives measured (docs/performance.md) */
 #define PMLA_SPLIT_OVERHEAD 5
 
 /* work_info_set entry, int32 words */
