@@ -27,7 +27,11 @@
  * Threading
  *   Builders are independent: many may live in one process and be used from
  *   many threads at once. One builder is used by one thread at a time (the
- *   host serialises calls on it). The plugin has no other global state.
+ *   host serialises calls on it). Besides builders, the plugin keeps only
+ *   process-wide caches that every thread may fill and that never change
+ *   results: the GPU backend's per-device opt-in of each kernel's shared
+ *   memory (a bit per device, set atomically) and the driver's tensor-map
+ *   encoder (looked up once). Failed init_builder messages are per thread.
  *
  * Plan/run
  *   build_decode / build_sparse fill the builder's persistent schedule for one

@@ -454,22 +454,23 @@ __global__ void __launch_bounds__(NT, 1)
 #endif
 }
 
-/* cuTensorMapEncodeTiled, looked up once through the runtime (the plugin
- * links no libcuda); NULL: no TMA, every block takes the cp.async path */
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static bool looked = false;
-  if (!looked) {
-    cudaDriverEntryPointQueryResult q;
-    void *f = nullptr;
-    /* a failure clears only the error it set, never one the host had pending */
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess)
-      cudaGetLastError();
-    else if (q == cudaDriverEntryPointSuccess)
-      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
-    looked = true;
+/* cuTensorMapEncodeTiled, looked up once per process through the runtime
+ * (the plugin links no libcuda; a function-local static is initialised
+ * once even when builders start on several threads); NULL: no TMA, every
+ * block takes the cp.async path */
+PFN_cuTensorMapEncodeTiled_v12000 lookup_tensor_map_encoder() {
+  cudaDriverEntryPointQueryResult q;
+  void *f = nullptr;
+  /* a failure clears only the error it set, never one the host had pending */
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                       &q) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
   }
+  return q == cudaDriverEntryPointSuccess ? (PFN_cuTensorMapEncodeTiled_v12000)f : nullptr;
+}
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = lookup_tensor_map_encoder();
   return fn;
 }
 /* The KV cache as a 2-D tensor map for body_pp's whole-page loads; 0 when
