@@ -113,6 +113,7 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
 Suite *suite_abi(void);
 Suite *suite_builder(void);
 Suite *suite_args(void);
+Suite *suite_devinput(void);
 Suite *suite_schedule(void);
 Suite *suite_numerics(void);
 Suite *suite_threads(void);
