@@ -57,7 +57,10 @@
 extern "C" {
 #endif
 
-#define PMLA_VERSION(major, minor) ((uint32_t)(((major) << 16) | (minor)))
+/* major and minor are 0..0xffff. Both are converted to uint32_t before the
+ * shift, so every major (0x8000 and up too) is defined; the result is an
+ * integer constant expression when they are. */
+#define PMLA_VERSION(major, minor) ((uint32_t)(((uint32_t)(major) << 16) | (uint32_t)(minor)))
 #define PMLA_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
 #define PMLA_VERSION_MINOR(v) ((uint32_t)(v) & 0xffffu)
 

@@ -5,9 +5,13 @@
  * PMLA_PLUGIN_PATH environment variable). Each entry is a plugin file or a
  * directory whose *.so files are taken in name order. Each file is dlopen'ed
  * with RTLD_NOW|RTLD_LOCAL and negotiated; its backends are indexed by name.
- * A name seen twice resolves to the first on the path. Files that are not
- * plugins, speak no common version or carry a truncated vtable are skipped
- * and described in pmla_registry_diagnostics(); they never crash the host.
+ * A name seen twice (in two files, or twice in one plugin) resolves to the
+ * first on the path. Files that are not plugins, speak no common version or
+ * hand out a malformed descriptor (none at all, a truncated one, a NULL
+ * backends array, more than PMLA_REGISTRY_MAX_BACKENDS backends) are skipped;
+ * a backend that is NULL, has no name or carries a truncated vtable is
+ * skipped alone. Each is described in pmla_registry_diagnostics(); none
+ * crashes the host or makes it read past what the plugin handed out.
  * A registry is not thread-safe to open/close; lookups are read-only.
  */
 #ifndef PMLA_REGISTRY_H
@@ -20,6 +24,11 @@ extern "C" {
 #endif
 
 #define PMLA_PLUGIN_PATH_ENV "PMLA_PLUGIN_PATH"
+
+/* The most backends one plugin descriptor may list. A plugin whose
+ * backend_count is larger is refused whole, before its backends array is
+ * read, so a count that was never set cannot walk the host off its end. */
+#define PMLA_REGISTRY_MAX_BACKENDS 4096u
 
 typedef struct pmla_registry pmla_registry;
 
@@ -39,7 +48,12 @@ const pmla_backend *pmla_registry_find(const pmla_registry *registry, const char
 const char *pmla_registry_diagnostics(const pmla_registry *registry);
 
 /* Negotiates with one already-opened entry point. Exposed for tests and for
- * hosts with their own loader. */
+ * hosts with their own loader. Returns the plugin's refusal as it gave it,
+ * PMLA_ERR_VERSION when it agreed a version outside min..max, and
+ * PMLA_ERR_INTERNAL when it answered PMLA_OK without a descriptor. message
+ * (may be NULL) receives the plugin's message, read no further than its
+ * fixed array and marked when the plugin left it without a NUL, or why the
+ * answer was refused; *plugin and *agreed are written only on PMLA_OK. */
 pmla_status pmla_negotiate(pmla_entry_fn entry, uint32_t min_version, uint32_t max_version,
                            const pmla_plugin **plugin, uint32_t *agreed, char *message,
                            size_t message_size);

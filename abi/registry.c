@@ -16,6 +16,7 @@ typedef struct entry {
   const pmla_backend *backend;
   char *path;
   uint32_t version;
+  uint32_t slot; /* its index in the plugin's backends array */
 } entry;
 
 struct pmla_registry {
@@ -68,6 +69,17 @@ static void diag(pmla_registry *r, const char *fmt, ...) {
   r->diag[r->diag_len] = '\0';
 }
 
+/* Copies the plugin's message reading no further than its fixed array; one
+ * that fills the array without a NUL is copied whole and marked as such. */
+static void copy_message(char *dst, size_t size, const char *src, size_t src_size) {
+  size_t len = strnlen(src, src_size);
+  if (len < src_size)
+    snprintf(dst, size, "%.*s", (int)len, src);
+  else
+    snprintf(dst, size, "plugin message fills all %zu bytes without a NUL terminator: %.*s",
+             src_size, (int)len, src);
+}
+
 pmla_status pmla_negotiate(pmla_entry_fn fn, uint32_t lo, uint32_t hi, const pmla_plugin **plugin,
                            uint32_t *agreed, char *message, size_t message_size) {
   pmla_negotiation n;
@@ -76,12 +88,16 @@ pmla_status pmla_negotiate(pmla_entry_fn fn, uint32_t lo, uint32_t hi, const pml
   n.host_min_version = lo;
   n.host_max_version = hi;
   pmla_status st = fn(&n);
-  if (message && message_size) {
-    snprintf(message, message_size, "%s", n.message);
-  }
+  if (message && message_size)
+    copy_message(message, message_size, n.message, sizeof n.message);
   if (st != PMLA_OK)
     return st;
-  if (!n.plugin || n.agreed_version < lo || n.agreed_version > hi) {
+  if (!n.plugin) {
+    if (message && message_size)
+      snprintf(message, message_size, "plugin answered PMLA_OK but returned no plugin descriptor");
+    return PMLA_ERR_INTERNAL;
+  }
+  if (n.agreed_version < lo || n.agreed_version > hi) {
     if (message && message_size)
       snprintf(message, message_size, "plugin answered version %u.%u outside %u.%u..%u.%u",
                PMLA_VERSION_MAJOR(n.agreed_version), PMLA_VERSION_MINOR(n.agreed_version),
@@ -121,7 +137,7 @@ static void load_file(pmla_registry *r, const char *path) {
   memcpy(&fn, &sym, sizeof fn);
   const pmla_plugin *plugin = NULL;
   uint32_t agreed = 0;
-  char msg[256];
+  char msg[sizeof(((pmla_negotiation *)0)->message) + 96];
   pmla_status st = pmla_negotiate(fn, PMLA_VERSION(PMLA_ABI_MAJOR, 0), PMLA_ABI_VERSION, &plugin,
                                   &agreed, msg, sizeof msg);
   if (st != PMLA_OK) {
@@ -129,33 +145,65 @@ static void load_file(pmla_registry *r, const char *path) {
     dlclose(h);
     return;
   }
-  if (plugin->struct_size < sizeof(pmla_plugin) || (plugin->backend_count && !plugin->backends)) {
+  /* the descriptor as a whole: its size, then its count, then its array */
+  if (plugin->struct_size < sizeof(pmla_plugin)) {
     diag(r, "skipped %s: plugin descriptor truncated (struct_size %u < %zu)", path,
          plugin->struct_size, sizeof(pmla_plugin));
     dlclose(h);
     return;
   }
-  size_t added = 0;
+  if (plugin->backend_count > PMLA_REGISTRY_MAX_BACKENDS) {
+    diag(r, "skipped %s: plugin descriptor lists %u backends, more than the %u accepted", path,
+         plugin->backend_count, PMLA_REGISTRY_MAX_BACKENDS);
+    dlclose(h);
+    return;
+  }
+  if (plugin->backend_count && !plugin->backends) {
+    diag(r, "skipped %s: plugin descriptor lists %u backends but the backends array is NULL",
+         path, plugin->backend_count);
+    dlclose(h);
+    return;
+  }
+  size_t added = 0, first = r->num_entries;
   for (uint32_t i = 0; i < plugin->backend_count; i++) {
+    /* each backend: the pointer, then its size, then its name */
     const pmla_backend *b = plugin->backends[i];
-    if (!b || b->struct_size < sizeof(pmla_backend) || !b->name) {
-      diag(r, "skipped backend %u of %s: vtable truncated (struct_size %u < %zu)", i, path,
-           b ? b->struct_size : 0, sizeof(pmla_backend));
+    if (!b) {
+      diag(r, "skipped backend #%u of %s: the backends array holds NULL there", i, path);
+      continue;
+    }
+    if (b->struct_size < sizeof(pmla_backend)) {
+      const char *name = PMLA_HAS_MEMBER(b, pmla_backend, name) ? b->name : NULL;
+      diag(r, "skipped backend #%u%s%s%s of %s: vtable truncated (struct_size %u < %zu)", i,
+           name ? " \"" : "", name ? name : "", name ? "\"" : "", path, b->struct_size,
+           sizeof(pmla_backend));
+      continue;
+    }
+    if (!b->name) {
+      diag(r, "skipped backend #%u of %s: it has no name (name is NULL)", i, path);
+      continue;
+    }
+    if (!b->name[0]) {
+      diag(r, "skipped backend #%u of %s: it has an empty name", i, path);
       continue;
     }
     size_t prior;
     if (find(r, b->name, &prior)) {
-      diag(r, "ignored backend %s from %s: already provided by %s", b->name, path,
-           r->entries[prior].path);
+      if (prior >= first)
+        diag(r, "ignored backend #%u \"%s\" of %s: the same plugin lists it first as backend #%u",
+             i, b->name, path, r->entries[prior].slot);
+      else
+        diag(r, "ignored backend #%u \"%s\" of %s: already provided by %s", i, b->name, path,
+             r->entries[prior].path);
       continue;
     }
     char *p = strdup(path);
     if (!p || !grow((void **)&r->entries, &r->cap_entries, r->num_entries + 1, sizeof(entry))) {
       free(p);
-      diag(r, "skipped backend %s of %s: out of memory", b->name, path);
+      diag(r, "skipped backend #%u \"%s\" of %s: out of memory", i, b->name, path);
       continue;
     }
-    r->entries[r->num_entries++] = (entry){b, p, agreed};
+    r->entries[r->num_entries++] = (entry){b, p, agreed, i};
     added++;
   }
   if (!added || !grow((void **)&r->handles, &r->cap_handles, r->num_handles + 1, sizeof(void *))) {

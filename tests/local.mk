@@ -52,7 +52,10 @@ MOCK_LDFLAGS = -module -avoid-version -shared -rpath $(abs_builddir)/tests
 MOCK_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi
 check_LTLIBRARIES += tests/mock_wrong_major.la tests/mock_old_minor.la \
 	tests/mock_new_minor.la tests/mock_short_vtable.la \
-	tests/mock_dup_a.la tests/mock_dup_b.la tests/mock_not_plugin.la
+	tests/mock_dup_a.la tests/mock_dup_b.la tests/mock_not_plugin.la \
+	tests/mock_unterminated_message.la tests/mock_null_plugin.la \
+	tests/mock_null_backends.la tests/mock_unnamed_backends.la \
+	tests/mock_dup_within.la tests/mock_huge_count.la
 
 tests_mock_wrong_major_la_SOURCES = tests/mock_plugin.c
 tests_mock_wrong_major_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=1
@@ -72,6 +75,24 @@ tests_mock_dup_a_la_LDFLAGS = $(MOCK_LDFLAGS)
 tests_mock_dup_b_la_SOURCES = tests/mock_plugin.c
 tests_mock_dup_b_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=6
 tests_mock_dup_b_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_unterminated_message_la_SOURCES = tests/mock_plugin.c
+tests_mock_unterminated_message_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=7
+tests_mock_unterminated_message_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_null_plugin_la_SOURCES = tests/mock_plugin.c
+tests_mock_null_plugin_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=8
+tests_mock_null_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_null_backends_la_SOURCES = tests/mock_plugin.c
+tests_mock_null_backends_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=9
+tests_mock_null_backends_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_unnamed_backends_la_SOURCES = tests/mock_plugin.c
+tests_mock_unnamed_backends_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=10
+tests_mock_unnamed_backends_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_dup_within_la_SOURCES = tests/mock_plugin.c
+tests_mock_dup_within_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=11
+tests_mock_dup_within_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_huge_count_la_SOURCES = tests/mock_plugin.c
+tests_mock_huge_count_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=12
+tests_mock_huge_count_la_LDFLAGS = $(MOCK_LDFLAGS)
 tests_mock_not_plugin_la_SOURCES = tests/mock_not_plugin.c
 tests_mock_not_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)
 

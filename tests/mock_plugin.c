@@ -7,6 +7,14 @@
  *   4 short vtable   backend struct_size < 1.0 vtable     backend "mock-short"
  *   5 dup a          backends "mock-dup" (a) and "pmla-cpu" (mock)
  *   6 dup b          backend "mock-dup" (b)
+ *   7 unterminated message  refuses every host; its message fills all the
+ *                    bytes of pmla_negotiation.message with '#', no NUL
+ *   8 no descriptor  answers PMLA_OK with the version but a NULL plugin
+ *   9 null backends  descriptor lists 2 backends, backends array NULL
+ *  10 unnamed        backends: NULL, one with a NULL name, one named "",
+ *                    then "mock-named"
+ *  11 dup within     "mock-twice" (first) and "mock-twice" (second)
+ *  12 huge count     backend_count UINT32_MAX, array of one "mock-huge"
  * Its backends refuse to build anything (PMLA_ERR_UNSUPPORTED): only their
  * names and descriptions are looked at. */
 #include <stddef.h>
@@ -48,6 +56,38 @@
 #define MOCK_MAX PMLA_VERSION(1, 0)
 #define MOCK_NAME "mock-dup"
 #define MOCK_DESC "dup-b"
+#elif MOCK_KIND == 7
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 0)
+#define MOCK_NAME "mock-unterminated"
+#define MOCK_UNTERMINATED_MESSAGE 1
+#elif MOCK_KIND == 8
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 0)
+#define MOCK_NAME "mock-no-descriptor"
+#define MOCK_NO_DESCRIPTOR 1
+#elif MOCK_KIND == 9
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 0)
+#define MOCK_NAME "mock-null-backends"
+#define MOCK_NULL_BACKENDS 1
+#define MOCK_BACKEND_COUNT 2u
+#elif MOCK_KIND == 10
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 0)
+#define MOCK_NAME "mock-named"
+#define MOCK_UNNAMED 1
+#elif MOCK_KIND == 11
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 0)
+#define MOCK_NAME "mock-twice"
+#define MOCK_DESC "first"
+#define MOCK_TWICE 1
+#elif MOCK_KIND == 12
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 0)
+#define MOCK_NAME "mock-huge"
+#define MOCK_BACKEND_COUNT UINT32_MAX
 #else
 #error "unknown MOCK_KIND"
 #endif
@@ -103,32 +143,54 @@ static pmla_status mock_copy(pmla_builder *b, pmla_buffer which, void *dst, uint
   return PMLA_ERR_BAD_STATE;
 }
 
-static const pmla_backend mock_backend = {
-    MOCK_BACKEND_SIZE, MOCK_MAX,          MOCK_NAME,         MOCK_DESC,     mock_init,
-    mock_destroy,      mock_query,        mock_build_decode, mock_build_sparse,
-    mock_decode,       mock_last_error,   mock_check,        mock_copy};
+#define MOCK_VTABLE(name, desc)                                                            \
+  {MOCK_BACKEND_SIZE, MOCK_MAX,          (name),          (desc),           mock_init,         \
+   mock_destroy,      mock_query,        mock_build_decode, mock_build_sparse, mock_decode,     \
+   mock_last_error,   mock_check,        mock_copy}
 
-#ifdef MOCK_SECOND_NAME
-static const pmla_backend mock_second = {
-    MOCK_BACKEND_SIZE, MOCK_MAX,          MOCK_SECOND_NAME,  "mock shadowing backend",
-    mock_init,         mock_destroy,      mock_query,        mock_build_decode,
-    mock_build_sparse, mock_decode,       mock_last_error,   mock_check,
-    mock_copy};
+static const pmla_backend mock_backend = MOCK_VTABLE(MOCK_NAME, MOCK_DESC);
+
+#if defined(MOCK_SECOND_NAME)
+static const pmla_backend mock_second = MOCK_VTABLE(MOCK_SECOND_NAME, "mock shadowing backend");
 static const pmla_backend *const mock_backends[] = {&mock_backend, &mock_second};
+#elif defined(MOCK_UNNAMED)
+static const pmla_backend mock_no_name = MOCK_VTABLE(NULL, "backend without a name");
+static const pmla_backend mock_empty_name = MOCK_VTABLE("", "backend with an empty name");
+static const pmla_backend *const mock_backends[] = {NULL, &mock_no_name, &mock_empty_name,
+                                                    &mock_backend};
+#elif defined(MOCK_TWICE)
+static const pmla_backend mock_twice = MOCK_VTABLE(MOCK_NAME, "second");
+static const pmla_backend *const mock_backends[] = {&mock_backend, &mock_twice};
 #else
 static const pmla_backend *const mock_backends[] = {&mock_backend};
 #endif
 
-static const pmla_plugin mock_plugin = {sizeof(pmla_plugin), MOCK_MAX, "mock-" MOCK_NAME,
-                                        "0.0-test",
-                                        (uint32_t)(sizeof mock_backends / sizeof mock_backends[0]),
-                                        0, mock_backends};
+#ifndef MOCK_BACKEND_COUNT
+#define MOCK_BACKEND_COUNT (uint32_t)(sizeof mock_backends / sizeof mock_backends[0])
+#endif
+#ifdef MOCK_NULL_BACKENDS
+#define MOCK_BACKENDS NULL
+#else
+#define MOCK_BACKENDS mock_backends
+#endif
 
+static const pmla_plugin mock_plugin = {sizeof(pmla_plugin), MOCK_MAX,           "mock-" MOCK_NAME,
+                                        "0.0-test",          MOCK_BACKEND_COUNT, 0,
+                                        MOCK_BACKENDS};
+
+pmla_status pmla_plugin_entry(pmla_negotiation *n);
 __attribute__((visibility("default"))) pmla_status pmla_plugin_entry(pmla_negotiation *n) {
   if (!n)
     return PMLA_ERR_INVALID_ARGUMENT;
   if (n->struct_size < offsetof(pmla_negotiation, message) + sizeof n->message)
     return PMLA_ERR_STRUCT_SIZE;
+#ifdef MOCK_UNTERMINATED_MESSAGE
+  memset(n->message, '#', sizeof n->message); /* every byte, no terminator */
+  return PMLA_ERR_VERSION;
+#endif
+#ifdef MOCK_NULL_BACKENDS
+  (void)mock_backends; /* built, but the descriptor does not point at it */
+#endif
   uint32_t lo = n->host_min_version > MOCK_MIN ? n->host_min_version : MOCK_MIN;
   uint32_t hi = n->host_max_version < MOCK_MAX ? n->host_max_version : MOCK_MAX;
   if (lo > hi) {
@@ -141,7 +203,12 @@ __attribute__((visibility("default"))) pmla_status pmla_plugin_entry(pmla_negoti
     return PMLA_ERR_VERSION;
   }
   n->agreed_version = hi;
+#ifdef MOCK_NO_DESCRIPTOR
+  (void)mock_plugin;
+  n->plugin = NULL;
+#else
   n->plugin = &mock_plugin;
+#endif
   n->message[0] = '\0';
   return PMLA_OK;
 }

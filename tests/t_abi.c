@@ -25,6 +25,15 @@ static void *open_plugin(pmla_entry_fn *entry) {
   return h;
 }
 
+/* dlopens a mock plugin file and returns its entry point. */
+static void *open_file(const char *path, pmla_entry_fn *entry) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "dlopen(%s): %s", path, dlerror());
+  *entry = (pmla_entry_fn)(uintptr_t)dlsym(h, PMLA_ENTRY_SYMBOL);
+  ck_assert_msg(*entry != NULL, "%s has no %s", path, PMLA_ENTRY_SYMBOL);
+  return h;
+}
+
 static pmla_status negotiate_raw(pmla_entry_fn entry, uint32_t lo, uint32_t hi,
                                  pmla_negotiation *n) {
   memset(n, 0, sizeof *n);
@@ -48,6 +57,34 @@ static const char *base_name(const char *path) {
   const char *s = strrchr(path, '/');
   return s ? s + 1 : path;
 }
+
+/* The line of the registry's diagnostics that holds `needle`, copied into
+ * buf; "" when no line does. */
+static const char *diag_line(const char *diag, const char *needle, char *buf, size_t size) {
+  buf[0] = '\0';
+  const char *hit = strstr(diag, needle);
+  if (!hit)
+    return buf;
+  const char *begin = hit;
+  while (begin > diag && begin[-1] != '\n')
+    begin--;
+  const char *end = strchr(hit, '\n');
+  size_t len = end ? (size_t)(end - begin) : strlen(begin);
+  if (len >= size)
+    len = size - 1;
+  memcpy(buf, begin, len);
+  buf[len] = '\0';
+  return buf;
+}
+
+static size_t count_char(const char *s, char c) {
+  size_t n = 0;
+  for (; *s; s++)
+    n += *s == c;
+  return n;
+}
+
+#define NEGOTIATION_MESSAGE_BYTES sizeof(((pmla_negotiation *)0)->message)
 
 /* Skips the calling test when a mock plugin was not built. */
 #define NEED_MOCK(buf, name)                                                               \
@@ -144,6 +181,33 @@ START_TEST(test_plugin_exports_exactly_the_entry_symbol) {
   ck_assert_msg(rc == 0, "'%s' failed (status %d)", cmd, rc);
   ck_assert_msg(entry == 1, "%s exported %d times", PMLA_ENTRY_SYMBOL, entry);
   ck_assert_msg(other == 0, "%d other defined dynamic symbols exported:%s", other, others);
+}
+END_TEST
+
+/* ---- version numbers ---- */
+
+/* PMLA_VERSION is a constant expression, defined for every 16-bit major
+ * (an unsigned shift), with the values of a plain (major << 16 | minor). */
+_Static_assert(PMLA_VERSION(1, 0) == 0x00010000u, "PMLA_VERSION(1, 0)");
+_Static_assert(PMLA_VERSION(0x7fff, 0xffff) == 0x7fffffffu, "PMLA_VERSION(0x7fff, 0xffff)");
+_Static_assert(PMLA_VERSION(0x8000, 0) == 0x80000000u, "PMLA_VERSION(0x8000, 0)");
+_Static_assert(PMLA_VERSION(0xffff, 0xffff) == 0xffffffffu, "PMLA_VERSION(0xffff, 0xffff)");
+_Static_assert(PMLA_VERSION_MAJOR(PMLA_VERSION(0xffff, 3)) == 0xffffu, "major of 0xffff.3");
+
+START_TEST(test_version_macro_is_defined_for_majors_with_the_top_bit_set) {
+  /* int operands read at run time, as a host parsing a version would pass */
+  static const int majors[] = {0, 1, 0x7fff, 0x8000, 0x8001, 0xffff};
+  static const int minors[] = {0, 1, 0x7fff, 0x8000, 0xffff};
+  for (size_t i = 0; i < sizeof majors / sizeof majors[0]; i++)
+    for (size_t j = 0; j < sizeof minors / sizeof minors[0]; j++) {
+      volatile int major = majors[i], minor = minors[j];
+      uint32_t v = PMLA_VERSION(major, minor);
+      uint32_t want = (uint32_t)majors[i] * 0x10000u + (uint32_t)minors[j];
+      ck_assert_msg(v == want, "PMLA_VERSION(0x%x, 0x%x) = 0x%x, want 0x%x", majors[i],
+                    minors[j], v, want);
+      ck_assert_uint_eq(PMLA_VERSION_MAJOR(v), (uint32_t)majors[i]);
+      ck_assert_uint_eq(PMLA_VERSION_MINOR(v), (uint32_t)minors[j]);
+    }
 }
 END_TEST
 
@@ -546,6 +610,162 @@ START_TEST(test_registry_duplicate_names_resolve_to_the_first_on_the_path) {
 }
 END_TEST
 
+START_TEST(test_negotiation_message_without_a_nul_is_copied_bounded_and_flagged) {
+  char path[600];
+  NEED_MOCK(path, "mock_unterminated_message");
+  pmla_entry_fn entry;
+  void *h = open_file(path, &entry);
+  const pmla_plugin *plugin = NULL;
+  uint32_t agreed = 0xdead;
+  char msg[1024];
+  memset(msg, 0, sizeof msg);
+  pmla_status s = pmla_negotiate(entry, V(1, 0), V(1, 0), &plugin, &agreed, msg, sizeof msg);
+  ck_assert_msg(s == PMLA_ERR_VERSION, "got %s, want the plugin's PMLA_ERR_VERSION",
+                harness_status_name(s));
+  ck_assert_msg(plugin == NULL && agreed == 0xdead, "outputs written on a refusal");
+  ck_assert_msg(count_char(msg, '#') == NEGOTIATION_MESSAGE_BYTES,
+                "copied %zu bytes of a %zu-byte message without a NUL: '%s'",
+                count_char(msg, '#'), NEGOTIATION_MESSAGE_BYTES, msg);
+  ck_assert_msg(strstr(msg, "NUL"), "message does not say it lacked a NUL: '%s'", msg);
+  char small[16];
+  memset(small, 'z', sizeof small);
+  pmla_negotiate(entry, V(1, 0), V(1, 0), &plugin, &agreed, small, sizeof small);
+  ck_assert_msg(memchr(small, '\0', sizeof small), "message of 16 bytes not terminated");
+  dlclose(h);
+
+  pmla_registry *r = open_registry(path);
+  ck_assert_uint_eq(pmla_registry_count(r), 0);
+  char line[1024];
+  diag_line(pmla_registry_diagnostics(r), "mock_unterminated_message", line, sizeof line);
+  ck_assert_msg(strstr(line, "NUL"), "diagnostic does not say the message lacked a NUL: '%s'",
+                pmla_registry_diagnostics(r));
+  ck_assert_msg(count_char(line, '#') == NEGOTIATION_MESSAGE_BYTES,
+                "diagnostic holds %zu bytes of the %zu-byte message: '%s'", count_char(line, '#'),
+                NEGOTIATION_MESSAGE_BYTES, line);
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_says_a_plugin_answered_ok_without_a_descriptor) {
+  char path[600];
+  NEED_MOCK(path, "mock_null_plugin");
+  pmla_entry_fn entry;
+  void *h = open_file(path, &entry);
+  const pmla_plugin *plugin = (const pmla_plugin *)(uintptr_t)1;
+  uint32_t agreed = 0xdead;
+  char msg[512] = "";
+  pmla_status s = pmla_negotiate(entry, V(1, 0), V(1, 0), &plugin, &agreed, msg, sizeof msg);
+  ck_assert_msg(s != PMLA_OK && s != PMLA_ERR_VERSION,
+                "PMLA_OK without a descriptor gave %s: '%s'", harness_status_name(s), msg);
+  ck_assert_msg(plugin == (const pmla_plugin *)(uintptr_t)1 && agreed == 0xdead,
+                "outputs written on a refusal");
+  ck_assert_msg(strstr(msg, "no plugin descriptor"), "message: '%s'", msg);
+  dlclose(h);
+
+  pmla_registry *r = open_registry(path);
+  ck_assert_uint_eq(pmla_registry_count(r), 0);
+  char line[1024];
+  diag_line(pmla_registry_diagnostics(r), "mock_null_plugin", line, sizeof line);
+  ck_assert_msg(strstr(line, "answered PMLA_OK but returned no plugin descriptor"),
+                "diagnostic: '%s'", pmla_registry_diagnostics(r));
+  ck_assert_msg(!strstr(line, "version"), "reported as a version mismatch: '%s'", line);
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_says_a_descriptor_has_a_null_backends_array) {
+  char path[600];
+  NEED_MOCK(path, "mock_null_backends");
+  pmla_registry *r = open_registry(path);
+  ck_assert_uint_eq(pmla_registry_count(r), 0);
+  char line[1024];
+  diag_line(pmla_registry_diagnostics(r), "mock_null_backends", line, sizeof line);
+  ck_assert_msg(strstr(line, "lists 2 backends but the backends array is NULL"),
+                "diagnostic: '%s'", pmla_registry_diagnostics(r));
+  ck_assert_msg(!strstr(line, "truncated"), "reported as truncated: '%s'", line);
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_skips_null_and_unnamed_backends_alone) {
+  char path[600];
+  NEED_MOCK(path, "mock_unnamed_backends");
+  pmla_registry *r = open_registry(path);
+  const char *diag = pmla_registry_diagnostics(r);
+  ck_assert_msg(pmla_registry_find(r, "mock-named") != NULL,
+                "the good backend after the bad ones was dropped: '%s'", diag);
+  ck_assert_uint_eq(pmla_registry_count(r), 1);
+  ck_assert_ptr_null(pmla_registry_find(r, ""));
+  char line[1024];
+  diag_line(diag, "backend #0 ", line, sizeof line);
+  ck_assert_msg(strstr(line, "mock_unnamed_backends") && strstr(line, "NULL"),
+                "NULL backend #0: '%s'", diag);
+  diag_line(diag, "backend #1 ", line, sizeof line);
+  ck_assert_msg(strstr(line, "mock_unnamed_backends") && strstr(line, "has no name"),
+                "backend #1 with a NULL name: '%s'", diag);
+  diag_line(diag, "backend #2 ", line, sizeof line);
+  ck_assert_msg(strstr(line, "mock_unnamed_backends") && strstr(line, "empty name"),
+                "backend #2 named \"\": '%s'", diag);
+  ck_assert_msg(!strstr(diag, "truncated"), "reported as truncated: '%s'", diag);
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_name_listed_twice_in_one_plugin_keeps_the_first) {
+  char path[600];
+  NEED_MOCK(path, "mock_dup_within");
+  pmla_registry *r = open_registry(path);
+  const pmla_backend *b = pmla_registry_find(r, "mock-twice");
+  ck_assert_ptr_nonnull(b);
+  ck_assert_str_eq(b->description, "first");
+  ck_assert_uint_eq(pmla_registry_count(r), 1);
+  char line[1024];
+  diag_line(pmla_registry_diagnostics(r), "mock-twice", line, sizeof line);
+  ck_assert_msg(strstr(line, "mock_dup_within") && strstr(line, "#0") && strstr(line, "#1"),
+                "diagnostic should name the file and both entries: '%s'",
+                pmla_registry_diagnostics(r));
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_shadowed_name_diagnostic_names_both_files) {
+  char a[600], b[600], path[1400], line[1024];
+  NEED_MOCK(a, "mock_dup_a");
+  NEED_MOCK(b, "mock_dup_b");
+  snprintf(path, sizeof path, "%s:%s", b, a);
+  pmla_registry *r = open_registry(path);
+  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-b");
+  diag_line(pmla_registry_diagnostics(r), "mock-dup", line, sizeof line);
+  ck_assert_msg(strstr(line, "mock_dup_a") && strstr(line, "mock_dup_b"),
+                "diagnostic should name the shadowed and the winning file: '%s'",
+                pmla_registry_diagnostics(r));
+  pmla_registry_close(r);
+
+  snprintf(path, sizeof path, "%s:%s", g_plugin_path, a);
+  r = open_registry(path);
+  diag_line(pmla_registry_diagnostics(r), "pmla-cpu", line, sizeof line);
+  ck_assert_msg(strstr(line, "mock_dup_a") && strstr(line, base_name(g_plugin_path)),
+                "diagnostic should name both files: '%s'", pmla_registry_diagnostics(r));
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_refuses_a_backend_count_beyond_its_limit) {
+  char path[600];
+  NEED_MOCK(path, "mock_huge_count");
+  pmla_registry *r = open_registry(path);
+  ck_assert_ptr_null(pmla_registry_find(r, "mock-huge"));
+  ck_assert_uint_eq(pmla_registry_count(r), 0);
+  char line[1024], limit[32];
+  snprintf(limit, sizeof limit, "%u", (unsigned)PMLA_REGISTRY_MAX_BACKENDS);
+  diag_line(pmla_registry_diagnostics(r), "mock_huge_count", line, sizeof line);
+  ck_assert_msg(strstr(line, "4294967295") && strstr(line, limit),
+                "diagnostic should name the count 4294967295 and the limit %s: '%s'", limit,
+                pmla_registry_diagnostics(r));
+  pmla_registry_close(r);
+}
+END_TEST
+
 START_TEST(test_status_names_are_distinct) {
   for (int i = PMLA_OK; i <= PMLA_ERR_INTERNAL; i++) {
     const char *a = pmla_status_name((pmla_status)i);
@@ -562,6 +782,7 @@ Suite *suite_abi(void) {
   Suite *s = suite_create("abi");
   TCase *tc = tcase_create("plugin");
   tcase_add_test(tc, test_plugin_exports_exactly_the_entry_symbol);
+  tcase_add_test(tc, test_version_macro_is_defined_for_majors_with_the_top_bit_set);
   tcase_add_test(tc, test_negotiation_agrees_on_1_0_for_host_ranges_containing_it);
   tcase_add_test(tc, test_negotiation_refuses_other_majors_with_a_message);
   tcase_add_test(tc, test_negotiation_wide_range_agrees_on_the_plugins_version);
@@ -578,6 +799,13 @@ Suite *suite_abi(void) {
   tcase_add_test(tc, test_registry_skips_a_truncated_vtable);
   tcase_add_test(tc, test_registry_skips_non_plugins_and_garbage_files);
   tcase_add_test(tc, test_registry_duplicate_names_resolve_to_the_first_on_the_path);
+  tcase_add_test(tc, test_negotiation_message_without_a_nul_is_copied_bounded_and_flagged);
+  tcase_add_test(tc, test_registry_says_a_plugin_answered_ok_without_a_descriptor);
+  tcase_add_test(tc, test_registry_says_a_descriptor_has_a_null_backends_array);
+  tcase_add_test(tc, test_registry_skips_null_and_unnamed_backends_alone);
+  tcase_add_test(tc, test_registry_name_listed_twice_in_one_plugin_keeps_the_first);
+  tcase_add_test(tc, test_registry_shadowed_name_diagnostic_names_both_files);
+  tcase_add_test(tc, test_registry_refuses_a_backend_count_beyond_its_limit);
   tcase_add_test(tc, test_status_names_are_distinct);
   suite_add_tcase(s, tc);
   return s;
