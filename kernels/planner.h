@@ -131,7 +131,8 @@ PMLA_HD static inline int32_t pmla_plan_kv_len(const pmla_plan_input *in, int32_
     return len;
   }
   if (in->kv_indptr) {
-    int32_t first = in->kv_indptr[r], pages = in->kv_indptr[r + 1] - first;
+    /* int64: entries anywhere in int32 must not overflow the checks */
+    const int64_t first = in->kv_indptr[r], pages = (int64_t)in->kv_indptr[r + 1] - first;
     if (first < 0 || pages < 0 || first + pages > in->num_page_indices) {
       *err |= PMLA_PLAN_ERR_KV_LEN;
       return 0;

@@ -93,12 +93,14 @@ static pmla_status validate_dense_step(pmla_builder *b) {
   const pmla_step *s = &b->step;
   const int32_t R = s->num_requests, P = (int32_t)b->cfg.page_size;
   for (int32_t r = 0; r < R; r++) {
-    int32_t q0 = s->qo_indptr[r], q1 = s->qo_indptr[r + 1];
-    if (q0 < 0 || q1 < q0 || q1 - q0 > (int32_t)b->cfg.max_q_len)
+    /* int64: the difference of two int32 entries need not fit int32 */
+    const int64_t q0 = s->qo_indptr[r], q1 = s->qo_indptr[r + 1];
+    if (q0 < 0 || q1 < q0 || q1 - q0 > b->cfg.max_q_len)
       return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                       "build_decode: qo_indptr[%d..%d] = %d, %d gives %d query rows; accepted: "
-                       "non-decreasing from >= 0, 0..%u rows (config.max_q_len)",
-                       r, r + 1, q0, q1, q1 - q0, b->cfg.max_q_len);
+                       "build_decode: qo_indptr[%d..%d] = %lld, %lld gives %lld query rows; "
+                       "accepted: non-decreasing from >= 0, 0..%u rows (config.max_q_len)",
+                       r, r + 1, (long long)q0, (long long)q1, (long long)(q1 - q0),
+                       b->cfg.max_q_len);
     if (s->kv_layout == PMLA_KV_BLOCK_TABLE) {
       int64_t cap = (int64_t)s->block_table_stride * P;
       if (s->kv_lens[r] < 0 || s->kv_lens[r] > cap)
@@ -107,22 +109,22 @@ static pmla_status validate_dense_step(pmla_builder *b) {
                          "%d pages of %d tokens)",
                          r, s->kv_lens[r], (long long)cap, s->block_table_stride, P);
     } else {
-      int32_t p0 = s->kv_indptr[r], p1 = s->kv_indptr[r + 1];
+      const int64_t p0 = s->kv_indptr[r], p1 = s->kv_indptr[r + 1];
       if (p0 < 0 || p1 < p0 || p1 > s->num_page_indices)
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                         "build_decode: kv_indptr[%d..%d] = %d, %d; accepted: non-decreasing "
+                         "build_decode: kv_indptr[%d..%d] = %lld, %lld; accepted: non-decreasing "
                          "within 0..%lld (kv_indices length)",
-                         r, r + 1, p0, p1, (long long)s->num_page_indices);
+                         r, r + 1, (long long)p0, (long long)p1, (long long)s->num_page_indices);
       int32_t last = s->kv_last_page_len[r];
       if (p1 > p0 && (last < 1 || last > P))
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                          "build_decode: kv_last_page_len[%d] = %d; accepted: 1..%d (page_size) "
                          "for a request with pages",
                          r, last, P);
-      if ((int64_t)(p1 - p0 - 1) * P + last > INT32_MAX)
+      if ((p1 - p0 - 1) * P + last > INT32_MAX)
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                         "build_decode: request %d has %d pages; accepted: < 2^31 tokens", r,
-                         p1 - p0);
+                         "build_decode: request %d has %lld pages; accepted: < 2^31 tokens", r,
+                         (long long)(p1 - p0));
     }
   }
   return PMLA_OK;

@@ -147,13 +147,13 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
     return st;
   /* the kernels move q, kv_cache and out in 16-byte pieces (cp.async, TMA) */
   const DLTensor *aligned[3] = {a.q, a.kv_cache, a.out};
-  static const char *const aligned_name[3] = {"q", "kv_cache", "out"};
+  static const char *const aligned_name[3] = {"decode: args->q", "decode: args->kv_cache",
+                                              "decode: args->out"};
   for (int i = 0; i < 3; i++)
-    if ((uintptr_t)pmla_tensor_data(aligned[i]) % 16 != 0)
-      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                       "decode: %s data + byte_offset = %p; the pmla backend needs it "
-                       "16-byte aligned",
-                       aligned_name[i], pmla_tensor_data(aligned[i]));
+    if ((st = pmla_check_alignment(b, aligned_name[i], aligned[i], 16,
+                                   "the pmla backend moves q, kv_cache and out in 16-byte "
+                                   "pieces")))
+      return st;
   pmla_gpu_problem p;
   memset(&p, 0, sizeof p);
   p.num_heads = (int32_t)b->cfg.num_heads;

@@ -208,12 +208,35 @@ pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info) {
   return PMLA_OK;
 }
 
-void *pmla_tensor_data(const DLTensor *t) { return (char *)t->data + t->byte_offset; }
+int pmla_mul_i64(int64_t a, int64_t b, int64_t *out) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    return 0;
+  *out = r;
+  return 1;
+}
+
+/* Integer arithmetic, not pointer arithmetic: data may be NULL (no
+ * elements), and pmla_check_tensor has checked the sum does not wrap. */
+void *pmla_tensor_data(const DLTensor *t) {
+  return (void *)((uintptr_t)t->data + (uintptr_t)t->byte_offset);
+}
 
 static void dtype_str(DLDataType d, char *s, size_t n) {
   const char *code = d.code == kDLInt ? "int" : d.code == kDLUInt ? "uint"
                    : d.code == kDLFloat ? "float" : d.code == kDLBfloat ? "bfloat" : "code?";
   snprintf(s, n, "%s%u%s", code, d.bits, d.lanes == 1 ? "" : "xN");
+}
+
+/* The one alignment rule per dtype: what a load of one element needs. */
+static uint64_t dtype_align(DLDataType d) {
+  if (d.code == kDLBfloat && d.bits == 16)
+    return _Alignof(uint16_t);
+  if (d.code == kDLInt && d.bits == 32)
+    return _Alignof(int32_t);
+  if (d.code == kDLFloat && d.bits == 32)
+    return _Alignof(float);
+  return 1;
 }
 
 static void shape_str(const int64_t *shape, int ndim, char *s, size_t n) {
@@ -227,6 +250,18 @@ static void shape_str(const int64_t *shape, int ndim, char *s, size_t n) {
   }
   if (used < n)
     snprintf(s + used, n - used, "]");
+}
+
+pmla_status pmla_check_alignment(pmla_builder *b, const char *name, const DLTensor *t,
+                                 uint64_t align, const char *why) {
+  uintptr_t addr = (uintptr_t)pmla_tensor_data(t);
+  if (addr % align != 0)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "%s: data + byte_offset = 0x%llx (data %p, byte_offset %llu); accepted: a "
+                     "%llu-byte aligned address (%s)",
+                     name, (unsigned long long)addr, t->data, (unsigned long long)t->byte_offset,
+                     (unsigned long long)align, why);
+  return PMLA_OK;
 }
 
 pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor *t,
@@ -253,19 +288,46 @@ pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor 
                        got, i, want);
     }
   }
+  /* element count and byte size; a dimension of 0 makes the tensor empty,
+   * whatever the others multiply to */
+  int64_t elems = 1, bytes;
+  int empty = 0;
+  for (int i = 0; i < ndim; i++)
+    empty |= t->shape[i] == 0;
+  for (int i = 0; i < ndim && !empty; i++) {
+    if (!pmla_mul_i64(elems, t->shape[i], &elems)) {
+      shape_str(t->shape, ndim, got, sizeof got);
+      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                       "%s: shape %s: the element count overflows int64 at dim %d (%lld * %lld); "
+                       "accepted: a tensor of at most INT64_MAX bytes",
+                       name, got, i, (long long)elems, (long long)t->shape[i]);
+    }
+  }
+  if (empty)
+    elems = 0;
+  const int64_t elem_bytes = dtype.bits / 8;
+  if (!pmla_mul_i64(elems, elem_bytes, &bytes)) {
+    shape_str(t->shape, ndim, got, sizeof got);
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "%s: shape %s: %lld elements of %lld bytes overflow int64; accepted: a "
+                     "tensor of at most INT64_MAX bytes",
+                     name, got, (long long)elems, (long long)elem_bytes);
+  }
   if (t->strides) {
+    /* a dimension of size 1 takes any stride: stride * (1 - 1) moves nothing */
     int64_t expect = 1;
     for (int i = ndim - 1; i >= 0; i--) {
       if (t->shape[i] != 1 && t->strides[i] != expect)
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                          "%s: stride %lld in dim %d; accepted: contiguous row-major (%lld)", name,
                          (long long)t->strides[i], i, (long long)expect);
-      expect *= t->shape[i];
+      if (i > 0 && !pmla_mul_i64(expect, t->shape[i], &expect))
+        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                         "%s: strides: the row-major stride of dim %d overflows int64 (%lld * "
+                         "%lld); accepted: strides that fit int64",
+                         name, i - 1, (long long)expect, (long long)t->shape[i]);
     }
   }
-  int64_t elems = 1;
-  for (int i = 0; i < ndim; i++)
-    elems *= t->shape[i];
   if (!t->data && elems > 0)
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: data is NULL for %lld elements", name,
                      (long long)elems);
@@ -275,7 +337,17 @@ pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor 
                      "%s: device (type %d, id %d); accepted: (type %d, id %d) for backend %s",
                      name, (int)t->device.device_type, (int)t->device.device_id, device_type,
                      device_id, b->backend->name);
-  return PMLA_OK;
+  uintptr_t first, end;
+  if (__builtin_add_overflow((uintptr_t)t->data, t->byte_offset, &first) ||
+      __builtin_add_overflow(first, (uint64_t)bytes, &end))
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "%s: data %p + byte_offset %llu + %lld bytes wraps the address space; "
+                     "accepted: a tensor that ends inside it",
+                     name, t->data, (unsigned long long)t->byte_offset, (long long)bytes);
+  char dt[24], why[40];
+  dtype_str(dtype, dt, sizeof dt);
+  snprintf(why, sizeof why, "%s elements", dt);
+  return pmla_check_alignment(b, name, t, dtype_align(dtype), why);
 }
 
 #define CHECK(expr)                                                                            \
@@ -327,12 +399,12 @@ pmla_status pmla_check_decode_batch(pmla_builder *b, const pmla_decode_batch *ba
                             pmla_dl_int32, 2, shape_bt, device_type, dev));
     CHECK(pmla_check_tensor(b, "build_decode: batch->kv_lens", batch->kv_lens, pmla_dl_int32, 1,
                             shape_r, device_type, dev));
-    int64_t width = batch->block_table->shape[1];
-    if (width * (int64_t)b->cfg.page_size > INT32_MAX)
+    int64_t width = batch->block_table->shape[1], tokens;
+    if (!pmla_mul_i64(width, b->cfg.page_size, &tokens) || tokens > INT32_MAX)
       return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                       "build_decode: batch->block_table has %lld pages per request; accepted: "
-                       "at most %d tokens per request",
-                       (long long)width, INT32_MAX);
+                       "build_decode: batch->block_table has %lld pages per request of %u "
+                       "tokens; accepted: at most %d tokens per request",
+                       (long long)width, b->cfg.page_size, INT32_MAX);
     s->block_table = pmla_tensor_data(batch->block_table);
     s->block_table_stride = (int32_t)width;
     s->kv_lens = pmla_tensor_data(batch->kv_lens);
@@ -428,7 +500,11 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
     CHECK(pmla_check_tensor(b, "decode: args->kv_cache", kv, pmla_dl_bf16, 3, kv3, device_type,
                             dev));
   }
-  *num_slots = kv->shape[0] * P;
+  if (!pmla_mul_i64(kv->shape[0], P, num_slots))
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "decode: args->kv_cache has %lld pages of %lld slots: the slot count "
+                     "overflows int64; accepted: at most INT64_MAX slots",
+                     (long long)kv->shape[0], (long long)P);
   const int64_t out_shape[3] = {T, H, PMLA_V_DIM}, lse_shape[2] = {T, H};
   CHECK(pmla_check_tensor(b, "decode: args->out", args->out, pmla_dl_bf16, 3, out_shape,
                           device_type, dev));

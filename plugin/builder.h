@@ -61,11 +61,24 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
 /* Fills sizes in b->info from cfg, cu_count and sched_units. */
 void pmla_size_buffers(pmla_builder *b, uint32_t cu_count, uint32_t sched_units);
 
+/* a * b into *out; returns 0, leaving *out alone, when the product does not
+ * fit int64_t. Every size computed from caller input (element counts, byte
+ * sizes, strides, slots) is multiplied through it. */
+int pmla_mul_i64(int64_t a, int64_t b, int64_t *out);
+
 /* Tensor checks. device_type 0 skips the device check. A shape entry of -1
- * matches anything; the function returns the tensor's dims through dims. */
+ * matches anything. Besides dtype, shape, contiguity and device, the tensor
+ * must be addressable: its element count and byte size fit int64, data +
+ * byte_offset + its bytes stay inside the address space, and data +
+ * byte_offset is aligned for its dtype (pmla_check_alignment). */
 pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor *t,
                               DLDataType dtype, int ndim, const int64_t *shape,
                               int device_type, int device_id);
+/* Refuses t unless data + byte_offset is a multiple of `align` bytes (a power
+ * of two); `why` says what needs it, for the message. */
+pmla_status pmla_check_alignment(pmla_builder *b, const char *name, const DLTensor *t,
+                                 uint64_t align, const char *why);
+/* data + byte_offset (of a tensor pmla_check_tensor accepted). */
 void *pmla_tensor_data(const DLTensor *t);
 
 extern const DLDataType pmla_dl_bf16, pmla_dl_int32, pmla_dl_fp32;

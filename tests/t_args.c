@@ -606,6 +606,343 @@ START_TEST(test_decode_rejects_bad_arguments_and_writes_nothing) {
 }
 END_TEST
 
+/* ---- extreme values: refused, with the exact values in the message ---- */
+
+/* qo_indptr entries at the ends of int32: the difference of two entries does
+ * not fit int32. A backend that checks on the host refuses the build and
+ * reports the entries and the row count they give exactly; one that checks
+ * on the device flags the request instead. */
+typedef struct qo_extreme {
+  int32_t q0, q1;
+} qo_extreme;
+
+static const qo_extreme qo_extremes[] = {
+    {INT32_MIN, INT32_MAX}, {-1, INT32_MAX}, {INT32_MAX, INT32_MIN},
+    {INT32_MIN, 0},         {0, INT32_MAX},  {INT32_MAX, INT32_MAX - 1},
+};
+#define N_QO_EXTREMES ((int)(sizeof qo_extremes / sizeof qo_extremes[0]))
+
+START_TEST(test_extreme_qo_indptr_is_refused_with_the_exact_row_count) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  const qo_extreme *c = &qo_extremes[_i];
+  char q0[24], q1[24], rows[24];
+  snprintf(q0, sizeof q0, "%d", c->q0);
+  snprintf(q1, sizeof q1, "%d", c->q1);
+  snprintf(rows, sizeof rows, " %lld", (long long)c->q1 - c->q0); /* not a tail of q0 */
+  f.qo[0] = c->q0;
+  f.qo[1] = c->q1;
+  fx_upload_indices(&f);
+  pmla_status s = g_be->build_decode(f.b, &f.bt_batch);
+  if (s != PMLA_OK) {
+    const char *m = g_be->last_error(f.b);
+    ck_assert_msg(s == PMLA_ERR_INVALID_ARGUMENT, "qo_indptr {%s, %s}: build returned %s", q0,
+                  q1, harness_status_name(s));
+    ck_assert_msg(strstr(m, "qo_indptr") && strstr(m, q0) && strstr(m, q1) && strstr(m, rows),
+                  "qo_indptr {%s, %s}: message '%s' lacks the entries or their %s rows", q0, q1,
+                  m, rows);
+  } else {
+    uint32_t flags = 0;
+    fx_poison_outputs(&f);
+    expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "decode of a device-checked step");
+    ck_assert_int_eq(g_be->check_device_error(f.b, &flags), PMLA_ERR_DEVICE_INPUT);
+    ck_assert_msg(flags & PMLA_DEVERR_QO_INDPTR, "qo_indptr {%s, %s}: flags 0x%x", q0, q1, flags);
+  }
+  f.qo[0] = 0;
+  f.qo[1] = 1;
+  fx_upload_indices(&f);
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "the next valid build");
+  expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "the next valid decode");
+  fx_teardown(&f);
+}
+END_TEST
+
+/* Shapes, strides and offsets whose sizes do not fit int64 (or the address
+ * space): refused by tensor, naming the field and the value given, before
+ * anything is read or written; the next valid call works. */
+typedef struct size_case {
+  const char *what;
+  int call; /* 0 build_decode (block table), 1 build_decode (CSR), 2 build_sparse, 3 decode */
+  const char *name, *field, *value;
+} size_case;
+
+#define P2_59 "576460752303423488"
+#define P2_61 "2305843009213693952"
+#define I64MAX "9223372036854775807"
+static const size_case size_cases[] = {
+    {"q shape [2^61, H, 576]: elements overflow", 3, "args->q", "shape", P2_61},
+    {"q shape [INT64_MAX, H, 576]: elements overflow", 3, "args->q", "shape", I64MAX},
+    {"kv_cache one page past INT64_MAX elements", 3, "args->kv_cache", "shape", "1000799917193444"},
+    {"kv_cache elements fit, bytes overflow", 3, "args->kv_cache", "shape", "1000799917193443"},
+    {"kv_cache 4-d [2^59, PS, 1, 576]", 3, "args->kv_cache", "shape", P2_59},
+    {"q stride INT64_MAX on a dim of TOKENS", 3, "args->q", "stride", I64MAX},
+    {"q stride INT64_MIN on a dim of TOKENS", 3, "args->q", "stride", "-9223372036854775808"},
+    {"q byte_offset wraps the address space", 3, "args->q", "byte_offset",
+     "18446744073709551614"},
+    {"out byte_offset wraps the address space", 3, "args->out", "byte_offset",
+     "18446744073709551612"},
+    {"qo_indptr [INT64_MAX]: bytes overflow", 0, "qo_indptr", "shape", I64MAX},
+    {"kv_indices [2^62]: bytes overflow", 1, "kv_indices", "shape", "4611686018427387904"},
+    {"topk_indices [2^62, TOPK]: elements overflow", 2, "topk_indices", "shape",
+     "4611686018427387904"},
+    {"block_table [0, INT64_MAX]: width * page_size overflows", 0, "block_table", "pages",
+     I64MAX},
+    {"block_table [0, 2^59]: width * page_size wraps to INT64_MIN", 0, "block_table", "pages",
+     P2_59},
+};
+#define N_SIZE_CASES ((int)(sizeof size_cases / sizeof size_cases[0]))
+
+START_TEST(test_sizes_that_overflow_int64_are_refused_by_tensor_and_value) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, TOPK);
+  const size_case *c = &size_cases[_i];
+  pmla_decode_batch bt = f.bt_batch, csr = f.csr_batch;
+  pmla_sparse_batch sp = f.sparse;
+  pmla_decode_args a = f.args;
+  pmla_status s;
+  DLTensor q = f.q.t, kv = f.kv.t, out = f.out.t, qo = f.t_qo.t, kvi = f.t_kvi.t,
+           topk = f.t_topk.t, bt_t = f.t_bt.t, lens = f.t_lens.t;
+  const int64_t kv_row = (int64_t)PS * 576;
+  int64_t q_huge[3] = {(int64_t)1 << 61, H, 576}, q_max[3] = {INT64_MAX, H, 576};
+  int64_t kv_elems[3] = {INT64_MAX / kv_row + 1, PS, 576},
+          kv_bytes[3] = {INT64_MAX / kv_row, PS, 576};
+  int64_t kv4[4] = {(int64_t)1 << 59, PS, 1, 576};
+  int64_t q_str_max[3] = {INT64_MAX, 576, 1}, q_str_min[3] = {INT64_MIN, 576, 1};
+  int64_t qo_max[1] = {INT64_MAX}, kvi_huge[1] = {(int64_t)1 << 62};
+  int64_t topk_huge[2] = {(int64_t)1 << 62, TOPK};
+  int64_t one[1] = {1}, zero[1] = {0}, bt_max[2] = {0, INT64_MAX},
+          bt_wrap[2] = {0, (int64_t)1 << 59};
+  a.q = &q;
+  a.kv_cache = &kv;
+  a.out = &out;
+  bt.qo_indptr = csr.qo_indptr = &qo;
+  bt.block_table = &bt_t;
+  bt.kv_lens = &lens;
+  csr.kv_indices = &kvi;
+  sp.topk_indices = &topk;
+  switch (_i) {
+  case 0: q.shape = q_huge; break;
+  case 1: q.shape = q_max; break;
+  case 2: kv.shape = kv_elems; break;
+  case 3: kv.shape = kv_bytes; break;
+  case 4: kv.ndim = 4; kv.shape = kv4; break;
+  case 5: q.strides = q_str_max; break;
+  case 6: q.strides = q_str_min; break;
+  case 7: q.byte_offset = UINT64_MAX - 1; break;
+  case 8: out.byte_offset = UINT64_MAX - 3; break;
+  case 9: qo.shape = qo_max; break;
+  case 10: kvi.shape = kvi_huge; break;
+  case 11: topk.shape = topk_huge; break;
+  case 12: qo.shape = one; lens.shape = zero; bt_t.shape = bt_max; break;
+  case 13: qo.shape = one; lens.shape = zero; bt_t.shape = bt_wrap; break;
+  }
+  switch (c->call) {
+  case 0: s = g_be->build_decode(f.b, &bt); break;
+  case 1: s = g_be->build_decode(f.b, &csr); break;
+  case 2: s = g_be->build_sparse(f.b, &sp); break;
+  default:
+    expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "build");
+    expect_decode_fails(&f, &a, PMLA_ERR_INVALID_ARGUMENT, c->what);
+    s = PMLA_ERR_INVALID_ARGUMENT;
+    break;
+  }
+  expect_status(s, PMLA_ERR_INVALID_ARGUMENT, &f, c->what);
+  const char *m = g_be->last_error(f.b);
+  ck_assert_msg(strstr(m, c->name) && strstr(m, c->field) && strstr(m, c->value),
+                "%s: message '%s' does not name %s, its %s and the value %s", c->what, m,
+                c->name, c->field, c->value);
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "the next valid build");
+  expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "the next valid decode");
+  fx_teardown(&f);
+}
+END_TEST
+
+/* A dimension of size 1 takes any stride, INT64_MAX included: nothing is
+ * ever stepped over it, so no size is computed from it. */
+START_TEST(test_a_size_one_dim_takes_any_stride_without_overflow) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "build");
+  DLTensor kv4 = f.kv.t;
+  int64_t s4[4] = {NPAGES, PS, 1, 576}, st4[4] = {PS * 576, 576, INT64_MAX, 1};
+  kv4.ndim = 4;
+  kv4.shape = s4;
+  kv4.strides = st4;
+  pmla_decode_args a = f.args;
+  a.kv_cache = &kv4;
+  expect_status(g_be->decode(f.b, &a), PMLA_OK, &f, "4-d cache, head dim stride INT64_MAX");
+  st4[2] = INT64_MIN;
+  expect_status(g_be->decode(f.b, &a), PMLA_OK, &f, "4-d cache, head dim stride INT64_MIN");
+  fx_teardown(&f);
+}
+END_TEST
+
+/* ---- alignment: data + byte_offset must suit the dtype ---- */
+
+/* x's contents `offset` bytes into a fresh buffer (*slack, 16 bytes longer),
+ * and *view, x's tensor moved there; *host receives what the buffer holds. */
+static void misaligned_copy(const test_tensor *x, size_t offset, test_tensor *slack,
+                            DLTensor *view, unsigned char **host) {
+  size_t n = x->bytes + 16;
+  *host = calloc(n, 1);
+  ck_assert(*host);
+  tt_download(x, *host + offset);
+  tt_make1(slack, kDLUInt, 8, *host, (int64_t)n);
+  *view = x->t;
+  view->data = slack->t.data;
+  view->byte_offset = offset;
+}
+
+typedef struct align_case {
+  const char *name; /* as the message names it */
+  int call;         /* as size_case's */
+  size_t offset;
+  int align; /* what the dtype needs */
+} align_case;
+
+static const align_case align_cases[] = {
+    {"q", 3, 1, 2},           {"kv_cache", 3, 1, 2},       {"out", 3, 1, 2},
+    {"lse", 3, 2, 4},         {"lse", 3, 1, 4},            {"qo_indptr", 0, 2, 4},
+    {"qo_indptr", 1, 1, 4},   {"block_table", 0, 2, 4},    {"kv_lens", 0, 3, 4},
+    {"kv_indptr", 1, 2, 4},   {"kv_indices", 1, 2, 4},     {"kv_last_page_len", 1, 2, 4},
+    {"topk_indices", 2, 2, 4},
+};
+#define N_ALIGN_CASES ((int)(sizeof align_cases / sizeof align_cases[0]))
+
+static const char *const align_names[] = {"q", "kv_cache", "out", "lse", "qo_indptr",
+                                          "block_table", "kv_lens", "kv_indptr", "kv_indices",
+                                          "kv_last_page_len", "topk_indices"};
+
+/* The fixture tensor the case moves. */
+static test_tensor *align_target(fx *f, const align_case *c) {
+  test_tensor *const x[] = {&f->q, &f->kv, &f->out, &f->lse, &f->t_qo, &f->t_bt, &f->t_lens,
+                            &f->t_kvp, &f->t_kvi, &f->t_last, &f->t_topk};
+  for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
+    if (!strcmp(align_names[i], c->name))
+      return x[i];
+  ck_abort_msg("no fixture tensor %s", c->name);
+  return NULL;
+}
+
+/* Puts t where the case's call takes its tensor. */
+static void align_place(const align_case *c, pmla_decode_batch *bt, pmla_decode_batch *csr,
+                        pmla_sparse_batch *sp, pmla_decode_args *a, DLTensor *t) {
+  size_t i = 0;
+  while (strcmp(align_names[i], c->name))
+    i++;
+  switch (i) {
+  case 0: a->q = t; break;
+  case 1: a->kv_cache = t; break;
+  case 2: a->out = t; break;
+  case 3: a->lse = t; break;
+  case 4: *(c->call == 1 ? &csr->qo_indptr : &bt->qo_indptr) = t; break;
+  case 5: bt->block_table = t; break;
+  case 6: bt->kv_lens = t; break;
+  case 7: csr->kv_indptr = t; break;
+  case 8: csr->kv_indices = t; break;
+  case 9: csr->kv_last_page_len = t; break;
+  default: sp->topk_indices = t; break;
+  }
+}
+
+static pmla_status align_call(fx *f, int call, const pmla_decode_batch *bt,
+                              const pmla_decode_batch *csr, const pmla_sparse_batch *sp,
+                              const pmla_decode_args *a) {
+  switch (call) {
+  case 0: return g_be->build_decode(f->b, bt);
+  case 1: return g_be->build_decode(f->b, csr);
+  case 2: return g_be->build_sparse(f->b, sp);
+  default: return g_be->decode(f->b, a);
+  }
+}
+
+START_TEST(test_misaligned_tensors_are_refused_by_name_and_nothing_is_written) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, TOPK);
+  const align_case *c = &align_cases[_i];
+  pmla_decode_batch bt = f.bt_batch, csr = f.csr_batch;
+  pmla_sparse_batch sp = f.sparse;
+  pmla_decode_args a = f.args;
+  test_tensor *x = align_target(&f, c);
+  fx_poison_outputs(&f);
+  test_tensor slack;
+  DLTensor view;
+  unsigned char *before;
+  misaligned_copy(x, c->offset, &slack, &view, &before);
+  unsigned char *after = malloc(slack.bytes);
+  ck_assert(after);
+  align_place(c, &bt, &csr, &sp, &a, &view);
+  char what[96], align[24];
+  snprintf(what, sizeof what, "%s at byte_offset %zu", c->name, c->offset);
+  snprintf(align, sizeof align, "%d-byte", c->align);
+  if (c->call == 3) {
+    expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "build");
+    expect_decode_fails(&f, &a, PMLA_ERR_INVALID_ARGUMENT, what);
+  } else {
+    expect_status(align_call(&f, c->call, &bt, &csr, &sp, &a), PMLA_ERR_INVALID_ARGUMENT, &f,
+                  what);
+  }
+  const char *m = g_be->last_error(f.b);
+  ck_assert_msg(strstr(m, c->name) && strstr(m, "aligned") && strstr(m, align),
+                "%s: message '%s' does not name the tensor and its %s alignment", what, m, align);
+  if (c->call != 3)
+    expect_decode_fails(&f, &f.args, PMLA_ERR_BAD_STATE, "decode after the refused build");
+  tt_download(&slack, after);
+  ck_assert_msg(memcmp(before, after, slack.bytes) == 0, "%s: the refused call wrote into it",
+                what);
+  /* the same call with the fixture's own tensor goes through */
+  align_place(c, &bt, &csr, &sp, &a, &x->t);
+  if (c->call != 3)
+    expect_status(align_call(&f, c->call, &bt, &csr, &sp, &a), PMLA_OK, &f,
+                  "the next valid build");
+  else
+    expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "the next valid build");
+  expect_status(g_be->decode(f.b, &a), PMLA_OK, &f, "the next valid decode");
+  tt_free(&slack);
+  free(before);
+  free(after);
+  fx_teardown(&f);
+}
+END_TEST
+
+/* Alignment is the dtype's, no more: int32 and fp32 tensors one element
+ * into a buffer are accepted, and read from there. */
+START_TEST(test_int32_and_fp32_tensors_one_element_in_are_accepted) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, TOPK);
+  for (int i = 0; i < N_ALIGN_CASES; i++) {
+    align_case c = align_cases[i];
+    if (c.align != 4 || (i > 0 && !strcmp(align_cases[i - 1].name, c.name)))
+      continue;
+    c.offset = 4;
+    pmla_decode_batch bt = f.bt_batch, csr = f.csr_batch;
+    pmla_sparse_batch sp = f.sparse;
+    pmla_decode_args a = f.args;
+    test_tensor *x = align_target(&f, &c);
+    test_tensor slack;
+    DLTensor view;
+    unsigned char *host;
+    misaligned_copy(x, c.offset, &slack, &view, &host);
+    align_place(&c, &bt, &csr, &sp, &a, &view);
+    if (c.call == 3)
+      expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "build");
+    else
+      expect_status(align_call(&f, c.call, &bt, &csr, &sp, &a), PMLA_OK, &f, c.name);
+    expect_status(g_be->decode(f.b, &a), PMLA_OK, &f, c.name);
+    uint32_t flags = 1;
+    expect_status(g_be->check_device_error(f.b, &flags), PMLA_OK, &f, c.name);
+    tt_free(&slack);
+    free(host);
+  }
+  fx_teardown(&f);
+}
+END_TEST
+
 Suite *suite_args(void) {
   Suite *s = suite_create("arguments");
   TCase *tc = tcase_create("build_decode");
@@ -625,6 +962,18 @@ Suite *suite_args(void) {
   suite_add_tcase(s, tc);
   tc = tcase_create("decode");
   tcase_add_test(tc, test_decode_rejects_bad_arguments_and_writes_nothing);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("extremes");
+  tcase_add_loop_test(tc, test_extreme_qo_indptr_is_refused_with_the_exact_row_count, 0,
+                      N_QO_EXTREMES);
+  tcase_add_loop_test(tc, test_sizes_that_overflow_int64_are_refused_by_tensor_and_value, 0,
+                      N_SIZE_CASES);
+  tcase_add_test(tc, test_a_size_one_dim_takes_any_stride_without_overflow);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("alignment");
+  tcase_add_loop_test(tc, test_misaligned_tensors_are_refused_by_name_and_nothing_is_written, 0,
+                      N_ALIGN_CASES);
+  tcase_add_test(tc, test_int32_and_fp32_tensors_one_element_in_are_accepted);
   suite_add_tcase(s, tc);
   return s;
 }
