@@ -68,6 +68,10 @@ extern "C" {
 #define PMLA_ABI_MINOR 0
 #define PMLA_ABI_VERSION PMLA_VERSION(PMLA_ABI_MAJOR, PMLA_ABI_MINOR)
 
+/* The most query heads a builder serves (any count from 1; the kernels pad
+ * to their row tile, the host pads nothing). */
+#define PMLA_MAX_HEADS 128u
+
 /* The one symbol a plugin exports; its type is pmla_entry_fn. */
 #define PMLA_ENTRY_SYMBOL "pmla_plugin_entry"
 
@@ -142,7 +146,7 @@ typedef struct pmla_builder pmla_builder; /* opaque, one per host context */
 
 typedef struct pmla_builder_config {
   uint32_t struct_size;
-  uint32_t num_heads;     /* query heads: 16, 32, 64 or 128 */
+  uint32_t num_heads;     /* query heads: 1..PMLA_MAX_HEADS (128) */
   uint32_t kv_lora_rank;  /* latent dim, 512 */
   uint32_t rope_dim;      /* 64 */
   uint32_t q_dtype;       /* pmla_dtype; bf16 */

@@ -24,8 +24,13 @@
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
+/* The row loops run 4 rows (Q K^T) and 2 rows (P V) at a time: an item's
+ * rows are padded to a multiple of 4 in scratch (zero Q, P = 0, corr = 1),
+ * so any head count works and no pad row reaches the output. */
+static size_t padded_rows(size_t rows) { return (rows + 3) & ~(size_t)3; }
+
 size_t pmla_cpu_scratch_floats(int32_t num_heads, int32_t max_q_len) {
-  size_t rows = (size_t)num_heads * (size_t)max_q_len;
+  size_t rows = padded_rows((size_t)num_heads * (size_t)max_q_len);
   /* Q, O, max, sum, corr, S/P per row; one chunk of K/V */
   return rows * (PMLA_QK_DIM + PMLA_V_DIM + 3 + PMLA_CPU_CHUNK) +
          (size_t)PMLA_CPU_CHUNK * PMLA_QK_DIM;
@@ -161,23 +166,29 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
     *err |= PMLA_PLAN_ERR_QO_INDPTR;
     return;
   }
+  const int32_t prows = (int32_t)padded_rows((size_t)rows);
   float *qf = scratch;
-  float *acc = qf + (size_t)rows * PMLA_QK_DIM;
-  float *mx = acc + (size_t)rows * PMLA_V_DIM;
-  float *sum = mx + rows;
-  float *corr = sum + rows;
-  float *score = corr + rows; /* S, then P: [rows][PMLA_CPU_CHUNK] */
-  float *kf = score + (size_t)rows * PMLA_CPU_CHUNK;
+  float *acc = qf + (size_t)prows * PMLA_QK_DIM;
+  float *mx = acc + (size_t)prows * PMLA_V_DIM;
+  float *sum = mx + prows;
+  float *corr = sum + prows;
+  float *score = corr + prows; /* S, then P: [prows][PMLA_CPU_CHUNK] */
+  float *kf = score + (size_t)prows * PMLA_CPU_CHUNK;
   const float qscale = pb->softmax_scale * LOG2E;
 
-  for (int32_t i = 0; i < rows; i++) {
-    const uint16_t *src = pb->q + ((size_t)qb * H + i) * PMLA_QK_DIM;
-    for (int d = 0; d < PMLA_QK_DIM; d++)
-      qf[(size_t)i * PMLA_QK_DIM + d] = pmla_bf16_to_float(src[d]) * qscale;
+  for (int32_t i = 0; i < prows; i++) {
+    float *dst = qf + (size_t)i * PMLA_QK_DIM;
+    if (i < rows) {
+      const uint16_t *src = pb->q + ((size_t)qb * H + i) * PMLA_QK_DIM;
+      for (int d = 0; d < PMLA_QK_DIM; d++)
+        dst[d] = pmla_bf16_to_float(src[d]) * qscale;
+    } else {
+      memset(dst, 0, sizeof(float) * PMLA_QK_DIM);
+    }
     mx[i] = -INFINITY;
     sum[i] = 0.f;
   }
-  memset(acc, 0, sizeof(float) * (size_t)rows * PMLA_V_DIM);
+  memset(acc, 0, sizeof(float) * (size_t)prows * PMLA_V_DIM);
 
   for (int32_t p0 = kb; p0 < ke; p0 += PMLA_CPU_CHUNK) {
     const int32_t n = ke - p0 < PMLA_CPU_CHUNK ? ke - p0 : PMLA_CPU_CHUNK;
@@ -195,7 +206,7 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
         memset(dst, 0, sizeof(float) * PMLA_QK_DIM); /* never read NaN slots */
       }
     }
-    for (int32_t i = 0; i < rows; i += 4)
+    for (int32_t i = 0; i < prows; i += 4)
       for (int32_t t = 0; t < n2; t += 2)
         qk_4x2(qf + (size_t)i * PMLA_QK_DIM, kf + (size_t)t * PMLA_QK_DIM,
                score + (size_t)i * PMLA_CPU_CHUNK + t, PMLA_CPU_CHUNK);
@@ -230,7 +241,11 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
     }
     if (!any)
       continue;
-    for (int32_t i = 0; i < rows; i += 2)
+    for (int32_t i = rows; i < prows; i++) { /* pad rows: O stays 0 */
+      corr[i] = 1.f;
+      memset(score + (size_t)i * PMLA_CPU_CHUNK, 0, sizeof(float) * (size_t)n);
+    }
+    for (int32_t i = 0; i < prows; i += 2)
       pv_2rows(acc + (size_t)i * PMLA_V_DIM, acc + (size_t)(i + 1) * PMLA_V_DIM, corr[i],
                corr[i + 1], score + (size_t)i * PMLA_CPU_CHUNK,
                score + (size_t)(i + 1) * PMLA_CPU_CHUNK, kf, n);

@@ -81,11 +81,10 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
                      "pmla_builder_config (%zu bytes)",
                      cfg->struct_size, sizeof(pmla_builder_config));
   uint32_t h = cfg->num_heads;
-  if (h != 16 && h != 32 && h != 64 && h != 128)
+  if (h < 1 || h > PMLA_MAX_HEADS)
     return pmla_fail(NULL, PMLA_ERR_UNSUPPORTED,
-                     "init_builder: config.num_heads = %u is not supported; supported head "
-                     "counts: 16, 32, 64, 128",
-                     h);
+                     "init_builder: config.num_heads = %u is not supported; accepted: 1..%u",
+                     h, PMLA_MAX_HEADS);
   if (cfg->kv_lora_rank != PMLA_V_DIM)
     return pmla_fail(NULL, PMLA_ERR_UNSUPPORTED,
                      "init_builder: config.kv_lora_rank = %u; accepted: 512", cfg->kv_lora_rank);

@@ -33,6 +33,13 @@ const dense_case dense_cases[] = {
     {"heads 128, 21 blocks, split, cu 4", 128, 64, 4, BT, 1, {1}, {1300}, 0, 1, 1},
     {"heads 64, q_len 2, up to 18 blocks, cu 4", 64, 16, 4, CSR, 3, {2, 1, 2}, {1100, 700, 1153},
      0, 0, 0},
+    /* head counts that are not a row tile: the kernels pad, the host does not */
+    {"heads 1, page 64, q_len 4", 1, 64, 3, BT, 3, {4, 1, 2}, {300, 64, 0}, 0, 0, 0},
+    {"heads 3, page 16, CSR", 3, 16, 2, CSR, 3, {2, 1, 3}, {100, 33, 250}, 0, 0, 0},
+    {"heads 8, page 64", 8, 64, 5, BT, 4, {1, 2, 1, 1}, {129, 700, 64, 5}, 0, 0, 0},
+    {"heads 9, page 1, CSR, q_len 3", 9, 1, 2, CSR, 2, {3, 1}, {40, 17}, 0, 0, 0},
+    {"heads 63, page 64, long, cu 4", 63, 64, 4, BT, 2, {2, 1}, {1400, 90}, 0, 0, 0},
+    {"heads 126, page 64, CSR, q_len 2", 126, 64, 7, CSR, 2, {2, 1}, {450, 1000}, 0, 0, 0},
 };
 const int n_dense_cases = (int)(sizeof dense_cases / sizeof dense_cases[0]);
 
@@ -48,5 +55,7 @@ const sparse_case sparse_cases[] = {
     {"topk 2048, max_seq_len 0", 16, 16, 2048, 7, 2, 300, 0, 0, 50, 0, 0, 0},
     {"topk 2048, uncapped (PMLA_SPARSE_NO_SPLIT_CAP), cu 16", 16, 16, 2048, 16, 2, 400, 300, 5,
      5, 0, 0, 1},
+    {"topk 256, heads 3", 3, 16, 256, 4, 5, 40, 500, 10, 0, 0, 0, 0},
+    {"topk 128, heads 126, page 64", 126, 64, 128, 7, 3, 10, 400, 5, 5, 0, 0, 0},
 };
 const int n_sparse_cases = (int)(sizeof sparse_cases / sizeof sparse_cases[0]);

@@ -46,12 +46,11 @@ START_TEST(test_destroy_builder_accepts_null) {
 }
 END_TEST
 
-START_TEST(test_init_accepts_supported_head_counts) {
+START_TEST(test_init_accepts_every_head_count_from_1_to_128) {
   REQUIRE_BACKEND();
-  static const uint32_t heads[] = {16, 32, 64, 128};
-  for (size_t i = 0; i < 4; i++) {
+  for (uint32_t h = 1; h <= PMLA_MAX_HEADS; h++) {
     pmla_builder_config c = base_config();
-    c.num_heads = heads[i];
+    c.num_heads = h;
     pmla_builder *b = harness_init(&c);
     pmla_builder_info info = harness_query(b);
     ck_assert_uint_ge(info.total_bytes, 1);
@@ -64,7 +63,7 @@ END_TEST
 
 START_TEST(test_init_rejects_unsupported_head_counts) {
   REQUIRE_BACKEND();
-  static const uint32_t heads[] = {0, 1, 8, 24, 48, 96, 127, 129, 256, 0xffffffffu};
+  static const uint32_t heads[] = {0, 129, 256, 0xffffffffu};
   for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
     pmla_builder_config c = base_config();
     c.num_heads = heads[i];
@@ -72,8 +71,8 @@ START_TEST(test_init_rejects_unsupported_head_counts) {
     snprintf(what, sizeof what, "num_heads %u", heads[i]);
     expect_init_fails(&c, PMLA_ERR_UNSUPPORTED, "num_heads", what);
     const char *msg = g_be->last_error(NULL);
-    ck_assert_msg(strstr(msg, "16, 32, 64, 128") != NULL,
-                  "num_heads %u: message '%s' does not list \"16, 32, 64, 128\"", heads[i], msg);
+    ck_assert_msg(strstr(msg, "1..128") != NULL,
+                  "num_heads %u: message '%s' does not say \"1..128\"", heads[i], msg);
   }
 }
 END_TEST
@@ -401,7 +400,7 @@ Suite *suite_builder(void) {
   Suite *s = suite_create("builder");
   TCase *tc = tcase_create("init");
   tcase_add_test(tc, test_destroy_builder_accepts_null);
-  tcase_add_test(tc, test_init_accepts_supported_head_counts);
+  tcase_add_test(tc, test_init_accepts_every_head_count_from_1_to_128);
   tcase_add_test(tc, test_init_rejects_unsupported_head_counts);
   tcase_add_loop_test(tc, test_init_rejects_each_bad_config_field, 0, N_BAD_FIELDS);
   tcase_add_test(tc, test_cpu_init_rejects_nonzero_device);
