@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /* pmla_registry.h - host-side plugin registry (link -lpmla-registry).
  *
- * Scans a colon-separated search path (the explicit argument first, then the
- * PMLA_PLUGIN_PATH environment variable). Each entry is a plugin file or a
- * directory whose *.so files are taken in name order. Each file is dlopen'ed
- * with RTLD_NOW|RTLD_LOCAL and negotiated; its backends are indexed by name.
+ * Scans a colon-separated search path: the PMLA_PLUGIN_PATH environment
+ * variable first (it overrides the program's choice, as LD_LIBRARY_PATH
+ * does), then the search_path argument; when neither names a path, the
+ * directory `make install` put the plugins in (pmla_registry_plugindir()).
+ * Each entry is a plugin file or a directory whose *.so files are taken in
+ * name order. Each file is dlopen'ed with RTLD_NOW|RTLD_LOCAL and
+ * negotiated; its backends are indexed by name.
  * A name seen twice (in two files, or twice in one plugin) resolves to the
  * first on the path. Files that are not plugins, speak no common version or
  * hand out a malformed descriptor (none at all, a truncated one, a NULL
@@ -44,8 +47,13 @@ const pmla_backend *pmla_registry_backend(const pmla_registry *registry, size_t 
 const char *pmla_registry_backend_path(const pmla_registry *registry, size_t index);
 uint32_t pmla_registry_backend_version(const pmla_registry *registry, size_t index);
 const pmla_backend *pmla_registry_find(const pmla_registry *registry, const char *name);
-/* One line per skipped file or shadowed name; "" when none. */
+/* One line per place searched ("searched directory D (from ...)"), skipped
+ * file ("skipped F: why") or shadowed name, in the order they were met. */
 const char *pmla_registry_diagnostics(const pmla_registry *registry);
+/* The path actually scanned, entries joined with ':'; "" when none. */
+const char *pmla_registry_search_path(const pmla_registry *registry);
+/* The configured plugin directory searched when no path is named. */
+const char *pmla_registry_plugindir(void);
 
 /* Negotiates with one already-opened entry point. Exposed for tests and for
  * hosts with their own loader. Returns the plugin's refusal as it gave it,

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* registry.c - host-side plugin discovery: scan the search path, dlopen,
- * negotiate, index backends by name (first on the path wins). */
+/* registry.c - host-side plugin discovery: scan the search path
+ * ($PMLA_PLUGIN_PATH, then the argument, else the configured plugindir),
+ * dlopen, negotiate, index backends by name (first on the path wins). */
 #define _DEFAULT_SOURCE
 #include "pmla_registry.h"
 
@@ -11,6 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+/* Where `make install` puts plugins (configure's plugindir); abi/local.mk
+ * defines it. Searched only when no path is named. */
+#ifndef PMLA_PLUGINDIR
+#define PMLA_PLUGINDIR ""
+#endif
 
 typedef struct entry {
   const pmla_backend *backend;
@@ -26,6 +33,8 @@ struct pmla_registry {
   size_t num_entries, cap_entries;
   char *diag;
   size_t diag_len, diag_cap;
+  char *searched; /* the path scanned, entries joined with ':' */
+  size_t searched_len, searched_cap;
 };
 
 const char *pmla_status_name(pmla_status s) {
@@ -120,11 +129,25 @@ static const pmla_backend *find(const pmla_registry *r, const char *name, size_t
   return NULL;
 }
 
+/* 1 when the file starts with the ELF magic, as a shared library does */
+static int is_elf(const char *path) {
+  unsigned char magic[4] = {0};
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(magic, 1, sizeof magic, f) : 0;
+  if (f)
+    fclose(f);
+  return n == 4 && !memcmp(magic, "\177ELF", 4);
+}
+
 static void load_file(pmla_registry *r, const char *path) {
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *why = dlerror();
-    diag(r, "skipped %s: not loadable: %s", path, why ? why : "unknown");
+    if (!is_elf(path))
+      diag(r, "skipped %s: not a pmla plugin (not a shared library)", path);
+    else
+      diag(r, "skipped %s: a shared library that cannot be loaded: %s", path,
+           why ? why : "dlopen failed");
     return;
   }
   void *sym = dlsym(h, PMLA_ENTRY_SYMBOL);
@@ -252,30 +275,47 @@ static void load_dir(pmla_registry *r, const char *dir) {
   free(names);
 }
 
-static void scan(pmla_registry *r, const char *path) {
-  if (!path)
+/* Appends one entry to the path the registry reports as searched. */
+static void note_searched(pmla_registry *r, const char *item, size_t len) {
+  if (!grow((void **)&r->searched, &r->searched_cap, r->searched_len + len + 2, 1))
     return;
-  const char *p = path;
-  while (*p) {
+  if (r->searched_len)
+    r->searched[r->searched_len++] = ':';
+  memcpy(r->searched + r->searched_len, item, len);
+  r->searched_len += len;
+  r->searched[r->searched_len] = '\0';
+}
+
+/* Scans each entry of a colon-separated path; `from` says where the path
+ * came from. Returns 1 when the path named at least one entry. */
+static int scan(pmla_registry *r, const char *path, const char *from) {
+  int named = 0;
+  for (const char *p = path; p && *p;) {
     const char *end = strchr(p, ':');
     size_t len = end ? (size_t)(end - p) : strlen(p);
     if (len) {
+      named = 1;
       char *item = strndup(p, len);
       if (!item)
-        return;
+        return named;
+      note_searched(r, item, len);
       struct stat st;
       if (stat(item, &st) != 0)
-        diag(r, "skipped %s: no such file or directory", item);
-      else if (S_ISDIR(st.st_mode))
+        diag(r, "skipped %s (%s): no such file or directory", item, from);
+      else if (S_ISDIR(st.st_mode)) {
+        diag(r, "searched directory %s (%s)", item, from);
         load_dir(r, item);
-      else
+      } else {
+        diag(r, "searched file %s (%s)", item, from);
         load_file(r, item);
+      }
       free(item);
     }
     if (!end)
       break;
     p = end + 1;
   }
+  return named;
 }
 
 pmla_status pmla_registry_open(const char *search_path, pmla_registry **out) {
@@ -285,8 +325,17 @@ pmla_status pmla_registry_open(const char *search_path, pmla_registry **out) {
   pmla_registry *r = calloc(1, sizeof *r);
   if (!r)
     return PMLA_ERR_OUT_OF_MEMORY;
-  scan(r, search_path);
-  scan(r, getenv(PMLA_PLUGIN_PATH_ENV));
+  /* the environment overrides the program's path, as LD_LIBRARY_PATH does */
+  int named = scan(r, getenv(PMLA_PLUGIN_PATH_ENV), "from " PMLA_PLUGIN_PATH_ENV);
+  named |= scan(r, search_path, "from the program's argument");
+  if (!named) {
+    if (*PMLA_PLUGINDIR)
+      scan(r, PMLA_PLUGINDIR, "the installed plugin directory: neither " PMLA_PLUGIN_PATH_ENV
+                              " nor the program named a path");
+    else
+      diag(r, "searched nothing: neither %s nor the program named a path, and this registry "
+              "was built without a plugin directory", PMLA_PLUGIN_PATH_ENV);
+  }
   *out = r;
   return PMLA_OK;
 }
@@ -301,6 +350,7 @@ void pmla_registry_close(pmla_registry *r) {
   free(r->entries);
   free(r->handles);
   free(r->diag);
+  free(r->searched);
   free(r);
 }
 
@@ -325,3 +375,9 @@ const pmla_backend *pmla_registry_find(const pmla_registry *r, const char *name)
 const char *pmla_registry_diagnostics(const pmla_registry *r) {
   return r && r->diag ? r->diag : "";
 }
+
+const char *pmla_registry_search_path(const pmla_registry *r) {
+  return r && r->searched ? r->searched : "";
+}
+
+const char *pmla_registry_plugindir(void) { return PMLA_PLUGINDIR; }

@@ -224,10 +224,17 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
   g_mock_dir = env_mock ? env_mock : default_mock_dir;
 
   if (!harness_file_exists(g_plugin_path)) {
-    fprintf(stderr, "%s: plugin %s not found (pass it as the argument)\n", program,
-            g_plugin_path);
+    fprintf(stderr, "%s: plugin %s not found (pass it as the argument or in %s_PLUGIN)\n",
+            program, g_plugin_path, env_prefix);
     return 2;
   }
+  /* The plugin under test is the file chosen above: PMLA_PLUGIN_PATH, which
+   * the registry reads before its argument, must not stand in for it. */
+  const char *env_path = getenv(PMLA_PLUGIN_PATH_ENV);
+  if (env_path && *env_path)
+    printf("%s: %s=%s is ignored: the plugin under test is %s\n", program,
+           PMLA_PLUGIN_PATH_ENV, env_path, g_plugin_path);
+  unsetenv(PMLA_PLUGIN_PATH_ENV);
   if (pmla_registry_open(g_plugin_path, &g_registry) != PMLA_OK) {
     fprintf(stderr, "%s: cannot open a registry on %s\n", program, g_plugin_path);
     return 2;

@@ -103,7 +103,8 @@ int harness_mock_path(const char *name, char *buf, size_t size);
  * ($<PREFIX>_BACKEND, default pmla-cpu), the mock plugins' directory
  * ($<PREFIX>_MOCK_DIR, else default_mock_dir, may be NULL) and the memory
  * provider, runs `suites` and returns the exit status (0: every test
- * passed). env_prefix is e.g. "PMLA_CONFORMANCE". */
+ * passed). env_prefix is e.g. "PMLA_CONFORMANCE". PMLA_PLUGIN_PATH is
+ * unset (with a note when it was set): the registry would read it first. */
 typedef Suite *(*harness_suite_fn)(void);
 int harness_main(int argc, char **argv, const char *program, const char *env_prefix,
                  const char *default_plugins, const char *default_mock_dir,

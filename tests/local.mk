@@ -3,14 +3,17 @@
 # pass), pmla-unit (the white-box tests of this plugin's planner), the
 # no-allocation check, and mock plugins built only for the registry tests.
 # Paths are relative to the top directory (non-recursive build).
+# configure --disable-tests builds none of them (and needs no Check).
+# Installed programs know only installed paths: make check points them at
+# the build tree through the environment (AM_TESTS_ENVIRONMENT below).
+
+if PMLA_TESTS
 
 # Sources both Check programs share: harness, configs, memory providers, the
 # schedule layout checker and the named decode cases.
 TEST_HARNESS_SOURCES = tests/harness.c tests/harness.h tests/test_config.c tests/test_config.h \
 	tests/devmem.h tests/devmem_cpu.c $(DEVMEM_GPU_SOURCE) \
 	tests/schedule.c tests/schedule.h tests/cases.c tests/cases.h
-TEST_DEFINES = \
-	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so:$(plugindir)/pmla.so"'
 TEST_LDADD = abi/libpmla-registry.la $(CHECK_LIBS) $(GPU_LIBS) $(DL_LIBS) $(PTHREAD_LIBS) $(LIBM)
 
 # ---- pmla-conformance: installed, and run by make check on the in-tree plugin.
@@ -22,8 +25,8 @@ tests_pmla_conformance_SOURCES = tests/conformance.c $(TEST_HARNESS_SOURCES) \
 	tests/t_abi.c tests/t_builder.c tests/t_args.c tests/t_devinput.c tests/t_schedule.c tests/t_numerics.c \
 	tests/t_threads.c tests/t_gpu.c
 tests_pmla_conformance_CPPFLAGS = -D_POSIX_C_SOURCE=200809L -I$(top_builddir) \
-	-I$(top_srcdir)/abi -I$(top_srcdir)/tests $(GPU_CPPFLAGS) $(TEST_DEFINES) \
-	-DPMLA_TEST_MOCK_DIR='"$(abs_top_builddir)/tests/.libs"'
+	-I$(top_srcdir)/abi -I$(top_srcdir)/tests $(GPU_CPPFLAGS) \
+	-DPMLA_TEST_DEFAULT_PLUGIN='"$(plugindir)/pmla.so"'
 tests_pmla_conformance_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_pmla_conformance_LDADD = $(TEST_LDADD)
 
@@ -33,7 +36,7 @@ check_PROGRAMS += tests/pmla-unit
 tests_pmla_unit_SOURCES = tests/unit.c $(TEST_HARNESS_SOURCES) \
 	tests/t_planner.c tests/t_plan_exact.c
 tests_pmla_unit_CPPFLAGS = $(AM_CPPFLAGS) $(GPU_CPPFLAGS) -I$(top_srcdir)/kernels \
-	-I$(top_srcdir)/tests $(TEST_DEFINES)
+	-I$(top_srcdir)/tests
 tests_pmla_unit_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_pmla_unit_LDADD = $(TEST_LDADD)
 
@@ -98,8 +101,16 @@ tests_mock_not_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)
 
 # ---- the CPU-only plugin's dependencies (skips for GPU builds)
 TESTS += tests/check-needed.sh
-EXTRA_DIST += tests/check-needed.sh
+# ---- pmla-info and pmla-bench as a user meets them (argument errors)
+TESTS += tests/info/check-tools.sh
+endif
+EXTRA_DIST += tests/check-needed.sh tests/info/check-tools.sh
 
+# The build tree, for make check (a variable already set wins).
 AM_TESTS_ENVIRONMENT = GPU_PLATFORM='$(GPU_PLATFORM)'; \
 	PMLA_TEST_PLUGIN='$(abs_top_builddir)/plugin/.libs/pmla.so'; \
-	export GPU_PLATFORM PMLA_TEST_PLUGIN;
+	PMLA_TEST_MOCK_DIR='$(abs_top_builddir)/tests/.libs'; \
+	: "$${PMLA_CONFORMANCE_PLUGIN:=$$PMLA_TEST_PLUGIN}" "$${PMLA_UNIT_PLUGIN:=$$PMLA_TEST_PLUGIN}" \
+	  "$${PMLA_CONFORMANCE_MOCK_DIR:=$$PMLA_TEST_MOCK_DIR}"; \
+	export GPU_PLATFORM PMLA_TEST_PLUGIN PMLA_TEST_MOCK_DIR PMLA_CONFORMANCE_PLUGIN \
+	  PMLA_UNIT_PLUGIN PMLA_CONFORMANCE_MOCK_DIR;

@@ -58,16 +58,20 @@ static const char *base_name(const char *path) {
   return s ? s + 1 : path;
 }
 
-/* The line of the registry's diagnostics that holds `needle`, copied into
- * buf; "" when no line does. */
+/* The first line of the registry's diagnostics that holds `needle` and is
+ * not a "searched ..." line (those name every place the registry looked),
+ * copied into buf; "" when no line does. */
 static const char *diag_line(const char *diag, const char *needle, char *buf, size_t size) {
   buf[0] = '\0';
-  const char *hit = strstr(diag, needle);
-  if (!hit)
-    return buf;
-  const char *begin = hit;
-  while (begin > diag && begin[-1] != '\n')
-    begin--;
+  const char *hit = diag, *begin;
+  for (;; hit++) {
+    if (!(hit = strstr(hit, needle)))
+      return buf;
+    for (begin = hit; begin > diag && begin[-1] != '\n';)
+      begin--;
+    if (strncmp(begin, "searched ", 9) != 0)
+      break;
+  }
   const char *end = strchr(hit, '\n');
   size_t len = end ? (size_t)(end - begin) : strlen(begin);
   if (len >= size)
@@ -90,7 +94,8 @@ static size_t count_char(const char *s, char c) {
 #define NEED_MOCK(buf, name)                                                               \
   do {                                                                                     \
     if (harness_mock_path(name, buf, sizeof buf)) {                                        \
-      printf("SKIP %s: mock plugin %s.so not found in %s (build with make check)\n",      \
+      printf("SKIP %s: mock plugin %s.so not found in %s (make check builds them in "     \
+             "tests/.libs; name that in PMLA_CONFORMANCE_MOCK_DIR)\n",                      \
              __func__, name, g_mock_dir ? g_mock_dir : "(no mock dir)");                   \
       fflush(stdout);                                                                      \
       return;                                                                              \
@@ -402,36 +407,115 @@ START_TEST(test_registry_indexes_backends_by_name) {
   }
   ck_assert_int_ge(found, 2);
   ck_assert_ptr_null(pmla_registry_backend(r, pmla_registry_count(r)));
-  ck_assert_str_eq(pmla_registry_diagnostics(r), "");
+  /* the diagnostics name the place searched, and nothing was skipped */
+  const char *diag = pmla_registry_diagnostics(r);
+  char want[700];
+  snprintf(want, sizeof want, "searched file %s (", g_plugin_path);
+  ck_assert_msg(strncmp(diag, want, strlen(want)) == 0 && count_char(diag, '\n') == 1,
+                "diagnostics should be the one line '%s...': '%s'", want, diag);
+  ck_assert_str_eq(pmla_registry_search_path(r), g_plugin_path);
   pmla_registry_close(r);
   pmla_registry_close(NULL);
 }
 END_TEST
 
-START_TEST(test_registry_reads_the_environment_path_after_the_argument) {
-  char dup_a[600];
+/* Opens a registry on `arg` with PMLA_PLUGIN_PATH set to env (NULL: unset);
+ * the variable is unset again before it returns. */
+static pmla_registry *open_with_env(const char *env, const char *arg) {
+  if (env)
+    setenv(PMLA_PLUGIN_PATH_ENV, env, 1);
+  else
+    unsetenv(PMLA_PLUGIN_PATH_ENV);
+  pmla_registry *r = open_registry(arg);
   unsetenv(PMLA_PLUGIN_PATH_ENV);
-  pmla_registry *r = open_registry(NULL);
-  ck_assert_msg(pmla_registry_find(r, "pmla-cpu") == NULL,
-                "empty path and no %s should give an empty registry", PMLA_PLUGIN_PATH_ENV);
+  return r;
+}
+
+START_TEST(test_registry_reads_the_environment_before_the_argument) {
+  char a[600], b[600], want[1400];
+  pmla_registry *r = open_with_env(g_plugin_path, NULL);
+  ck_assert_msg(pmla_registry_find(r, "pmla-cpu") != NULL, "%s=%s not scanned: %s",
+                PMLA_PLUGIN_PATH_ENV, g_plugin_path, pmla_registry_diagnostics(r));
+  ck_assert_str_eq(pmla_registry_search_path(r), g_plugin_path);
   pmla_registry_close(r);
 
-  setenv(PMLA_PLUGIN_PATH_ENV, g_plugin_path, 1);
-  r = open_registry(NULL);
-  ck_assert_msg(pmla_registry_find(r, "pmla-cpu") != NULL, "%s=%s not scanned",
-                PMLA_PLUGIN_PATH_ENV, g_plugin_path);
+  NEED_MOCK(a, "mock_dup_a"); /* "mock-dup" (dup-a) and a mock "pmla-cpu" */
+  NEED_MOCK(b, "mock_dup_b"); /* "mock-dup" (dup-b) */
+  /* the environment comes first: its backends shadow the argument's */
+  r = open_with_env(b, a);
+  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-b");
+  ck_assert_msg(pmla_registry_find(r, "pmla-cpu") != NULL, "the argument was not scanned");
+  snprintf(want, sizeof want, "%s:%s", b, a);
+  ck_assert_str_eq(pmla_registry_search_path(r), want);
+  char line[1024];
+  diag_line(pmla_registry_diagnostics(r), "mock-dup", line, sizeof line);
+  ck_assert_msg(strstr(line, "ignored") && strstr(line, "mock_dup_a"),
+                "the argument's shadowed mock-dup not diagnosed: '%s'",
+                pmla_registry_diagnostics(r));
   pmla_registry_close(r);
 
-  if (harness_mock_path("mock_dup_a", dup_a, sizeof dup_a) == 0) {
-    /* the explicit argument comes first: its pmla-cpu shadows the env's */
-    r = open_registry(dup_a);
-    const pmla_backend *b = pmla_registry_find(r, "pmla-cpu");
-    ck_assert_ptr_nonnull(b);
-    ck_assert_msg(strcmp(b->description, "mock shadowing backend") == 0,
-                  "explicit path should win over %s", PMLA_PLUGIN_PATH_ENV);
-    pmla_registry_close(r);
-  }
-  unsetenv(PMLA_PLUGIN_PATH_ENV);
+  r = open_with_env(a, g_plugin_path); /* the env's mock pmla-cpu wins */
+  ck_assert_str_eq(pmla_registry_find(r, "pmla-cpu")->description, "mock shadowing backend");
+  ck_assert_msg(pmla_registry_find(r, "pmla") != NULL, "pmla from the argument missing");
+  pmla_registry_close(r);
+
+  r = open_with_env(g_plugin_path, a); /* the env's real pmla-cpu wins */
+  ck_assert_msg(strcmp(pmla_registry_find(r, "pmla-cpu")->description, "mock shadowing backend"),
+                "%s=%s should own pmla-cpu over the argument %s", PMLA_PLUGIN_PATH_ENV,
+                g_plugin_path, a);
+  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-a");
+  pmla_registry_close(r);
+
+  /* an empty variable names nothing: the argument alone */
+  r = open_with_env("", a);
+  ck_assert_str_eq(pmla_registry_search_path(r), a);
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_registry_falls_back_to_the_plugindir_only_when_no_path_is_named) {
+  const char *dir = pmla_registry_plugindir();
+  ck_assert_msg(dir && dir[0] == '/', "configured plugin directory '%s' is not absolute",
+                dir ? dir : "(null)");
+  /* the directory the same registry finds when it is named */
+  pmla_registry *named = open_with_env(NULL, dir);
+  static const char *const nothing[] = {NULL, "", ":", "::"};
+  for (int env_set = 0; env_set < 2; env_set++)
+    for (size_t i = 0; i < sizeof nothing / sizeof nothing[0]; i++) {
+      pmla_registry *r = open_with_env(env_set ? ":" : NULL, nothing[i]);
+      const char *diag = pmla_registry_diagnostics(r);
+      ck_assert_msg(!strcmp(pmla_registry_search_path(r), dir),
+                    "argument '%s'%s: searched '%s', want the plugin directory %s",
+                    nothing[i] ? nothing[i] : "(NULL)", env_set ? ", env ':'" : "",
+                    pmla_registry_search_path(r), dir);
+      ck_assert_msg(strstr(diag, dir) && strstr(diag, "installed plugin directory"),
+                    "diagnostics do not name the plugin directory %s: '%s'", dir, diag);
+      ck_assert_uint_eq(pmla_registry_count(r), pmla_registry_count(named));
+      for (size_t k = 0; k < pmla_registry_count(r); k++)
+        ck_assert_str_eq(pmla_registry_backend(r, k)->name,
+                         pmla_registry_backend(named, k)->name);
+      pmla_registry_close(r);
+    }
+  pmla_registry_close(named);
+
+  /* a path named by either: the plugin directory is not searched */
+  pmla_registry *r = open_with_env(NULL, "/nonexistent/pmla");
+  ck_assert_str_eq(pmla_registry_search_path(r), "/nonexistent/pmla");
+  ck_assert_uint_eq(pmla_registry_count(r), 0);
+  ck_assert_msg(!strstr(pmla_registry_diagnostics(r), "installed plugin directory"),
+                "plugin directory searched though a path was named: '%s'",
+                pmla_registry_diagnostics(r));
+  char line[1024];
+  diag_line(pmla_registry_diagnostics(r), "/nonexistent/pmla", line, sizeof line);
+  ck_assert_msg(strstr(line, "no such file or directory") && strstr(line, "argument"),
+                "a missing entry should be named with where it came from: '%s'", line);
+  pmla_registry_close(r);
+  r = open_with_env("/nonexistent/pmla-env", NULL);
+  ck_assert_str_eq(pmla_registry_search_path(r), "/nonexistent/pmla-env");
+  diag_line(pmla_registry_diagnostics(r), "/nonexistent/pmla-env", line, sizeof line);
+  ck_assert_msg(strstr(line, PMLA_PLUGIN_PATH_ENV), "'%s' does not name %s", line,
+                PMLA_PLUGIN_PATH_ENV);
+  pmla_registry_close(r);
 }
 END_TEST
 
@@ -441,8 +525,11 @@ START_TEST(test_registry_skips_a_wrong_major_plugin) {
   pmla_registry *r = open_registry(path);
   ck_assert_ptr_null(pmla_registry_find(r, "mock-wrong-major"));
   ck_assert_uint_eq(pmla_registry_count(r), 0);
-  const char *diag = pmla_registry_diagnostics(r);
-  ck_assert_msg(strstr(diag, "mock_wrong_major"), "no diagnostic naming the file: '%s'", diag);
+  char line[1024];
+  diag_line(pmla_registry_diagnostics(r), "mock_wrong_major", line, sizeof line);
+  ck_assert_msg(strstr(line, "skipped") && strstr(line, "PMLA_ERR_VERSION"),
+                "no diagnostic naming the file and the refusal: '%s'",
+                pmla_registry_diagnostics(r));
   pmla_registry_close(r);
 
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -515,9 +602,10 @@ START_TEST(test_registry_skips_a_truncated_vtable) {
   ck_assert_msg(pmla_registry_find(r, "mock-short") == NULL,
                 "backend with struct_size %zu < %zu was registered",
                 offsetof(pmla_backend, check_device_error), sizeof(pmla_backend));
-  const char *diag = pmla_registry_diagnostics(r);
-  ck_assert_msg(strstr(diag, "mock_short_vtable") || strstr(diag, "mock-short"),
-                "no diagnostic for the truncated vtable: '%s'", diag);
+  char line[1024];
+  diag_line(pmla_registry_diagnostics(r), "mock_short_vtable", line, sizeof line);
+  ck_assert_msg(strstr(line, "truncated"), "no diagnostic for the truncated vtable: '%s'",
+                pmla_registry_diagnostics(r));
   pmla_registry_close(r);
 }
 END_TEST
@@ -542,9 +630,15 @@ START_TEST(test_registry_skips_non_plugins_and_garbage_files) {
   const char *diag = pmla_registry_diagnostics(r);
   ck_assert_msg(strstr(diag, "x.so"), "garbage x.so not diagnosed: '%s'", diag);
   ck_assert_msg(strstr(diag, "empty.so"), "empty empty.so not diagnosed: '%s'", diag);
-  if (have_np)
-    ck_assert_msg(strstr(diag, "np.so") || strstr(diag, "mock_not_plugin"),
-                  "non-plugin np.so not diagnosed: '%s'", diag);
+  char line[1024];
+  diag_line(diag, "x.so", line, sizeof line);
+  ck_assert_msg(strstr(line, "x.so: not a pmla plugin (not a shared library)"),
+                "x.so should be called no shared library: '%s'", diag);
+  if (have_np) {
+    diag_line(diag, "np.so", line, sizeof line);
+    ck_assert_msg(strstr(line, "np.so: not a pmla plugin (no " PMLA_ENTRY_SYMBOL " symbol)"),
+                  "non-plugin np.so not diagnosed plainly: '%s'", diag);
+  }
   if (have_om) {
     ck_assert_msg(pmla_registry_find(r, "mock-old-minor") != NULL,
                   "the good plugin after the bad files was not loaded: '%s'", diag);
@@ -792,7 +886,8 @@ Suite *suite_abi(void) {
   suite_add_tcase(s, tc);
   tc = tcase_create("registry");
   tcase_add_test(tc, test_registry_indexes_backends_by_name);
-  tcase_add_test(tc, test_registry_reads_the_environment_path_after_the_argument);
+  tcase_add_test(tc, test_registry_reads_the_environment_before_the_argument);
+  tcase_add_test(tc, test_registry_falls_back_to_the_plugindir_only_when_no_path_is_named);
   tcase_add_test(tc, test_registry_skips_a_wrong_major_plugin);
   tcase_add_test(tc, test_registry_accepts_an_older_minor_plugin);
   tcase_add_test(tc, test_registry_agrees_host_version_with_a_newer_minor_plugin);

@@ -5,7 +5,14 @@
  *
  *   FLOPs = 2 * h * s_q * sum(L) * (576 + 512)
  *   bytes = sum(L) * 1152 + q bytes + out bytes
+ *
+ * Plugins come from --plugin (each a registry search path of its own; then
+ * $PMLA_PLUGIN_PATH is not read), else from the registry's default search:
+ * $PMLA_PLUGIN_PATH, else the installed plugin directory.
  */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +46,8 @@ typedef struct options {
 typedef struct result {
   double us, meta_us, tflops, gbps, copy_frac;
   int checked, ok, nocap;
+  double max_abs_err, cosine; /* --check: output against the fp64 reference */
+  int lse_ok;
   uint32_t cap;
   char note[400];
 } result;
@@ -193,7 +202,9 @@ static void free_problem(problem *p) {
 }
 
 static int check_against_reference(const problem *p, const uint16_t *out, const float *lse,
-                                   float scale, char *note, size_t note_size) {
+                                   float scale, result *res) {
+  char *note = res->note;
+  size_t note_size = sizeof res->note;
   ref_slot_lists lists;
   int rc = p->topk ? ref_slots_from_topk(p->tokens, p->topk, p->topk_idx, &lists)
                    : ref_slots_from_block_table(p->batch, p->qo_indptr, p->block_table,
@@ -211,6 +222,9 @@ static int check_against_reference(const problem *p, const uint16_t *out, const 
   for (size_t i = 0; i < n * DV; i++)
     got[i] = ref_bf16_to_float(out[i]);
   ref_report o = ref_check_output(ref, got, n * DV), l = ref_check_lse(ref_lse, lse, n);
+  res->max_abs_err = o.max_abs_err;
+  res->cosine = o.cosine;
+  res->lse_ok = l.ok;
   snprintf(note, note_size, "max|err| %.2e cos %.9f lse %s%s%s", o.max_abs_err, o.cosine,
            l.ok ? "ok" : "BAD", o.ok ? "" : " out: ", o.ok ? "" : o.message);
   free(ref);
@@ -333,7 +347,7 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
     m->download(out, d_out, out_bytes);
     m->download(lse, d_lse, (size_t)p.tokens * (size_t)p.heads * 4);
     res.checked = 1;
-    res.ok = check_against_reference(&p, out, lse, cfg.softmax_scale, res.note, sizeof res.note);
+    res.ok = check_against_reference(&p, out, lse, cfg.softmax_scale, &res);
     free(out);
     free(lse);
   }
@@ -352,37 +366,77 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   return res;
 }
 
-static int parse_shape(const char *text, bench_shape *s) {
+/* text as an int >= min, the whole of it; 0 on success */
+static int to_int(const char *text, int min, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || end == text || *end || v < min || v > INT_MAX)
+    return -1;
+  *out = (int)v;
+  return 0;
+}
+
+/* an option's value as an int >= min (0 or 1); exits naming it otherwise */
+static int option_int(const char *name, const char *text, int min) {
+  int v;
+  if (to_int(text, min, &v)) {
+    fprintf(stderr, "pmla-bench: --%s: '%s' is not a %s integer\n", name, text,
+            min > 0 ? "positive" : "non-negative");
+    exit(2);
+  }
+  return v;
+}
+
+/* Parses a shape SPEC; on error says what is wrong in why. */
+static int parse_shape(const char *text, bench_shape *s, char *why, size_t size) {
   memset(s, 0, sizeof *s);
   s->sq = 1;
   char buf[256];
-  snprintf(buf, sizeof buf, "%s", text);
+  if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf)
+    return snprintf(why, size, "longer than %zu characters", sizeof buf - 1), -1;
   for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-    int v1 = 0, v2 = 0;
-    if (sscanf(tok, "L=%d-%d", &v1, &v2) == 2) {
-      s->L = v1;
-      s->L_max = v2;
-    } else if (sscanf(tok, "b=%d", &v1) == 1 || sscanf(tok, "tokens=%d", &v1) == 1)
-      s->b = v1;
-    else if (sscanf(tok, "L=%d", &v1) == 1 || sscanf(tok, "slots=%d", &v1) == 1)
-      s->L = v1;
-    else if (sscanf(tok, "h=%d", &v1) == 1)
-      s->h = v1;
-    else if (sscanf(tok, "sq=%d", &v1) == 1)
-      s->sq = v1;
-    else if (sscanf(tok, "topk=%d", &v1) == 1)
-      s->sparse_topk = v1;
-    else
-      return -1;
+    char *value = strchr(tok, '=');
+    if (!value)
+      return snprintf(why, size, "'%s' is not FIELD=VALUE", tok), -1;
+    *value++ = '\0';
+    char *dash = strcmp(tok, "L") == 0 && *value ? strchr(value + 1, '-') : NULL;
+    if (dash) /* L=MIN-MAX: lengths uniform in [MIN, MAX] */
+      *dash = '\0';
+    int v;
+    int *field = !strcmp(tok, "b") || !strcmp(tok, "tokens") ? &s->b
+               : !strcmp(tok, "L") || !strcmp(tok, "slots") ? &s->L
+               : !strcmp(tok, "h")                          ? &s->h
+               : !strcmp(tok, "sq")                         ? &s->sq
+               : !strcmp(tok, "topk")                       ? &s->sparse_topk
+                                                            : NULL;
+    if (!field)
+      return snprintf(why, size, "unknown field '%s' (b, tokens, L, slots, h, sq, topk)", tok), -1;
+    int min = field == &s->L ? 0 : 1;
+    if (to_int(value, min, &v))
+      return snprintf(why, size, "%s must be a %s integer, not '%s'", tok,
+                      min ? "positive" : "non-negative", value), -1;
+    *field = v;
+    if (dash && to_int(dash + 1, v, &s->L_max))
+      return snprintf(why, size, "L=%d-%s: the range's end must be an integer >= %d", v,
+                      dash + 1, v), -1;
   }
-  return s->b > 0 && s->L >= 0 && s->h > 0 && s->sq > 0 ? 0 : -1;
+  if (!s->b)
+    return snprintf(why, size, "b (or tokens) is missing"), -1;
+  if (!s->h)
+    return snprintf(why, size, "h is missing"), -1;
+  if (s->sparse_topk && !s->L)
+    return snprintf(why, size, "slots must be given and positive for a sparse (topk) shape"), -1;
+  return 0;
 }
 
 static void add(options *o, const char *text) {
-  if (o->nshapes < 64 && parse_shape(text, &o->shapes[o->nshapes]) == 0)
-    o->nshapes++;
-  else
-    fprintf(stderr, "pmla-bench: bad shape '%s'\n", text), exit(2);
+  char why[200];
+  if (o->nshapes == 64)
+    fprintf(stderr, "pmla-bench: --shape '%s': at most 64 shapes\n", text), exit(2);
+  if (parse_shape(text, &o->shapes[o->nshapes], why, sizeof why))
+    fprintf(stderr, "pmla-bench: --shape '%s': %s\n", text, why), exit(2);
+  o->nshapes++;
 }
 
 /* The suites: dense (12 block-table steps: batch 4..128, L 1024..32768,
@@ -406,7 +460,7 @@ static void add_suite(options *o, const char *name) {
       "b=64,L=2048,h=16", "b=128,L=2048,h=16"};
   int is_dense = !strcmp(name, "dense"), is_sparse = !strcmp(name, "sparse");
   if (!is_dense && !is_sparse)
-    fprintf(stderr, "pmla-bench: unknown suite '%s' (dense, sparse)\n", name), exit(2);
+    fprintf(stderr, "pmla-bench: --suite: '%s' is not a suite (dense, sparse)\n", name), exit(2);
   const char *const *list = is_dense ? dense : sparse;
   size_t n = is_dense ? sizeof dense / sizeof *dense : sizeof sparse / sizeof *sparse;
   for (size_t i = 0; i < n; i++)
@@ -427,50 +481,99 @@ static void json_string(const char *text) {
   putchar('"');
 }
 
+/* a number as JSON: null when not finite */
+static void json_number(const char *key, const char *fmt, double v) {
+  printf(", \"%s\": ", key);
+  if (isfinite(v))
+    printf(fmt, v);
+  else
+    printf("null");
+}
+
+/* the file the registry loaded a backend from */
+static const char *backend_file(const pmla_registry *r, const pmla_backend *be) {
+  for (size_t i = 0; i < pmla_registry_count(r); i++)
+    if (pmla_registry_backend(r, i) == be)
+      return pmla_registry_backend_path(r, i);
+  return "";
+}
+
 static void usage(void) {
   puts("usage: pmla-bench [--backend NAME] [--plugin PATH]... [--shape SPEC]... [--suite dense|sparse]\n"
        "                  [--iters N] [--warmup N] [--cu N] [--check] [--no-flush] [--json]\n"
        "SPEC: b=128,L=4096,h=16[,sq=2] (L=2048-6144 for uniform lengths),\n"
-       "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)");
+       "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)\n"
+       "--plugin PATH: a plugin file or directory (repeat to compare side by side);\n"
+       "      without it, $PMLA_PLUGIN_PATH, else the installed plugin directory");
 }
 
 int main(int argc, char **argv) {
   options o = {.backend = "pmla-cpu", .iters = 0, .warmup = -1, .flush = 1};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--backend") && v) o.backend = v, i++;
-    else if (!strcmp(a, "--plugin") && v && o.nplugins == MAX_PLUGINS) {
-      fprintf(stderr, "pmla-bench: --plugin %s: at most %d plugins side by side\n", v, MAX_PLUGINS);
+  enum { OPT_NO_FLUSH = 256 };
+  static const struct option longopts[] = {
+      {"backend", required_argument, NULL, 'b'}, {"plugin", required_argument, NULL, 'p'},
+      {"shape", required_argument, NULL, 's'},   {"suite", required_argument, NULL, 'S'},
+      {"iters", required_argument, NULL, 'n'},   {"warmup", required_argument, NULL, 'w'},
+      {"cu", required_argument, NULL, 'c'},      {"check", no_argument, NULL, 'k'},
+      {"json", no_argument, NULL, 'j'},          {"no-flush", no_argument, NULL, OPT_NO_FLUSH},
+      {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+  int opt;
+  while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (opt) {
+    case 'b': o.backend = optarg; break;
+    case 'p':
+      if (o.nplugins == MAX_PLUGINS) {
+        fprintf(stderr, "pmla-bench: --plugin %s: at most %d plugins side by side\n", optarg,
+                MAX_PLUGINS);
+        return 2;
+      }
+      o.plugins[o.nplugins++] = optarg;
+      break;
+    case 's': add(&o, optarg); break;
+    case 'S': add_suite(&o, optarg); break;
+    case 'n': o.iters = option_int("iters", optarg, 1); break;
+    case 'w': o.warmup = option_int("warmup", optarg, 0); break;
+    case 'c': o.cu = option_int("cu", optarg, 0); break;
+    case 'k': o.check = 1; break;
+    case 'j': o.json = 1; break;
+    case OPT_NO_FLUSH: o.flush = 0; break;
+    case 'h': usage(); return 0;
+    default: /* getopt_long has named the option */
+      fprintf(stderr, "pmla-bench: see pmla-bench --help\n");
       return 2;
-    } else if (!strcmp(a, "--plugin") && v) o.plugins[o.nplugins++] = v, i++;
-    else if (!strcmp(a, "--shape") && v) add(&o, v), i++;
-    else if (!strcmp(a, "--suite") && v) add_suite(&o, v), i++;
-    else if (!strcmp(a, "--iters") && v) o.iters = atoi(v), i++;
-    else if (!strcmp(a, "--warmup") && v) o.warmup = atoi(v), i++;
-    else if (!strcmp(a, "--cu") && v) o.cu = atoi(v), i++;
-    else if (!strcmp(a, "--check")) o.check = 1;
-    else if (!strcmp(a, "--json")) o.json = 1;
-    else if (!strcmp(a, "--no-flush")) o.flush = 0;
-    else { usage(); return strcmp(a, "--help") ? 2 : 0; }
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "pmla-bench: unexpected argument '%s' (see pmla-bench --help)\n",
+            argv[optind]);
+    return 2;
   }
   if (!o.nshapes)
     add(&o, "b=8,L=4096,h=16");
-  /* one registry per plugin: the same backend name may come from each */
+  /* one registry per plugin: the same backend name may come from each.
+   * A --plugin given on the command line is used as given: the environment
+   * must not put another file's backend in its place. */
   pmla_registry *reg[MAX_PLUGINS] = {NULL};
   const pmla_backend *be[MAX_PLUGINS];
-  if (!o.nplugins)
-    o.plugins[o.nplugins++] = PMLA_BENCH_DEFAULT_PLUGIN;
-  for (int k = 0; k < o.nplugins; k++) {
-    if (pmla_registry_open(o.plugins[k], &reg[k])) {
+  const char *file[MAX_PLUGINS];
+  if (o.nplugins)
+    unsetenv(PMLA_PLUGIN_PATH_ENV);
+  for (int k = 0; k < (o.nplugins ? o.nplugins : 1); k++) {
+    if (pmla_registry_open(o.nplugins ? o.plugins[k] : NULL, &reg[k])) {
       fprintf(stderr, "pmla-bench: cannot open the registry\n");
       return 1;
     }
     if (!(be[k] = pmla_registry_find(reg[k], o.backend))) {
-      fprintf(stderr, "pmla-bench: no backend '%s' on path %s\n%s", o.backend, o.plugins[k],
+      fprintf(stderr, "pmla-bench: no backend '%s' on the search path %s%s\n%s", o.backend,
+              *pmla_registry_search_path(reg[k]) ? pmla_registry_search_path(reg[k]) : "(none)",
+              o.nplugins ? "" : " (name a plugin with --plugin or PMLA_PLUGIN_PATH)",
               pmla_registry_diagnostics(reg[k]));
       return 1;
     }
+    file[k] = backend_file(reg[k], be[k]);
   }
+  if (!o.nplugins)
+    o.nplugins = 1;
   const devmem *m = &devmem_cpu;
   if (strcmp(o.backend, "pmla-cpu") != 0) {
     const char *why = NULL;
@@ -493,7 +596,9 @@ int main(int argc, char **argv) {
            m->name, copy_gbps, o.iters, cpu || !o.flush ? "" : ", L2 flushed before each");
   if (!o.json && o.nplugins > 1)
     for (int k = 0; k < o.nplugins; k++)
-      printf("plugin @%d: %s\n", k, o.plugins[k]);
+      printf("plugin @%d: %s\n", k, file[k]);
+  else if (!o.json)
+    printf("plugin: %s\n", file[0]);
   if (!o.json)
     printf("%-40s %10s %9s %9s %7s %10s %5s  %s\n", "shape", "median_us", "TFLOP/s", "GB/s",
            "copy%", "build_us", "cap", "check");
@@ -518,12 +623,18 @@ int main(int argc, char **argv) {
         failed |= r.checked && !r.ok;
         if (o.json) {
           printf("%s  {\"shape\": \"%s\", \"plugin\": ", first ? "" : ",\n", name);
-          json_string(o.plugins[k]);
+          json_string(file[k]);
           printf(", \"median_us\": %.2f, "
                  "\"tflops\": %.2f, \"gbps\": %.1f, \"copy_frac\": %.3f, \"build_us\": %.2f, "
-                 "\"split_cap\": %u, \"checked\": %s, \"ok\": %s}",
+                 "\"split_cap\": %u, \"checked\": %s, \"ok\": %s",
                  r.us, r.tflops, r.gbps, r.copy_frac, r.meta_us, r.cap,
                  r.checked ? "true" : "false", r.ok || !r.checked ? "true" : "false");
+          if (r.checked) {
+            json_number("max_abs_err", "%.3e", r.max_abs_err);
+            json_number("cosine", "%.9f", r.cosine);
+            printf(", \"lse_ok\": %s", r.lse_ok ? "true" : "false");
+          }
+          printf("}");
         } else
           printf("%-40s %10.1f %9.2f %9.1f %6.1f%% %10.1f %5u  %s%s\n", name, r.us, r.tflops,
                  r.gbps, 100 * r.copy_frac, r.meta_us, r.cap,

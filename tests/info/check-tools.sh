@@ -1,0 +1,55 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# pmla-info and pmla-bench as a user meets them, on the build tree through
+# the environment (make check exports PMLA_TEST_PLUGIN): what pmla-info
+# lists, and that pmla-bench names a bad argument and the plugin file used.
+plugin=${PMLA_TEST_PLUGIN:-plugin/.libs/pmla.so}
+info=tests/info/pmla-info
+bench=tests/bench/pmla-bench
+fail() { echo "FAIL: $*"; exit 1; }
+# has TEXT WANT...: each WANT occurs in TEXT
+has() {
+  text=$1
+  shift
+  for want in "$@"; do
+    case $text in *"$want"*) ;; *) fail "no '$want' in:
+$text" ;; esac
+  done
+}
+
+out=$(PMLA_PLUGIN_PATH=$plugin $info) || fail "pmla-info exited $? with PMLA_PLUGIN_PATH=$plugin"
+has "$out" "search path: $plugin" "$plugin: ABI 1." "pmla-cpu: " "device 0: cu_count" \
+  "searched file $plugin (from PMLA_PLUGIN_PATH)"
+echo "$out"
+
+# not a plugin: said plainly, and exit 1 (no backend)
+lib=abi/.libs/libpmla-registry.so
+out=$(PMLA_PLUGIN_PATH= $info $lib 2>&1) && fail "pmla-info exited 0 with no backend"
+has "$out" "$lib: not a pmla plugin (no pmla_plugin_entry symbol)" "no backend found"
+
+# bench: each bad argument is named (exit 2)
+bad() {
+  expect=$1
+  shift
+  out=$($bench "$@" 2>&1) && fail "pmla-bench $* exited 0"
+  has "$out" "$expect"
+}
+bad "pmla-bench: --iters: 'abc' is not a positive integer" --iters abc
+bad "pmla-bench: --iters: '0' is not a positive integer" --iters=0
+bad "pmla-bench: --warmup: '-1' is not a non-negative integer" --warmup -1
+bad "pmla-bench: --cu: '4x' is not a non-negative integer" --cu 4x
+bad "pmla-bench: --shape 'b=0,L=64,h=16': b must be a positive integer, not '0'" --shape b=0,L=64,h=16
+bad "pmla-bench: --shape 'b=1,L=64,q=16': unknown field 'q'" --shape b=1,L=64,q=16
+bad "pmla-bench: --shape 'b=1,L=64': h is missing" --shape b=1,L=64
+bad "pmla-bench: --suite: 'big' is not a suite" --suite big
+bad "see pmla-bench --help" --no-such-option
+bad "unexpected argument 'extra'" extra
+
+# bench: --json names the plugin file that provided the backend and the --check figures
+out=$(PMLA_PLUGIN_PATH=$plugin $bench --shape b=1,L=64,h=16 --iters 1 --warmup 0 --check --json) ||
+  fail "pmla-bench --check --json exited $?: $out"
+has "$out" "\"plugin\": \"$plugin\"" '"max_abs_err": ' '"cosine": ' '"lse_ok": true'
+out=$($bench --plugin "$(dirname "$plugin")" --shape b=1,L=64,h=16 --iters 1 --warmup 0 --json) ||
+  fail "pmla-bench --plugin DIR exited $?: $out"
+has "$out" "\"plugin\": \"$(dirname "$plugin")/pmla.so\""
+echo "PASS: pmla-info and pmla-bench"
