@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* host.c - one dense decode step on pmla-cpu. host [PLUGIN_PATH] (else $PMLA_PLUGIN_PATH)
+/* host.c - one dense decode step on pmla-cpu. host [PLUGIN_PATH] ($PMLA_PLUGIN_PATH first)
  * exits 0 only when every call succeeds and the output is finite. */
 #include <math.h>
 #include <stdio.h>

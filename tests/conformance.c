@@ -8,10 +8,10 @@
  *   pmla-conformance [PLUGIN.so]
  *
  * The plugin comes from argv[1], else $PMLA_CONFORMANCE_PLUGIN, else the
- * build tree's plugin. The backend under test is $PMLA_CONFORMANCE_BACKEND
+ * installed plugin (make check sets the variable to the build tree's). The backend under test is $PMLA_CONFORMANCE_BACKEND
  * (default pmla-cpu). Mock plugins for the registry tests are looked for in
- * $PMLA_CONFORMANCE_MOCK_DIR, else the build tree (tests that need them skip
- * with a message when they are absent). $PMLA_CONFORMANCE_SEED changes the
+ * $PMLA_CONFORMANCE_MOCK_DIR (make check sets it; tests that need them skip
+ * with a message when it is unset). $PMLA_CONFORMANCE_SEED changes the
  * random batches. Check's own CK_RUN_SUITE / CK_RUN_CASE / CK_FORK /
  * CK_VERBOSITY apply. Exit status 0 when every test passed. */
 #define _POSIX_C_SOURCE 200809L
