@@ -34,8 +34,26 @@ typedef struct devmem {
 } devmem;
 
 extern const devmem devmem_cpu;
-/* The GPU provider, or NULL when the tests were built without GPU support
- * or no device is present (reason in *why). */
+
+/* ---- GPUs (the CUDA or HIP runtime; stubs in a build without them) ----
+ * One provider per device, created on first use and kept: its own stream,
+ * timing events and graph. Each of its calls makes its device current and
+ * restores the calling thread's current device before returning (the
+ * promise the pmla backend makes too), so providers of several devices
+ * serve one thread, or one thread each. Creation is thread-safe. */
+#define DEVMEM_MAX_GPUS 16
+
+/* How many GPUs the runtime sees; 0 without any (or without GPU support). */
+int devmem_gpu_count(void);
+/* The provider of GPU `device`, or NULL when the tests were built without
+ * GPU support, the device is not present or its stream cannot be created
+ * (reason in *why). */
+const devmem *devmem_gpu_on(int device, const char **why);
+/* devmem_gpu_on(0, why). */
 const devmem *devmem_gpu(const char **why);
+/* The calling thread's current GPU, -1 on failure (or without GPU support);
+ * setting it returns 0 on success. For tests of the current-device promise. */
+int devmem_gpu_current(void);
+int devmem_gpu_set_current(int device);
 
 #endif

@@ -97,7 +97,9 @@ void tt_free(test_tensor *x) {
 /* ---- configs ---- */
 pmla_builder_config harness_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
                                    uint32_t max_q_len, uint32_t topk, uint32_t cu_count) {
-  return test_config(heads, page_size, max_batch, max_q_len, topk, cu_count);
+  pmla_builder_config c = test_config(heads, page_size, max_batch, max_q_len, topk, cu_count);
+  c.device = g_mem->device_id; /* <PREFIX>_DEVICE picked g_mem */
+  return c;
 }
 
 pmla_builder *harness_init(const pmla_builder_config *config) {
@@ -212,8 +214,9 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
   if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
     fprintf(stderr,
             "usage: %s [PLUGIN.so]\n  env: %s_PLUGIN, %s_BACKEND (default pmla-cpu), "
-            "%s_MOCK_DIR, %s_SEED, CK_RUN_SUITE, CK_RUN_CASE, CK_FORK\n",
-            argv[0], env_prefix, env_prefix, env_prefix, env_prefix);
+            "%s_DEVICE (GPU ordinal, default 0), %s_MOCK_DIR, %s_SEED, CK_RUN_SUITE, "
+            "CK_RUN_CASE, CK_FORK\n",
+            argv[0], env_prefix, env_prefix, env_prefix, env_prefix, env_prefix);
     return argc == 2 ? 0 : 2;
   }
   const char *env_plugin = harness_env("PLUGIN");
@@ -246,13 +249,30 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
     return 1;
   }
 
-  int gpu = strcmp(g_backend_name, "pmla-cpu") != 0;
+  /* <PREFIX>_DEVICE=N: the whole run on GPU N (its memory, stream and
+   * every builder config); a device the host lacks is an error, not a skip,
+   * unless there is no GPU at all. */
+  int gpu = strcmp(g_backend_name, "pmla-cpu") != 0, device = 0;
+  const char *env_device = harness_env("DEVICE");
+  if (env_device) {
+    char *end;
+    long v = strtol(env_device, &end, 10);
+    if (*end || v < 0 || v >= DEVMEM_MAX_GPUS || (!gpu && v != 0)) {
+      fprintf(stderr, "%s: %s_DEVICE=%s: accepted: %s\n", program, env_prefix, env_device,
+              gpu ? "a GPU ordinal 0..15" : "0 (backend pmla-cpu has device 0 only)");
+      return 2;
+    }
+    device = (int)v;
+  }
   if (gpu) {
     const char *why = NULL;
-    const devmem *m = devmem_gpu(&why);
+    const devmem *m = devmem_gpu_on(device, &why);
     if (m)
       g_mem = m;
-    else
+    else if (env_device && devmem_gpu_count() > 0) {
+      fprintf(stderr, "%s: %s_DEVICE=%d: %s\n", program, env_prefix, device, why);
+      return 2;
+    } else
       g_no_device = why ? why : "no GPU memory provider";
   }
   if (!g_no_device) {

@@ -80,6 +80,8 @@ void tt_download(const test_tensor *x, void *host);
 void tt_free(test_tensor *x);
 
 /* ---- configs and builders ---- */
+/* test_config with .device = g_mem->device_id: the run's GPU ($<PREFIX>_DEVICE,
+ * default 0), 0 on the CPU. */
 pmla_builder_config harness_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
                                    uint32_t max_q_len, uint32_t topk, uint32_t cu_count);
 /* init_builder through g_be; fails the test unless PMLA_OK. */
@@ -102,7 +104,7 @@ int harness_mock_path(const char *name, char *buf, size_t size);
  * entry of default_plugins, a colon-separated list), the backend
  * ($<PREFIX>_BACKEND, default pmla-cpu), the mock plugins' directory
  * ($<PREFIX>_MOCK_DIR, else default_mock_dir, may be NULL) and the memory
- * provider, runs `suites` and returns the exit status (0: every test
+ * provider (a GPU backend's: GPU $<PREFIX>_DEVICE, default 0), runs `suites` and returns the exit status (0: every test
  * passed). env_prefix is e.g. "PMLA_CONFORMANCE". PMLA_PLUGIN_PATH is
  * unset (with a note when it was set): the registry would read it first. */
 typedef Suite *(*harness_suite_fn)(void);

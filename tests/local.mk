@@ -50,6 +50,17 @@ tests_noalloc_LDFLAGS = -export-dynamic
 
 TESTS += tests/pmla-conformance tests/pmla-unit tests/noalloc
 
+# ---- pmla-multigpu: builders on two GPUs (threads, graphs, tensor parallel
+# processes); built with the GPU backend, run by hand on a GPU machine (see
+# its header), not in TESTS: CI has no GPU
+if PMLA_GPU
+check_PROGRAMS += tests/pmla-multigpu
+tests_pmla_multigpu_SOURCES = tests/multigpu.c tests/reference.c tests/reference.h \
+	tests/test_config.c tests/test_config.h tests/devmem.h $(DEVMEM_GPU_SOURCE)
+tests_pmla_multigpu_CPPFLAGS = $(AM_CPPFLAGS) $(GPU_CPPFLAGS) -I$(top_srcdir)/tests
+tests_pmla_multigpu_LDADD = abi/libpmla-registry.la $(GPU_LIBS) $(PTHREAD_LIBS) $(LIBM)
+endif
+
 # ---- mock plugins (never installed; -rpath makes libtool build real .so)
 MOCK_LDFLAGS = -module -avoid-version -shared -rpath $(abs_builddir)/tests
 MOCK_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi

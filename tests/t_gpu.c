@@ -2,8 +2,11 @@
 /* t_gpu.c - what only a GPU backend promises: build + decode captured in one
  * graph replay exactly like eager calls (also after the host rewrites the
  * lengths or top-k lists in place, when the replayed build must schedule the
- * new lengths), steps allocate no device memory, and misaligned tensors are
- * refused. On a host-memory backend these skip with the reason. (That the
+ * new lengths), steps allocate no device memory, misaligned tensors are
+ * refused, a device past the last is refused, every call leaves the
+ * thread's current device as it found it, and a builder gives the same
+ * output whichever device is current. GPU runtime calls go through devmem.h.
+ * On a host-memory backend these skip with the reason. (That the
  * device's metadata kernel writes this plugin's host planner's schedule is
  * white-box: pmla-unit.) */
 #include <stdio.h>
@@ -26,6 +29,18 @@ static int require_graphs(const char *test) {
   }
   if (!g_mem->capture_begin) {
     harness_print_skip(test, "the backend's tensors live in host memory: no graphs");
+    return 0;
+  }
+  return 1;
+}
+
+static int require_gpu(const char *test) {
+  if (harness_skip_reason()) {
+    harness_print_skip(test, harness_skip_reason());
+    return 0;
+  }
+  if (g_mem->device_type == kDLCPU) {
+    harness_print_skip(test, "the backend's tensors live in host memory: no GPU devices");
     return 0;
   }
   return 1;
@@ -257,6 +272,136 @@ START_TEST(test_decode_refuses_tensors_not_16_byte_aligned) {
 }
 END_TEST
 
+#define SENTINEL_BUILDER ((pmla_builder *)(uintptr_t)0x5e47)
+
+/* config.device = the device count: refused at init by name, nothing
+ * written, the current device left alone. (device -1 is t_builder.c's.) */
+START_TEST(test_init_refuses_the_device_past_the_last) {
+  if (!require_gpu(__func__))
+    return;
+  int n = devmem_gpu_count(), current = devmem_gpu_current();
+  ck_assert_msg(n > 0 && current >= 0, "devmem sees %d GPUs, current %d", n, current);
+  pmla_builder_config c = harness_config(HEADS, PAGE, BATCH, 1, 0, 0);
+  c.device = n;
+  pmla_builder *b = SENTINEL_BUILDER;
+  pmla_status st = g_be->init_builder(&c, &b);
+  if (st == PMLA_OK && b != SENTINEL_BUILDER)
+    g_be->destroy_builder(b);
+  const char *msg = g_be->last_error(NULL);
+  ck_assert_msg(st == PMLA_ERR_INVALID_ARGUMENT || st == PMLA_ERR_NO_DEVICE,
+                "device %d of %d devices: %s (%s)", n, n, harness_status_name(st), msg);
+  ck_assert_msg(b == SENTINEL_BUILDER, "*out written on a refused init");
+  ck_assert_msg(strstr(msg, "device"), "message '%s' does not name device", msg);
+  ck_assert_int_eq(devmem_gpu_current(), current);
+}
+END_TEST
+
+/* Makes `dev` current, runs stmt, fails unless `dev` is still current. */
+#define KEEPS_CURRENT(what, dev, stmt)                                                     \
+  do {                                                                                     \
+    ck_assert_int_eq(devmem_gpu_set_current(dev), 0);                                      \
+    stmt;                                                                                  \
+    int now_ = devmem_gpu_current();                                                       \
+    ck_assert_msg(now_ == (dev), "%s changed the current device from %d to %d", what, dev, \
+                  now_);                                                                   \
+  } while (0)
+
+#define EXPECT_OK(what, st)                                                                \
+  ck_assert_msg((st) == PMLA_OK, "%s: %s: %s", what, harness_status_name(st),              \
+                g_be->last_error(s.b))
+
+/* Every call of a builder restores the caller's current device: before each
+ * the last device is made current (device 0 when that is the builder's and
+ * another exists; with one GPU, device 0 itself). */
+START_TEST(test_every_call_keeps_the_current_device) {
+  if (!require_gpu(__func__))
+    return;
+  int n = devmem_gpu_count(), before = devmem_gpu_current();
+  int other = n - 1 != g_mem->device_id ? n - 1 : 0;
+  uint64_t rng = harness_seed() ^ 0xde5;
+  step s;
+  make_step(&s, 0, &rng);
+  g_be->destroy_builder(s.b); /* made again below, under watch */
+  s.b = NULL;
+  pmla_builder_config c = harness_config(HEADS, PAGE, BATCH, 1, TOPK, 0);
+  pmla_status st;
+  KEEPS_CURRENT("init_builder", other, st = g_be->init_builder(&c, &s.b));
+  EXPECT_OK("init_builder", st);
+  KEEPS_CURRENT("build_decode", other, st = g_be->build_decode(s.b, &s.dense));
+  EXPECT_OK("build_decode", st);
+  KEEPS_CURRENT("decode (dense)", other, st = g_be->decode(s.b, &s.args));
+  EXPECT_OK("decode", st);
+  KEEPS_CURRENT("build_sparse", other, st = g_be->build_sparse(s.b, &s.sparse));
+  EXPECT_OK("build_sparse", st);
+  KEEPS_CURRENT("decode (sparse)", other, st = g_be->decode(s.b, &s.args));
+  EXPECT_OK("decode", st);
+  s.q.t.byte_offset = 2; /* a refused call too */
+  KEEPS_CURRENT("a refused decode", other, st = g_be->decode(s.b, &s.args));
+  s.q.t.byte_offset = 0;
+  ck_assert_int_eq(st, PMLA_ERR_INVALID_ARGUMENT);
+  uint32_t flags = 0;
+  KEEPS_CURRENT("check_device_error", other, st = g_be->check_device_error(s.b, &flags));
+  EXPECT_OK("check_device_error", st);
+  pmla_builder_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  KEEPS_CURRENT("query_builder", other, st = g_be->query_builder(s.b, &info));
+  EXPECT_OK("query_builder", st);
+  uint64_t bytes = info.buffer_bytes[PMLA_BUF_WORK_META_DATA];
+  void *meta = malloc(bytes ? bytes : 1);
+  ck_assert(meta);
+  KEEPS_CURRENT("copy_buffer", other,
+                st = g_be->copy_buffer(s.b, PMLA_BUF_WORK_META_DATA, meta, bytes));
+  EXPECT_OK("copy_buffer", st);
+  free(meta);
+  KEEPS_CURRENT("destroy_builder", other, g_be->destroy_builder(s.b));
+  s.b = NULL;
+  free_step(&s);
+  ck_assert_int_eq(devmem_gpu_set_current(before), 0);
+}
+END_TEST
+
+/* A builder on the run's device gives the same bits while another device
+ * is the thread's current one (device 1 for a builder on device 0). */
+START_TEST(test_a_builder_ignores_which_device_is_current) {
+  if (!require_gpu(__func__))
+    return;
+  int n = devmem_gpu_count(), before = devmem_gpu_current();
+  if (n < 2) {
+    harness_print_skip(__func__, "one GPU: no other device to make current");
+    return;
+  }
+  int own = g_mem->device_id, other = own == 0 ? 1 : 0;
+  for (int sparse = 0; sparse <= 1; sparse++) {
+    uint64_t rng = harness_seed() ^ (sparse ? 0xc1 : 0xc0);
+    step s;
+    make_step(&s, sparse, &rng);
+    size_t n_out = s.out.bytes / 2, n_lse = s.lse.bytes / 4;
+    uint16_t *o_own = malloc(n_out * 2), *o_other = malloc(n_out * 2);
+    float *l_own = malloc(n_lse * 4), *l_other = malloc(n_lse * 4);
+    ck_assert(o_own && o_other && l_own && l_other);
+    ck_assert_int_eq(devmem_gpu_set_current(own), 0);
+    poison_outputs(&s);
+    run_step(&s, sparse);
+    read_result(&s, o_own, l_own);
+    ck_assert_int_eq(devmem_gpu_set_current(other), 0);
+    poison_outputs(&s);
+    run_step(&s, sparse);
+    read_result(&s, o_other, l_other);
+    ck_assert_int_eq(devmem_gpu_current(), other);
+    ck_assert_msg(memcmp(o_own, o_other, n_out * 2) == 0 && memcmp(l_own, l_other, n_lse * 4) == 0,
+                  "%s: builder on device %d: output with device %d current differs from output "
+                  "with device %d current", sparse ? "sparse" : "dense", own, other, own);
+    free(o_own);
+    free(o_other);
+    free(l_own);
+    free(l_other);
+    free_step(&s);
+  }
+  ck_assert_int_eq(devmem_gpu_set_current(before), 0);
+}
+END_TEST
+
 Suite *suite_gpu(void) {
   Suite *s = suite_create("gpu");
   TCase *tc = tcase_create("graphs and allocation");
@@ -266,5 +411,11 @@ Suite *suite_gpu(void) {
   tcase_add_test(tc, test_steps_allocate_no_device_memory);
   tcase_add_test(tc, test_decode_refuses_tensors_not_16_byte_aligned);
   suite_add_tcase(s, tc);
+  TCase *dev = tcase_create("devices");
+  tcase_set_timeout(dev, 120);
+  tcase_add_test(dev, test_init_refuses_the_device_past_the_last);
+  tcase_add_test(dev, test_every_call_keeps_the_current_device);
+  tcase_add_test(dev, test_a_builder_ignores_which_device_is_current);
+  suite_add_tcase(s, dev);
   return s;
 }

@@ -8,7 +8,8 @@
  *
  * Plugins come from --plugin (each a registry search path of its own; then
  * $PMLA_PLUGIN_PATH is not read), else from the registry's default search:
- * $PMLA_PLUGIN_PATH, else the installed plugin directory.
+ * $PMLA_PLUGIN_PATH, else the installed plugin directory. --device N runs on
+ * GPU N: its memory and stream, and config.device = N for every builder.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -38,7 +39,7 @@ typedef struct options {
   const char *backend;
   const char *plugins[MAX_PLUGINS]; /* --plugin, repeatable: side by side */
   int nplugins;
-  int iters, warmup, check, json, cu, seed, flush;
+  int iters, warmup, check, json, cu, seed, flush, device;
   bench_shape shapes[64];
   int nshapes;
 } options;
@@ -500,11 +501,13 @@ static const char *backend_file(const pmla_registry *r, const pmla_backend *be) 
 
 static void usage(void) {
   puts("usage: pmla-bench [--backend NAME] [--plugin PATH]... [--shape SPEC]... [--suite dense|sparse]\n"
-       "                  [--iters N] [--warmup N] [--cu N] [--check] [--no-flush] [--json]\n"
+       "                  [--iters N] [--warmup N] [--cu N] [--device N] [--check] [--no-flush]\n"
+       "                  [--json]\n"
        "SPEC: b=128,L=4096,h=16[,sq=2] (L=2048-6144 for uniform lengths),\n"
        "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)\n"
        "--plugin PATH: a plugin file or directory (repeat to compare side by side);\n"
-       "      without it, $PMLA_PLUGIN_PATH, else the installed plugin directory");
+       "      without it, $PMLA_PLUGIN_PATH, else the installed plugin directory\n"
+       "--device N: the GPU to run on (default 0; pmla-cpu has device 0 only)");
 }
 
 int main(int argc, char **argv) {
@@ -516,7 +519,8 @@ int main(int argc, char **argv) {
       {"iters", required_argument, NULL, 'n'},   {"warmup", required_argument, NULL, 'w'},
       {"cu", required_argument, NULL, 'c'},      {"check", no_argument, NULL, 'k'},
       {"json", no_argument, NULL, 'j'},          {"no-flush", no_argument, NULL, OPT_NO_FLUSH},
-      {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+      {"device", required_argument, NULL, 'd'},  {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
   int opt;
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (opt) {
@@ -534,6 +538,7 @@ int main(int argc, char **argv) {
     case 'n': o.iters = option_int("iters", optarg, 1); break;
     case 'w': o.warmup = option_int("warmup", optarg, 0); break;
     case 'c': o.cu = option_int("cu", optarg, 0); break;
+    case 'd': o.device = option_int("device", optarg, 0); break;
     case 'k': o.check = 1; break;
     case 'j': o.json = 1; break;
     case OPT_NO_FLUSH: o.flush = 0; break;
@@ -546,6 +551,16 @@ int main(int argc, char **argv) {
   if (optind < argc) {
     fprintf(stderr, "pmla-bench: unexpected argument '%s' (see pmla-bench --help)\n",
             argv[optind]);
+    return 2;
+  }
+  int gpu = strcmp(o.backend, "pmla-cpu") != 0, ngpus = gpu ? devmem_gpu_count() : 0;
+  if ((!gpu && o.device != 0) || (ngpus > 0 && o.device >= ngpus)) {
+    if (gpu)
+      fprintf(stderr, "pmla-bench: --device %d: accepted: 0..%d (GPUs present)\n", o.device,
+              ngpus - 1);
+    else
+      fprintf(stderr, "pmla-bench: --device %d: backend pmla-cpu has device 0 only\n",
+              o.device);
     return 2;
   }
   if (!o.nshapes)
@@ -575,9 +590,9 @@ int main(int argc, char **argv) {
   if (!o.nplugins)
     o.nplugins = 1;
   const devmem *m = &devmem_cpu;
-  if (strcmp(o.backend, "pmla-cpu") != 0) {
+  if (gpu) {
     const char *why = NULL;
-    if (!(m = devmem_gpu(&why))) {
+    if (!(m = devmem_gpu_on(o.device, &why))) {
       fprintf(stderr, "pmla-bench: backend %s needs a GPU: %s\n", o.backend, why);
       return 1;
     }

@@ -7,7 +7,7 @@ tests_bench_pmla_bench_SOURCES = tests/bench/bench.c tests/reference.c tests/ref
 	tests/test_config.c tests/test_config.h \
 	tests/devmem.h tests/devmem_cpu.c $(DEVMEM_GPU_SOURCE)
 tests_bench_pmla_bench_CPPFLAGS = $(AM_CPPFLAGS) $(GPU_CPPFLAGS) -I$(top_srcdir)/tests
-tests_bench_pmla_bench_LDADD = abi/libpmla-registry.la $(GPU_LIBS) $(LIBM)
+tests_bench_pmla_bench_LDADD = abi/libpmla-registry.la $(GPU_LIBS) $(PTHREAD_LIBS) $(LIBM)
 
 bin_PROGRAMS += tests/info/pmla-info
 tests_info_pmla_info_SOURCES = tests/info/info.c tests/test_config.c tests/test_config.h
