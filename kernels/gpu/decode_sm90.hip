@@ -35,6 +35,8 @@
  *                are written; wg1 waits
  *   EMPTY[b&1]   named barrier: wg0 arrives when its PV(b) is done and block
  *                b + 2 exists; wg1 syncs before loading b + 2 into the stage
+ *   DONE         mbarrier: wg0's 128 threads arrive once an item's row sums
+ *                are written; wg1 waits before the epilogue reads them
  * The data hand-offs are mbarriers (release / acquire) rather than bar.arrive
  * + bar.sync, which racecheck does not see as ordering the sCorr read. A
  * side reaches a stage's barrier again only after a hand-off from the other
@@ -215,6 +217,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   uint64_t *sVm = (uint64_t *)(sL + ROWS); /* [2]: token validity bits by stage */
   const uint32_t aFull = smem_u32(sVm + 2);   /* [2] mbarriers: stage loaded */
   const uint32_t aPready = smem_u32(sVm + 4); /* [2] mbarriers: P(b) written */
+  const uint32_t aDone = smem_u32(sVm + 6);   /* mbarrier: an item's row stats written */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -222,9 +225,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     mbar_init(aFull + 8, 128);
     mbar_init(aPready, 128);
     mbar_init(aPready + 8, 128);
+    mbar_init(aDone, 128);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
                               barrier this side waits on (wg0 FULL, wg1 PREADY) */
   const int H = p.num_heads;
@@ -347,6 +352,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         reg_fence<128>(o);
       }
       cp_wait<0>();
+      /* warpgroup 0's row sums, read in the epilogue: an acquire of their
+       * release, besides the block barrier (racecheck does not see the
+       * block barrier order these cross-warpgroup accesses) */
+      mbar_wait(aDone, done_phase);
+      done_phase ^= 1;
     } else {
       /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
       int lim[2];
@@ -433,6 +443,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           sL[myrow[sl]] = l_run[sl];
         }
       }
+      mbar_arrive(aDone);
     }
     __syncthreads();
 
