@@ -1,0 +1,354 @@
+# SPDX-License-Identifier: MIT
+"""pmla.Builder: one pmla_builder, its plan (build_decode / build_sparse) and
+its runs (decode)."""
+import ctypes
+import sys
+
+from . import _abi
+from ._errors import BadState, InvalidArgument, make_error
+from ._plugin import default_plugin
+from ._tensor import as_tensor, current_stream, same, stream_handle
+
+_UINT32_MAX = 0xFFFFFFFF
+
+
+def _uint(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT32_MAX:
+        raise InvalidArgument("Builder: %s = %r; accepted: an int in 0..2^32-1 (the plugin "
+                              "checks the range it serves)" % (name, value))
+    return value
+
+
+class _Out:
+    """An output the builder allocates on each run, in q's library."""
+
+    __slots__ = ("dl", "shape_arr", "make", "ptr")
+
+    def __init__(self, like, shape, code, bits):
+        self.dl = dl = _abi.DLTensor()
+        self.shape_arr = (ctypes.c_int64 * len(shape))(*shape)
+        dl.device = like.dl.device
+        dl.ndim = len(shape)
+        dl.dtype.code, dl.dtype.bits, dl.dtype.lanes = code, bits, 1
+        dl.shape = self.shape_arr
+        lib = like.lib
+        if lib == "torch":
+            torch = sys.modules["torch"]
+            dtype = torch.bfloat16 if code == _abi.kDLBfloat else torch.float32
+            device = like.obj.device
+            self.make = lambda: torch.empty(shape, dtype=dtype, device=device)
+            self.ptr = lambda t: t.data_ptr()
+        elif lib == "numpy":
+            np = sys.modules["numpy"]
+            dtype = np.uint16 if code == _abi.kDLBfloat else np.float32  # bf16 as bits
+            self.make = lambda: np.empty(shape, dtype)
+            self.ptr = lambda a: a.__array_interface__["data"][0]
+        elif lib == "cupy":
+            cp = sys.modules["cupy"]
+            dtype = cp.uint16 if code == _abi.kDLBfloat else cp.float32
+            dev = like.dl.device.device_id
+
+            def make():
+                with cp.cuda.Device(dev):
+                    return cp.empty(shape, dtype)
+            self.make = make
+            self.ptr = lambda a: a.data.ptr
+        else:
+            raise InvalidArgument(
+                "run: out and lse are required when q is not a torch, numpy or CuPy array "
+                "(q is a %s)" % type(like.obj).__name__)
+
+    def new(self):
+        t = self.make()
+        self.dl.data = self.ptr(t)
+        return t
+
+
+class _RunCache:
+    __slots__ = ("q", "kv", "out", "lse", "want_lse", "tensors", "alloc_out", "alloc_lse",
+                 "stream_fn", "stream_arg")
+
+
+class Builder:
+    """One pmla builder: init_builder's persistent buffers, a step's schedule
+    (plan / plan_sparse) and decodes over it (run).
+
+    num_heads: query heads (1..128 with this plugin; pmla.h's PMLA_MAX_HEADS). backend:
+    "pmla" (GPU) or "pmla-cpu". page_size: KV tokens per page (power of two,
+    1..256). max_batch: requests per step. max_q_len: query tokens per request
+    (1..8; causal MTP). topk: 0 for dense only, else the sparse top-k width.
+    softmax_scale: default 576**-0.5. device: GPU ordinal (0 for pmla-cpu).
+    cu_count: 0 = every CU / online CPU. plugin: a pmla.Plugin (default: load()).
+
+    One builder is used by one thread at a time. Tensors given to plan() are
+    held until the next plan(); the caller must not change them before the
+    last run() of that step."""
+
+    def __init__(self, num_heads, *, backend="pmla", page_size=64, max_batch=256, max_q_len=1,
+                 topk=0, softmax_scale=None, device=0, cu_count=0, plugin=None):
+        self._h = None
+        self._plugin = plugin if plugin is not None else default_plugin()
+        be = self._plugin.backend(backend)
+        scale = _abi.HEAD_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
+        if isinstance(device, bool) or not isinstance(device, int) or \
+                not -2**31 <= device < 2**31:
+            raise InvalidArgument("Builder: device = %r; accepted: an int ordinal" % (device,))
+        cfg = _abi.BuilderConfig(
+            struct_size=ctypes.sizeof(_abi.BuilderConfig), num_heads=_uint("num_heads", num_heads),
+            kv_lora_rank=_abi.KV_LORA_RANK, rope_dim=_abi.ROPE_DIM, q_dtype=_abi.DTYPE_BF16,
+            kv_dtype=_abi.DTYPE_BF16, out_dtype=_abi.DTYPE_BF16,
+            page_size=_uint("page_size", page_size), max_batch=_uint("max_batch", max_batch),
+            max_q_len=_uint("max_q_len", max_q_len), topk=_uint("topk", topk),
+            softmax_scale=scale, device=device, cu_count=_uint("cu_count", cu_count))
+        handle = ctypes.c_void_p()
+        st = be.init_builder(ctypes.addressof(cfg), ctypes.byref(handle))
+        if st != _abi.OK:
+            raise make_error(st, be.error_message(None), "init_builder")
+        self._h = handle.value
+        self._be = be
+        self._decode = be.decode
+        self.backend = be.name
+        self.config = {"num_heads": num_heads, "page_size": page_size, "max_batch": max_batch,
+                       "max_q_len": max_q_len, "topk": topk, "softmax_scale": cfg.softmax_scale,
+                       "device": device, "cu_count": cu_count}
+        self._batch = _abi.DecodeBatch(struct_size=ctypes.sizeof(_abi.DecodeBatch))
+        self._sparse = _abi.SparseBatch(struct_size=ctypes.sizeof(_abi.SparseBatch))
+        self._args = _abi.DecodeArgs(struct_size=ctypes.sizeof(_abi.DecodeArgs))
+        self._args_addr = ctypes.addressof(self._args)
+        self._step = None  # {name: Tensor} of the step built last
+        self._step_kind = None
+        self._rc = None
+        self._plugin._builders.add(self)
+
+    # ---- helpers
+    def _handle(self, call):
+        if self._h is None:
+            raise BadState("the builder is closed", call=call)
+        return self._h
+
+    def _fail(self, st, call):
+        raise make_error(st, self._be.error_message(self._h), call)
+
+    def _tensors(self, call, pairs, bf16=()):
+        prev = self._step or {}
+        out = {}
+        for name, obj in pairs:
+            if obj is None:
+                continue
+            t = prev.get(name)
+            out[name] = t if same(t, obj) else as_tensor(obj, "%s: %s" % (call, name),
+                                                         bf16=name in bf16)
+        return out
+
+    @staticmethod
+    def _stream(stream, first):
+        if stream is not None:
+            return stream_handle(stream)
+        return current_stream(first) if first.is_gpu else 0
+
+    # ---- queries
+    @property
+    def info(self):
+        """query_builder: cu_count, sched_units, split_cap, max_requests,
+        max_work_items, max_partial_slots, buffer_bytes ({name: bytes}),
+        total_bytes."""
+        h = self._handle("query_builder")
+        info = _abi.BuilderInfo(struct_size=ctypes.sizeof(_abi.BuilderInfo))
+        st = self._be.query_builder(h, ctypes.addressof(info))
+        if st != _abi.OK:
+            self._fail(st, "query_builder")
+        d = {f: getattr(info, f) for f in ("cu_count", "sched_units", "split_cap",
+                                           "max_requests", "max_work_items",
+                                           "max_partial_slots")}
+        d["buffer_bytes"] = dict(zip(_abi.BUFFER_NAMES, info.buffer_bytes))
+        d["total_bytes"] = info.total_bytes
+        return d
+
+    def buffer(self, name):
+        """A copy of one persistent buffer (see pmla.h) as bytes; waits for
+        pending work. For tests and debugging."""
+        if name not in _abi.BUFFER_NAMES:
+            raise InvalidArgument("buffer: %r; accepted: %s" % (name, ", ".join(_abi.BUFFER_NAMES)))
+        which = _abi.BUFFER_NAMES.index(name)
+        size = self.info["buffer_bytes"][name]
+        dst = ctypes.create_string_buffer(max(size, 1))
+        st = self._be.copy_buffer(self._handle("copy_buffer"), which, dst, size)
+        if st != _abi.OK:
+            self._fail(st, "copy_buffer")
+        return dst.raw[:size]
+
+    # ---- plan
+    def plan(self, qo_indptr, block_table=None, kv_lens=None, *, kv_indptr=None,
+             kv_indices=None, kv_last_page_len=None, stream=None):
+        """Builds the schedule of one dense step (build_decode). All int32 on
+        the backend's device. Block-table layout: block_table [batch,
+        max_pages] and kv_lens [batch]; CSR layout: kv_indptr [batch + 1],
+        kv_indices [pages], kv_last_page_len [batch]. qo_indptr [batch + 1]
+        gives each request's query rows (1..max_q_len, causal)."""
+        h = self._handle("build_decode")
+        bt = block_table is not None or kv_lens is not None
+        csr = kv_indptr is not None or kv_indices is not None or kv_last_page_len is not None
+        if bt == csr or (bt and (block_table is None or kv_lens is None)) or \
+                (csr and (kv_indptr is None or kv_indices is None or kv_last_page_len is None)):
+            raise InvalidArgument(
+                "plan: give block_table and kv_lens (block-table layout), or kv_indptr, "
+                "kv_indices and kv_last_page_len (CSR layout)", call="build_decode")
+        ts = self._tensors("plan", (("qo_indptr", qo_indptr), ("block_table", block_table),
+                                    ("kv_lens", kv_lens), ("kv_indptr", kv_indptr),
+                                    ("kv_indices", kv_indices),
+                                    ("kv_last_page_len", kv_last_page_len)))
+        b = self._batch
+        b.kv_layout = _abi.KV_BLOCK_TABLE if bt else _abi.KV_CSR
+        for name in ("qo_indptr", "block_table", "kv_lens", "kv_indptr", "kv_indices",
+                     "kv_last_page_len"):
+            t = ts.get(name)
+            setattr(b, name, t.addr if t is not None else None)
+        b.stream = self._stream(stream, ts["qo_indptr"])
+        st = self._be.build_decode(h, ctypes.addressof(b))
+        # a failed build leaves no step: drop the old step's tensors either way
+        self._step, self._step_kind = (ts, "dense") if st == _abi.OK else (None, None)
+        if st != _abi.OK:
+            self._fail(st, "build_decode")
+
+    def plan_sparse(self, topk_indices, max_seq_len, *, stream=None, split_cap=True):
+        """Builds the schedule of one sparse step (build_sparse): topk_indices
+        int32 [tokens, topk] of KV slots (page * page_size + offset, -1
+        unused); max_seq_len, the step's longest KV length (host int, sets the
+        split cap; split_cap=False schedules uncapped)."""
+        h = self._handle("build_sparse")
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or \
+                not -2**63 <= max_seq_len < 2**63:
+            raise InvalidArgument("plan_sparse: max_seq_len = %r; accepted: an int >= 0"
+                                  % (max_seq_len,), call="build_sparse")
+        ts = self._tensors("plan_sparse", (("topk_indices", topk_indices),))
+        s = self._sparse
+        s.flags = 0 if split_cap else _abi.SPARSE_NO_SPLIT_CAP
+        s.topk_indices = ts["topk_indices"].addr
+        s.max_seq_len = max_seq_len
+        s.stream = self._stream(stream, ts["topk_indices"])
+        st = self._be.build_sparse(h, ctypes.addressof(s))
+        self._step, self._step_kind = (ts, "sparse") if st == _abi.OK else (None, None)
+        if st != _abi.OK:
+            self._fail(st, "build_sparse")
+
+    # ---- run
+    def _prepare(self, q, kv_cache, out, lse, want_lse):
+        c = _RunCache()
+        c.q, c.kv, c.out, c.lse, c.want_lse = q, kv_cache, out, lse, want_lse
+        old = self._rc
+        prev = old.tensors if old is not None else {}  # reused where the same objects come
+        ts = {}
+        for name, obj in (("q", q), ("kv_cache", kv_cache), ("out", out), ("lse", lse)):
+            if obj is None:
+                continue
+            t = prev.get(name)
+            ts[name] = t if same(t, obj) else as_tensor(obj, "run: " + name,
+                                                        bf16=name != "lse")
+        c.tensors = ts
+        tq = ts["q"]
+        c.alloc_out = c.alloc_lse = None
+        if out is None or (lse is None and want_lse):
+            if len(tq.shape) != 3:
+                raise InvalidArgument("run: q has shape %r; accepted: [tokens, heads, 576]"
+                                      % (tq.shape,), call="decode")
+            T, H = tq.shape[0], tq.shape[1]
+            if out is None:
+                c.alloc_out = _Out(tq, (T, H, _abi.KV_LORA_RANK), _abi.kDLBfloat, 16)
+            if lse is None and want_lse:
+                c.alloc_lse = _Out(tq, (T, H), _abi.kDLFloat, 32)
+        a = self._args
+        a.q = tq.addr
+        a.kv_cache = ts["kv_cache"].addr
+        a.out = ctypes.addressof(c.alloc_out.dl) if c.alloc_out else ts["out"].addr
+        if lse is not None:
+            a.lse = ts["lse"].addr
+        elif c.alloc_lse is not None:
+            a.lse = ctypes.addressof(c.alloc_lse.dl)
+        else:
+            a.lse = None
+        # the default stream, read on every run: torch's / CuPy's current one
+        c.stream_fn = None
+        c.stream_arg = None
+        if tq.is_gpu:
+            if tq.lib == "torch":
+                torch = sys.modules["torch"]
+                raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+                c.stream_fn = raw if raw is not None else \
+                    (lambda d: torch.cuda.current_stream(d).cuda_stream)
+                c.stream_arg = tq.dl.device.device_id
+            elif tq.lib == "cupy":
+                cp = sys.modules["cupy"]
+                c.stream_fn = lambda _d: cp.cuda.get_current_stream().ptr
+                c.stream_arg = 0
+        self._rc = c
+        return c
+
+    def run(self, q, kv_cache, out=None, lse=None, stream=None, *, return_lse=True):
+        """One decode over the step built last: q bf16 [tokens, heads, 576],
+        kv_cache bf16 [pages, page_size, 576] or [pages, page_size, 1, 576].
+        Writes out bf16 [tokens, heads, 512] and lse fp32 [tokens, heads]
+        (natural log; -inf for a row with nothing to attend), allocating them
+        with q's library when not given (return_lse=False: no lse). numpy
+        and CuPy have no bfloat16: bf16 values travel as uint16 bit patterns.
+        stream: a stream handle; default the current torch (or CuPy) stream
+        for GPU tensors. Returns (out, lse)."""
+        c = self._rc
+        if c is None or c.q is not q or c.kv is not kv_cache or c.out is not out or \
+                c.lse is not lse or c.want_lse is not return_lse \
+                or not all(t.ptr_check is None or t.ptr_check[0]() == t.ptr_check[1]
+                           for t in c.tensors.values()):
+            if self._h is None:
+                raise BadState("the builder is closed", call="decode")
+            c = self._prepare(q, kv_cache, out, lse, return_lse)
+        if c.alloc_out is not None:
+            out = c.alloc_out.new()
+        if c.alloc_lse is not None:
+            lse = c.alloc_lse.new()
+        if stream is not None:
+            self._args.stream = stream if type(stream) is int else stream_handle(stream)
+        elif c.stream_fn is not None:
+            self._args.stream = c.stream_fn(c.stream_arg)
+        else:
+            self._args.stream = None
+        st = self._decode(self._h, self._args_addr)
+        if st:
+            self._fail(st, "decode")
+        return out, lse
+
+    # ---- errors, lifetime
+    def check_device_error(self):
+        """Waits for the builder's pending work and reads (and clears) the
+        device error word. Returns 0, or raises DeviceInputError whose .flags
+        holds the bits."""
+        h = self._handle("check_device_error")
+        flags = ctypes.c_uint32(0)
+        st = self._be.check_device_error(h, ctypes.byref(flags))
+        if st != _abi.OK:
+            err = make_error(st, self._be.error_message(h), "check_device_error")
+            err.flags = flags.value
+            raise err
+        return flags.value
+
+    def close(self):
+        """Destroys the builder (frees its buffers). Idempotent."""
+        h, self._h = self._h, None
+        self._step = self._rc = None
+        if h is not None:
+            self._be.destroy_builder(h)
+
+    def __del__(self):
+        if getattr(self, "_h", None) is None or sys is None or sys.is_finalizing():
+            return
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<pmla.Builder %s heads=%d page_size=%d max_batch=%d max_q_len=%d topk=%d%s>" % (
+            self.backend, self.config["num_heads"], self.config["page_size"],
+            self.config["max_batch"], self.config["max_q_len"], self.config["topk"],
+            "" if self._h is not None else " closed")

@@ -1,0 +1,266 @@
+# SPDX-License-Identifier: MIT
+"""FlashMLA's Python decode API over pmla.
+
+    from pmla.flash_mla import get_mla_metadata, flash_mla_with_kvcache
+    meta, splits = get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k)
+    for layer in layers:
+        out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens,
+                                          512, meta, splits, causal=True)
+
+Served: torch tensors, bf16 q and KV cache (576 = 512 latent + 64 rope), one
+KV head, head_dim_v 512, the head counts the plugin serves (1..128 today),
+dense (block table, causal or not) and sparse (indices). CUDA tensors
+run on the "pmla" backend, CPU tensors on "pmla-cpu". Anything else raises
+NotImplementedError.
+
+The metadata object stands for one step, as in FlashMLA: make a new one when
+cache_seqlens change. It plans the step on its first call (and again when it
+is given other block_table / cache_seqlens / indices tensors) and holds the
+builders it made; when it is dropped they go back to a pool that later
+metadata objects draw from, so steady-state decoding allocates no builders.
+"""
+import math
+import sys
+import threading
+
+from . import _abi
+from ._builder import Builder
+from ._errors import Unsupported
+
+__all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "MLAMetadata"]
+
+_POOL_PER_KEY = 4
+_pool = {}
+_pool_lock = threading.Lock()
+
+
+def _not_served(what):
+    return NotImplementedError("pmla.flash_mla: %s is not served by pmla (it serves bf16 q and "
+                               "KV cache, head_dim 576 = 512 + 64, one KV head, head_dim_v "
+                               "512, the query head counts init_builder accepts)" % what)
+
+
+def _take_builder(key):
+    with _pool_lock:
+        idle = _pool.get(key)
+        if idle:
+            return idle.pop()
+    backend, device, heads, page_size, max_q_len, topk, scale, max_batch = key
+    try:
+        return Builder(heads, backend=backend, page_size=page_size, max_batch=max_batch,
+                       max_q_len=max_q_len, topk=topk, softmax_scale=scale, device=device)
+    except Unsupported as e:
+        raise _not_served("this configuration (%s)" % e.message) from e
+
+
+def _give_back(key, builder):
+    builder._step = builder._rc = None
+    with _pool_lock:
+        idle = _pool.setdefault(key, [])
+        if len(idle) < _POOL_PER_KEY:
+            idle.append(builder)
+            return
+    builder.close()
+
+
+def clear_pool():
+    """Closes the idle builders kept for later metadata objects."""
+    with _pool_lock:
+        idle = [b for lst in _pool.values() for b in lst]
+        _pool.clear()
+    for b in idle:
+        b.close()
+
+
+class _NumSplits:
+    """FlashMLA's num_splits: opaque here (the schedule lives in the builder)."""
+
+    __slots__ = ("metadata",)
+
+    def __init__(self, metadata):
+        self.metadata = metadata
+
+    def __repr__(self):
+        return "<pmla.flash_mla num_splits of %r>" % (self.metadata,)
+
+
+class MLAMetadata:
+    """FlashMLA's tile_scheduler_metadata: the builders and the plan of one
+    step. Opaque; made by get_mla_metadata."""
+
+    def __init__(self, batch, num_q_tokens_per_head_k, num_heads_q, topk):
+        self.batch = batch
+        self.num_q_tokens_per_head_k = num_q_tokens_per_head_k
+        self.num_heads_q = num_heads_q
+        self.topk = topk
+        self._builders = {}
+        self._plan = None  # (builder, mode, inputs..., derived tensors)
+        self._qo = {}
+        self.num_splits = _NumSplits(self)
+
+    def _builder(self, key):
+        b = self._builders.get(key)
+        if b is None:
+            b = self._builders[key] = _take_builder(key)
+        return b
+
+    def release(self):
+        """Returns this step's builders to the pool now (also done when the
+        object is dropped)."""
+        builders, self._builders, self._plan = self._builders, {}, None
+        for key, b in builders.items():
+            if b._h is not None:
+                _give_back(key, b)
+
+    def __del__(self):
+        if sys is None or sys.is_finalizing():
+            return
+        try:
+            self.release()
+        except Exception:  # pragma: no cover - never raise from a finalizer
+            pass
+
+    def __repr__(self):
+        return "<pmla.flash_mla.MLAMetadata batch=%s q_tokens_per_head_k=%s builders=%d>" % (
+            self.batch, self.num_q_tokens_per_head_k, len(self._builders))
+
+
+def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
+                     is_fp8_kvcache=False, topk=None):
+    """FlashMLA's get_mla_metadata. Returns (tile_scheduler_metadata,
+    num_splits): opaque objects for flash_mla_with_kvcache. No device work:
+    the step is planned on the first flash_mla_with_kvcache call."""
+    if is_fp8_kvcache:
+        raise _not_served("an fp8 KV cache (is_fp8_kvcache=True)")
+    if num_heads_k != 1:
+        raise _not_served("num_heads_k = %r" % (num_heads_k,))
+    batch = None
+    if cache_seqlens is not None:
+        shape = getattr(cache_seqlens, "shape", None)
+        batch = int(shape[0]) if shape is not None and len(shape) == 1 else None
+    meta = MLAMetadata(batch, num_q_tokens_per_head_k, num_heads_q, topk)
+    return meta, meta.num_splits
+
+
+def _next_pow2(n):
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           tile_scheduler_metadata, num_splits=None, softmax_scale=None,
+                           causal=False, is_fp8_kvcache=False, indices=None):
+    """FlashMLA's flash_mla_with_kvcache.
+
+    q [b, s_q, h_q, 576] bf16; k_cache [num_blocks, page_block_size, 1, 576]
+    bf16; block_table int32 [b, max_blocks] and cache_seqlens int32 [b]
+    (dense), or indices int32 [b, s_q, topk] of KV slots (block * page +
+    offset, -1 unused; sparse). causal: with s_q > 1, query row j of a
+    request of length L sees positions [0, L - s_q + 1 + j); otherwise each
+    row sees all L. Returns out [b, s_q, h_q, 512] (q's dtype) and lse
+    [b, h_q, s_q] fp32; a row with nothing to attend gives out 0 and lse
+    +inf."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(q, torch.Tensor):
+        raise TypeError("pmla.flash_mla: q must be a torch.Tensor (got %s)" % type(q).__name__)
+    meta = tile_scheduler_metadata
+    if not isinstance(meta, MLAMetadata):
+        raise TypeError("pmla.flash_mla: tile_scheduler_metadata must come from "
+                        "pmla.flash_mla.get_mla_metadata (got %s)" % type(meta).__name__)
+    if is_fp8_kvcache:
+        raise _not_served("an fp8 KV cache (is_fp8_kvcache=True)")
+    if head_dim_v != _abi.KV_LORA_RANK:
+        raise _not_served("head_dim_v = %r" % (head_dim_v,))
+    if q.dim() != 4:
+        raise ValueError("pmla.flash_mla: q has shape %s; expected [batch, s_q, heads_q, 576]"
+                         % (tuple(q.shape),))
+    if q.shape[-1] != _abi.HEAD_DIM:
+        raise _not_served("head_dim = %d" % q.shape[-1])
+    if q.dtype != torch.bfloat16:
+        raise _not_served("q dtype %s" % q.dtype)
+    if k_cache.dim() != 4:
+        raise ValueError("pmla.flash_mla: k_cache has shape %s; expected [num_blocks, "
+                         "page_block_size, 1, 576]" % (tuple(k_cache.shape),))
+    if k_cache.shape[2] != 1:
+        raise _not_served("num_heads_k = %d" % k_cache.shape[2])
+    if k_cache.shape[3] != _abi.HEAD_DIM:
+        raise _not_served("a KV cache head_dim of %d" % k_cache.shape[3])
+    if k_cache.dtype != torch.bfloat16:
+        raise _not_served("KV cache dtype %s" % k_cache.dtype)
+    b, s_q, h_q, _ = (int(x) for x in q.shape)
+    page = int(k_cache.shape[1])
+    scale = float(softmax_scale) if softmax_scale is not None else _abi.HEAD_DIM ** -0.5
+    if q.is_cuda:
+        backend, device = "pmla", q.device.index if q.device.index is not None else \
+            torch.cuda.current_device()
+    else:
+        backend, device = "pmla-cpu", 0
+    tokens = b * s_q
+
+    if indices is not None:
+        mode = "sparse"
+        if indices.dim() != 3 or tuple(indices.shape[:2]) != (b, s_q):
+            raise ValueError("pmla.flash_mla: indices has shape %s; expected [%d, %d, topk]"
+                             % (tuple(indices.shape), b, s_q))
+        topk = int(indices.shape[2])
+        if meta.topk is not None and meta.topk != topk:
+            raise ValueError("pmla.flash_mla: indices has topk %d; the metadata was made for "
+                             "topk=%d" % (topk, meta.topk))
+        key = (backend, device, h_q, page, 1, topk, scale, _next_pow2(tokens))
+    elif causal and s_q > 1:
+        mode = "causal"
+        if s_q > 8:
+            raise _not_served("causal decode with s_q = %d (at most 8 query tokens per "
+                              "request)" % s_q)
+        key = (backend, device, h_q, page, s_q, 0, scale, _next_pow2(b))
+    else:
+        mode = "flat"  # every query row sees the whole cache: one request per row
+        key = (backend, device, h_q, page, 1, 0, scale, _next_pow2(tokens))
+    builder = meta._builder(key)
+
+    plan = meta._plan
+    inputs = (block_table, cache_seqlens, indices)
+    if plan is None or plan[0] is not builder or plan[1] != mode or \
+            any(x is not y for x, y in zip(plan[2], inputs)) or plan[3] != (b, s_q) or \
+            builder._step is None:
+        _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, b, s_q,
+              page)
+        meta._plan = (builder, mode, inputs, (b, s_q))
+
+    q2 = q.reshape(tokens, h_q, _abi.HEAD_DIM)
+    out, lse = builder.run(q2, k_cache)
+    out = out.view(b, s_q, h_q, _abi.KV_LORA_RANK)
+    lse = lse.view(b, s_q, h_q).transpose(1, 2).contiguous()
+    lse.masked_fill_(lse == -math.inf, math.inf)  # FlashMLA: +inf for an empty row
+    return out, lse
+
+
+def _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, b, s_q, page):
+    torch = sys.modules["torch"]
+    dev = q.device
+    if mode == "sparse":
+        topk = indices.reshape(b * s_q, indices.shape[2])
+        if cache_seqlens is not None and not cache_seqlens.is_cuda and cache_seqlens.numel():
+            max_seq_len = int(cache_seqlens.max())
+        else:  # an upper bound without a device sync (it only sets the split cap)
+            max_seq_len = int(k_cache.shape[0]) * page
+        builder.plan_sparse(topk, max_seq_len)
+        return
+    if block_table is None or cache_seqlens is None:
+        raise ValueError("pmla.flash_mla: dense decode needs block_table and cache_seqlens "
+                         "(or pass indices for sparse decode)")
+    if mode == "causal":
+        qk = ("causal", b, s_q, str(dev))
+        qo = meta._qo.get(qk)
+        if qo is None:
+            qo = meta._qo[qk] = torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32,
+                                             device=dev)
+        builder.plan(qo, block_table=block_table, kv_lens=cache_seqlens)
+        return
+    qk = ("flat", b * s_q, str(dev))
+    qo = meta._qo.get(qk)
+    if qo is None:
+        qo = meta._qo[qk] = torch.arange(0, b * s_q + 1, dtype=torch.int32, device=dev)
+    if s_q > 1:
+        block_table = block_table.repeat_interleave(s_q, dim=0)
+        cache_seqlens = cache_seqlens.repeat_interleave(s_q)
+    builder.plan(qo, block_table=block_table, kv_lens=cache_seqlens)

@@ -1,0 +1,191 @@
+# SPDX-License-Identifier: MIT
+"""Every non-OK status raises its pmla.Error subclass carrying last_error's
+message; Python-side argument errors raise InvalidArgument."""
+import unittest
+
+from _support import cuda_available, need_numpy, need_torch, np, pmla, torch
+
+
+def cpu(heads=16, **kw):
+    kw.setdefault("max_batch", 2)
+    return pmla.Builder(heads, backend="pmla-cpu", **kw)
+
+
+class TestStatusClasses(unittest.TestCase):
+    def test_every_status_has_its_class(self):
+        names = {1: "InvalidArgument", 2: "Unsupported", 3: "VersionError", 4: "StructSize",
+                 5: "Capacity", 6: "NoDevice", 7: "OutOfMemory", 8: "DeviceError",
+                 9: "BadState", 10: "DeviceInputError", 11: "InternalError"}
+        p = pmla.default_plugin()
+        for status, name in names.items():
+            cls = pmla.error_class(status)
+            self.assertIs(cls, getattr(pmla, name))
+            self.assertTrue(issubclass(cls, pmla.Error))
+            self.assertEqual(cls.status, status)
+            self.assertEqual(cls.status_name, p.status_name(status))
+        self.assertTrue(issubclass(pmla.InvalidArgument, ValueError))
+        self.assertTrue(issubclass(pmla.Unsupported, NotImplementedError))
+        self.assertTrue(issubclass(pmla.OutOfMemory, MemoryError))
+        e = pmla.error_class(5)("decode: too many")
+        self.assertEqual(str(e), "PMLA_ERR_CAPACITY: decode: too many")
+
+
+class TestInitErrors(unittest.TestCase):
+    def test_unsupported_heads(self):
+        for heads in (0, 129):
+            with self.assertRaises(pmla.Unsupported) as cm:
+                cpu(heads)
+            self.assertIn("config.num_heads = %d" % heads, cm.exception.message)
+            self.assertIn("accepted", cm.exception.message)
+            self.assertEqual(cm.exception.call, "init_builder")
+
+    def test_invalid_page_size(self):
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            cpu(page_size=3)
+        self.assertIn("config.page_size = 3", str(cm.exception))
+
+    def test_invalid_max_q_len(self):
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            cpu(max_q_len=9)
+        self.assertIn("config.max_q_len = 9", str(cm.exception))
+
+    def test_invalid_scale(self):
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            cpu(softmax_scale=-1.0)
+        self.assertIn("softmax_scale", str(cm.exception))
+
+    def test_python_side_values(self):
+        for kw in ({"max_batch": -1}, {"page_size": 2 ** 32}, {"topk": 1.5},
+                   {"device": "cuda"}):
+            with self.assertRaises(pmla.InvalidArgument, msg=repr(kw)) as cm:
+                cpu(**kw)
+            self.assertIn(next(iter(kw)), cm.exception.message)
+
+    @unittest.skipIf(cuda_available(), "a GPU is present: pmla may initialise")
+    def test_no_device(self):
+        with self.assertRaises(pmla.NoDevice) as cm:
+            pmla.Builder(16, backend="pmla")
+        self.assertIn("pmla-cpu", cm.exception.message)  # says what to use instead
+
+
+class TestStepErrors(unittest.TestCase):
+    def test_run_before_plan(self):
+        b = cpu()
+        with self.assertRaises(pmla.BadState) as cm:
+            b.run([0], [0], out=[0], return_lse=False)  # the plugin refuses before reading tensors
+        self.assertIn("no step was built", cm.exception.message)
+        self.assertEqual(cm.exception.message, b._be.error_message(b._h))  # last_error
+
+    def test_sparse_on_dense_builder(self):
+        b = cpu()
+        with self.assertRaises(pmla.BadState) as cm:
+            b.plan_sparse([[0]], 1)
+        self.assertIn("topk = 0", cm.exception.message)
+
+    def test_closed(self):
+        b = cpu()
+        b.close()
+        b.close()
+        for call in (lambda: b.plan([0, 1], block_table=[[0]], kv_lens=[1]),
+                     lambda: b.run([0], [0]), lambda: b.info, b.check_device_error):
+            with self.assertRaises(pmla.BadState):
+                call()
+
+    def test_capacity(self):
+        b = cpu(max_batch=2)
+        with self.assertRaises(pmla.Capacity) as cm:
+            b.plan([0, 1, 2, 3], block_table=[[0], [0], [0]], kv_lens=[1, 1, 1])
+        self.assertIn("exceeds config.max_batch = 2", cm.exception.message)
+        self.assertEqual(cm.exception.message, b._be.error_message(b._h))
+
+    def test_layout_arguments(self):
+        b = cpu()
+        for kw in ({}, {"block_table": [[0]]}, {"kv_indptr": [0, 1], "kv_indices": [0]},
+                   {"block_table": [[0]], "kv_lens": [1], "kv_indptr": [0, 1]}):
+            with self.assertRaises(pmla.InvalidArgument, msg=repr(kw)) as cm:
+                b.plan([0, 1], **kw)
+            self.assertIn("block_table and kv_lens", str(cm.exception))
+
+    def test_not_a_tensor(self):
+        b = cpu()
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.plan(object(), block_table=[[0]], kv_lens=[1])
+        self.assertIn("plan: qo_indptr", str(cm.exception))
+        with self.assertRaises(pmla.InvalidArgument):
+            b.plan([0, 1], block_table=[[0], [1, 2]], kv_lens=[1])  # ragged
+
+    def test_bad_lengths_leave_no_step(self):
+        b = cpu(page_size=16)
+        b.plan([0, 1], block_table=[[0]], kv_lens=[16])
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.plan([0, 1], block_table=[[0]], kv_lens=[17])
+        self.assertIn("kv_lens[0] = 17", cm.exception.message)
+        with self.assertRaises(pmla.BadState):
+            b.run([0], [0], out=[0], return_lse=False)
+
+    @need_numpy
+    def test_dtype_and_shape(self):
+        b = cpu(page_size=16)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.plan(np.array([0, 1], np.int64), block_table=[[0]], kv_lens=[1])
+        self.assertIn("qo_indptr: dtype int64", cm.exception.message)
+        b.plan(np.array([0, 1], np.int32), block_table=[[0]], kv_lens=[1])
+        kv = np.zeros((1, 16, 576), np.uint16)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.run(np.zeros((1, 16, 576), np.float32), kv)
+        self.assertIn("args->q: dtype", cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.run(np.zeros((1, 32, 576), np.uint16), kv)
+        self.assertIn("args->q: shape", cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.run(np.zeros((1, 16, 576), np.uint16), kv, lse=np.zeros((1, 16), np.float64))
+        self.assertIn("args->lse: dtype", cm.exception.message)
+        q = np.zeros((1, 16, 576), np.uint16)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.run(q[:, :, ::2], kv)  # strided
+        self.assertIn("args->q", cm.exception.message)
+
+    @need_numpy
+    def test_page_index_outside_cache(self):
+        b = cpu(page_size=16)
+        b.plan([0, 1], block_table=[[5]], kv_lens=[3])
+        q = np.zeros((1, 16, 576), np.uint16)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.run(q, np.zeros((2, 16, 576), np.uint16))
+        self.assertIn("page 0 of request 0 is 5", cm.exception.message)
+        self.assertEqual(b.check_device_error(), 0)
+
+    @need_numpy
+    def test_sparse_slot_outside_cache(self):
+        b = cpu(page_size=16, topk=4)
+        b.plan_sparse(np.array([[0, 1, -1, 40]], np.int32), 40)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.run(np.zeros((1, 16, 576), np.uint16), np.zeros((2, 16, 576), np.uint16))
+        self.assertIn("topk_indices[0][3] = 40", cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument):
+            b.plan_sparse(np.array([[0, 1, 2]], np.int32), 4)  # width != topk
+        with self.assertRaises(pmla.InvalidArgument):
+            b.plan_sparse(np.array([[0, 1, 2, 3]], np.int32), -1)
+
+    @need_torch
+    def test_out_required_for_foreign_inputs(self):
+        b = cpu(page_size=16)
+        b.plan([0, 1], block_table=[[0]], kv_lens=[1])
+        import torch.utils.dlpack as tdl
+        q = tdl.to_dlpack(torch.zeros(1, 16, 576, dtype=torch.bfloat16))
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.run(q, torch.zeros(1, 16, 576, dtype=torch.bfloat16))
+        self.assertIn("out and lse are required", cm.exception.message)
+
+    @need_torch
+    def test_used_capsule(self):
+        import torch.utils.dlpack as tdl
+        cap = tdl.to_dlpack(torch.zeros(2, dtype=torch.int32))
+        torch.utils.dlpack.from_dlpack(cap)  # consumes it
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            cpu().plan(cap, block_table=[[0]], kv_lens=[1])
+        self.assertIn("used once", cm.exception.message)
+
+
+if __name__ == "__main__":
+    unittest.main()

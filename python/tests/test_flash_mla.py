@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: MIT
+"""pmla.flash_mla (FlashMLA's decode API) on pmla-cpu against a small
+reference of FlashMLA's semantics: out [b, s_q, h, 512], lse [b, h, s_q],
+causal rows for s_q > 1, out 0 and lse +inf for a row with nothing to attend."""
+import gc
+import unittest
+
+from _support import (D, DV, assert_close, bits_f64, need_torch, np, pmla, rand_bits,
+                      ref_decode, torch, torch_bf16, torch_f64, visible)
+
+fm = pmla.flash_mla
+
+
+def flash_ref(q, kv, block_table, seqlens, page, causal, indices=None, scale=D ** -0.5):
+    """FlashMLA's results in float64: q [b, s_q, h, 576], kv [slots, 576]."""
+    b, s_q, h, _ = q.shape
+    lists = []
+    for r in range(b):
+        for j in range(s_q):
+            if indices is not None:
+                lists.append([int(x) for x in indices[r, j]])
+                continue
+            L = int(seqlens[r])
+            n = visible(L, s_q, j) if causal else L
+            lists.append([int(block_table[r][p // page]) * page + p % page for p in range(n)])
+    out, lse = ref_decode(q.reshape(b * s_q, h, D), kv, lists, scale)
+    lse = np.where(np.isneginf(lse), np.inf, lse)
+    return out.reshape(b, s_q, h, DV), lse.reshape(b, s_q, h).transpose(0, 2, 1)
+
+
+class Case:
+    def __init__(self, seed, lens, s_q, h=16, page=16, blocks=None):
+        rng = self.rng = np.random.default_rng(seed)
+        self.b, self.s_q, self.h, self.page = len(lens), s_q, h, page
+        need = [max(1, -(-L // page)) for L in lens]
+        blocks = blocks or sum(need) + 2
+        self.q_bits = rand_bits(rng, (self.b, s_q, h, D))
+        self.kv_bits = rand_bits(rng, (blocks, page, 1, D))
+        perm = rng.permutation(blocks).tolist()
+        width, table = max(need), []
+        for n in need:
+            table.append(perm[:n] + [0] * (width - n))
+            perm = perm[n:]
+        self.table = table
+        self.lens = lens
+        self.q = torch_bf16(self.q_bits)
+        self.k_cache = torch_bf16(self.kv_bits)
+        self.block_table = torch.tensor(table, dtype=torch.int32)
+        self.cache_seqlens = torch.tensor(lens, dtype=torch.int32)
+
+    def ref(self, causal, indices=None):
+        return flash_ref(bits_f64(self.q_bits), bits_f64(self.kv_bits).reshape(-1, D),
+                         self.table, self.lens, self.page, causal, indices)
+
+
+@need_torch
+class TestFlashMLA(unittest.TestCase):
+    def check(self, c, out, lse, causal, indices=None, what=""):
+        self.assertEqual(tuple(out.shape), (c.b, c.s_q, c.h, DV))
+        self.assertEqual(out.dtype, torch.bfloat16)
+        self.assertEqual(tuple(lse.shape), (c.b, c.h, c.s_q))
+        self.assertEqual(lse.dtype, torch.float32)
+        ref_out, ref_lse = c.ref(causal, indices)
+        assert_close(self, torch_f64(out), torch_f64(lse), ref_out, ref_lse, what)
+
+    def test_dense_causal_s_q_1_to_4(self):
+        for s_q in (1, 2, 3, 4):
+            c = Case(s_q, [0, 2, 16, 45, 70], s_q)
+            meta, splits = fm.get_mla_metadata(c.cache_seqlens, s_q * c.h, 1)
+            out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table,
+                                                 c.cache_seqlens, 512, meta, splits,
+                                                 causal=True)
+            self.check(c, out, lse, True, what="causal s_q=%d" % s_q)
+            self.assertTrue(bool(torch.isposinf(lse[0]).all()))  # empty request: +inf
+            self.assertTrue(bool((out[0] == 0).all()))
+
+    def test_dense_not_causal(self):
+        c = Case(7, [1, 30, 0], 3, h=32)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, 3 * c.h, 1, num_heads_q=c.h)
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens,
+                                             512, meta, splits, causal=False)
+        self.check(c, out, lse, False, what="not causal")
+
+    def test_sparse_with_holes(self):
+        c = Case(8, [40, 40], 2)
+        topk = 24
+        slots = c.k_cache.shape[0] * c.page
+        idx = c.rng.integers(0, slots, size=(c.b, c.s_q, topk)).astype(np.int32)
+        idx[c.rng.random(idx.shape) < 0.25] = -1
+        idx[1, 0, :] = -1  # nothing to attend
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.s_q * c.h, 1, c.h, topk=topk)
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, None, c.cache_seqlens, 512, meta,
+                                             splits, indices=torch.from_numpy(idx))
+        self.check(c, out, lse, False, indices=idx, what="sparse")
+        self.assertTrue(bool(torch.isposinf(lse[1, :, 0]).all()))
+        self.assertTrue(bool((out[1, 0] == 0).all()))
+
+    def test_one_plan_per_step_many_layers(self):
+        c = Case(9, [17, 33], 1)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        outs = []
+        for layer in range(3):
+            kv = torch_bf16(rand_bits(c.rng, tuple(c.k_cache.shape)))
+            out, lse = fm.flash_mla_with_kvcache(c.q, kv, c.block_table, c.cache_seqlens, 512,
+                                                 meta, splits, causal=True)
+            if layer == 0:
+                plan = meta._plan
+            self.assertIs(meta._plan, plan)  # planned once for the step
+            ref = flash_ref(bits_f64(c.q_bits), torch_f64(kv).reshape(-1, D), c.table, c.lens,
+                            c.page, True)
+            assert_close(self, torch_f64(out), torch_f64(lse), ref[0], ref[1], "layer %d" % layer)
+            outs.append(out)
+        self.assertEqual(len(meta._builders), 1)
+
+    def test_builders_return_to_the_pool(self):
+        fm.clear_pool()
+        c = Case(10, [5, 6], 1, h=64)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512, meta,
+                                  splits)
+        (builder,) = meta._builders.values()
+        del meta, splits
+        gc.collect()
+        meta2, splits2 = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens,
+                                             512, meta2, splits2)
+        self.assertIs(next(iter(meta2._builders.values())), builder)
+        self.check(c, out, lse, False, what="pooled builder")
+        fm.clear_pool()
+
+    def test_softmax_scale(self):
+        c = Case(11, [20], 1)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens,
+                                             512, meta, splits, softmax_scale=0.1)
+        q64 = bits_f64(c.q_bits)
+        ref_out, ref_lse = ref_decode(q64.reshape(1, c.h, D),
+                                      bits_f64(c.kv_bits).reshape(-1, D),
+                                      [[c.table[0][p // 16] * 16 + p % 16 for p in range(20)]],
+                                      0.1)
+        assert_close(self, torch_f64(out).reshape(1, c.h, DV), torch_f64(lse).reshape(1, c.h),
+                     ref_out, ref_lse, "scale 0.1")
+
+    def test_not_served(self):
+        c = Case(12, [4], 1)
+        seq = c.cache_seqlens
+        with self.assertRaisesRegex(NotImplementedError, "fp8"):
+            fm.get_mla_metadata(seq, c.h, 1, is_fp8_kvcache=True)
+        with self.assertRaisesRegex(NotImplementedError, "num_heads_k"):
+            fm.get_mla_metadata(seq, 2 * c.h, 2)
+        meta, splits = fm.get_mla_metadata(seq, c.h, 1)
+        call = lambda q=c.q, k=c.k_cache, **kw: fm.flash_mla_with_kvcache(
+            q, k, c.block_table, seq, kw.pop("dv", 512), meta, splits, **kw)
+        with self.assertRaisesRegex(NotImplementedError, "fp8"):
+            call(is_fp8_kvcache=True)
+        with self.assertRaisesRegex(NotImplementedError, "head_dim_v = 256"):
+            call(dv=256)
+        with self.assertRaisesRegex(NotImplementedError, "num_heads_k = 2"):
+            call(k=c.k_cache.expand(-1, -1, 2, -1))
+        with self.assertRaisesRegex(NotImplementedError, "float16"):
+            call(q=c.q.half())
+        with self.assertRaisesRegex(NotImplementedError, "num_heads = 256"):
+            call(q=c.q.repeat(1, 1, 16, 1))
+        with self.assertRaisesRegex(NotImplementedError, "s_q = 9"):
+            call(q=c.q.expand(-1, 9, -1, -1).contiguous(), causal=True)
+        with self.assertRaises(TypeError):
+            fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, seq, 512, object())
+
+
+if __name__ == "__main__":
+    unittest.main()
