@@ -175,23 +175,21 @@ static pmla_status validate_indices(pmla_builder *b, int64_t num_slots) {
     return PMLA_OK;
   }
   for (int32_t r = 0; r < s->num_requests; r++) {
-    int32_t used;
-    const int32_t *row;
-    if (s->kv_layout == PMLA_KV_BLOCK_TABLE) {
-      used = (int32_t)((s->kv_lens[r] + P - 1) / P);
-      row = s->block_table + (int64_t)r * s->block_table_stride;
-    } else {
-      used = s->kv_indptr[r + 1] - s->kv_indptr[r];
-      row = s->kv_indices + s->kv_indptr[r];
-    }
-    for (int32_t j = 0; j < used; j++)
-      if (row[j] < 0 || row[j] >= pages)
+    /* pages of request r: base[first + j]; indexed, never a pointer formed
+     * into an empty tensor (whose data may be NULL) */
+    const int bt = s->kv_layout == PMLA_KV_BLOCK_TABLE;
+    const int32_t *base = bt ? s->block_table : s->kv_indices;
+    const int64_t first = bt ? (int64_t)r * s->block_table_stride : s->kv_indptr[r];
+    const int32_t used =
+        bt ? (int32_t)((s->kv_lens[r] + P - 1) / P) : s->kv_indptr[r + 1] - s->kv_indptr[r];
+    for (int32_t j = 0; j < used; j++) {
+      const int32_t page = base[first + j];
+      if (page < 0 || page >= pages)
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                          "decode: page %d of request %d is %d (%s); accepted: 0..%lld (KV cache "
                          "pages)",
-                         j, r, row[j],
-                         s->kv_layout == PMLA_KV_BLOCK_TABLE ? "block_table" : "kv_indices",
-                         (long long)pages - 1);
+                         j, r, page, bt ? "block_table" : "kv_indices", (long long)pages - 1);
+    }
   }
   s->checked_slots = num_slots;
   return PMLA_OK;
