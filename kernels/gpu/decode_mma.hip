@@ -49,8 +49,6 @@ using pmla_traits::Shape;
 
 constexpr int KSTEPS = PMLA_QK_DIM / 16;
 constexpr int PITCH = PMLA_TILE_PITCH;
-constexpr float LN2_F = 0.6931471805599453f;
-constexpr float LOG2E_F = 1.4426950408889634f;
 
 template <int MT> struct Cfg {
   static constexpr int NW = Shape<MT>::NW, BN = Shape<MT>::BN, STAGES = Shape<MT>::STAGES;

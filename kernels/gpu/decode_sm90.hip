@@ -79,7 +79,6 @@ using namespace pmla_kv;
 using namespace pmla_sm90;
 
 constexpr int KSTEPS = PMLA_QK_DIM / 16;
-constexpr float LN2_F = 0.6931471805599453f;
 
 /* byte offset of 16-byte chunk c (0..71) of row r (0..63) */
 __device__ __forceinline__ uint32_t off(int r, int c) {
@@ -509,7 +508,7 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
   memset(&tmap, 0, sizeof tmap);
   const int use_tma = kv_tensor_map(&tmap, p);
   return pdl_launch(pmla_decode_sm90_kernel, grid, dim3(NT), SMEM, st, p,
-                    p.softmax_scale * 1.4426950408889634f /* log2(e) */, tmap, use_tma);
+                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
 } /* namespace */
