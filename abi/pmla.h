@@ -65,7 +65,7 @@ extern "C" {
 #define PMLA_VERSION_MINOR(v) ((uint32_t)(v) & 0xffffu)
 
 #define PMLA_ABI_MAJOR 1
-#define PMLA_ABI_MINOR 0
+#define PMLA_ABI_MINOR 1
 #define PMLA_ABI_VERSION PMLA_VERSION(PMLA_ABI_MAJOR, PMLA_ABI_MINOR)
 
 /* The most query heads a builder serves (any count from 1; the kernels pad
@@ -95,10 +95,25 @@ typedef enum pmla_status {
   PMLA_ERR_INTERNAL = 11
 } pmla_status;
 
+/* Element types. q and out are bf16; the KV cache (config.kv_dtype) may be
+ * stored in FP8 since 1.1, dequantised by the kernels as they load it:
+ *   FP8_E4M3    576 float8_e4m3fn values per token (uint8 or float8_e4m3fn
+ *               tensor), value = e4m3 * kv_scale (one fp32 per cache, read
+ *               from pmla_decode_args.kv_scale)
+ *   FP8_DS_MLA  656 bytes per token (uint8 tensor), DeepSeek V3.2's layout:
+ *               bytes 0..511 the 512 latent values as e4m3 in 4 tiles of 128,
+ *               512..527 one fp32 scale per tile (value = e4m3 * scale),
+ *               528..655 the 64 rope values as bf16 */
 typedef enum pmla_dtype {
   PMLA_DTYPE_BF16 = 1,
-  PMLA_DTYPE_FP8_E4M3 = 2 /* reserved for the KV cache; not served in 1.0 */
+  PMLA_DTYPE_FP8_E4M3 = 2, /* KV cache only; 1.0 plugins refuse it */
+  PMLA_DTYPE_FP8_DS_MLA = 3 /* KV cache only; since 1.1 */
 } pmla_dtype;
+
+/* Bytes per token of a KV cache of each kv_dtype. */
+#define PMLA_KV_TOKEN_BYTES_BF16 1152
+#define PMLA_KV_TOKEN_BYTES_FP8_E4M3 576
+#define PMLA_KV_TOKEN_BYTES_FP8_DS_MLA 656
 
 /* How build_decode receives the paged KV layout. */
 typedef enum pmla_kv_layout {
@@ -113,7 +128,8 @@ enum pmla_device_error_bits {
   PMLA_DEVERR_PAGE_INDEX = 1u << 1,  /* page index outside the KV cache */
   PMLA_DEVERR_SLOT_INDEX = 1u << 2,  /* sparse slot outside the KV cache */
   PMLA_DEVERR_QO_INDPTR = 1u << 3,   /* qo_indptr not monotone / rows > max_q_len */
-  PMLA_DEVERR_LAST_PAGE = 1u << 4    /* kv_last_page_len outside 1..page_size */
+  PMLA_DEVERR_LAST_PAGE = 1u << 4,   /* kv_last_page_len outside 1..page_size */
+  PMLA_DEVERR_KV_SCALE = 1u << 5     /* 1.1: kv_scale not finite and > 0 (nothing attended) */
 };
 
 /* The persistent buffers a builder holds, in query order.
@@ -150,7 +166,7 @@ typedef struct pmla_builder_config {
   uint32_t kv_lora_rank;  /* latent dim, 512 */
   uint32_t rope_dim;      /* 64 */
   uint32_t q_dtype;       /* pmla_dtype; bf16 */
-  uint32_t kv_dtype;      /* pmla_dtype; bf16 (fp8 reserved) */
+  uint32_t kv_dtype;      /* pmla_dtype; bf16, or (1.1) fp8_e4m3 or fp8_ds_mla */
   uint32_t out_dtype;     /* pmla_dtype; bf16 */
   uint32_t page_size;     /* power of two, 1..256 */
   uint32_t max_batch;     /* requests per step, 1..65536 */
@@ -205,11 +221,22 @@ typedef struct pmla_decode_args {
   uint32_t struct_size;
   uint32_t reserved;
   const DLTensor *q;        /* bf16 [tokens, heads, 576] */
-  const DLTensor *kv_cache; /* bf16 [pages, page_size, 576] or [pages, page_size, 1, 576] */
+  /* [pages, page_size, W] or [pages, page_size, 1, W]: bf16 W = 576;
+   * fp8_e4m3 uint8 or float8_e4m3fn W = 576; fp8_ds_mla uint8 W = 656 */
+  const DLTensor *kv_cache;
   DLTensor *out;            /* bf16 [tokens, heads, 512] */
   DLTensor *lse;            /* optional fp32 [tokens, heads] (natural log); NULL skips */
   void *stream;
+  /* --- 1.1 --- */
+  /* fp32 [1] on the backend's device: the dequantisation scale of an
+   * fp8_e4m3 cache, read by the kernels at each decode (a captured graph
+   * replays with the value the tensor holds then). Required for fp8_e4m3,
+   * ignored for the other kv_dtypes. */
+  const DLTensor *kv_scale;
 } pmla_decode_args;
+
+/* The 1.0 size of pmla_decode_args: a host built against 1.0 passes it. */
+#define PMLA_DECODE_ARGS_SIZE_1_0 48u
 
 typedef struct pmla_backend {
   uint32_t struct_size;
@@ -288,7 +315,8 @@ _Static_assert(sizeof(pmla_decode_batch) == 64, "1.0 layout");
 _Static_assert(offsetof(pmla_sparse_batch, max_seq_len) == 16, "1.0 layout");
 _Static_assert(sizeof(pmla_sparse_batch) == 32, "1.0 layout");
 _Static_assert(offsetof(pmla_decode_args, stream) == 40, "1.0 layout");
-_Static_assert(sizeof(pmla_decode_args) == 48, "1.0 layout");
+_Static_assert(offsetof(pmla_decode_args, kv_scale) == PMLA_DECODE_ARGS_SIZE_1_0, "1.1 layout");
+_Static_assert(sizeof(pmla_decode_args) == 56, "1.1 layout");
 #endif
 
 #ifdef __cplusplus

@@ -15,6 +15,7 @@ PMLA_HIP_FILES = kernels/gpu/metadata.hip kernels/gpu/decode_mma.hip \
 	kernels/gpu/decode_sm90.hip kernels/gpu/reduce.hip kernels/gpu/dispatch.hip
 PMLA_GPU_INCS = kernels/gpu/hip_compat.h kernels/gpu/config.h kernels/gpu/traits.h \
 	kernels/gpu/launch.h kernels/gpu/mma.h kernels/gpu/sm90.h kernels/gpu/kv_map.h \
+	kernels/gpu/kv_load.h \
 	kernels/gpu/pdl.h
 PMLA_HIP_DEPS = kernels/mla_gpu.h kernels/planner.h kernels/mla_types.h $(PMLA_GPU_INCS)
 PMLA_HIP_OBJS = $(PMLA_HIP_FILES:.hip=.lo)

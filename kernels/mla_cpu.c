@@ -60,6 +60,45 @@ static int64_t kv_slot(const pmla_kv_map *m, int32_t r, int32_t p, int32_t *err)
   return slot;
 }
 
+/* float8_e4m3fn (bias 7, no infinities, S.1111.111 is NaN), exactly */
+static float e4m3_to_float(uint8_t b) {
+  /* 2^(e - 10) for e = 1..15: (8 + m) * it = (1 + m/8) * 2^(e - 7) */
+  static const float pow2[16] = {0x1p-9f, 0x1p-9f, 0x1p-8f, 0x1p-7f, 0x1p-6f, 0x1p-5f,
+                                 0x1p-4f, 0x1p-3f, 0x1p-2f, 0x1p-1f, 0x1p0f,  0x1p1f,
+                                 0x1p2f,  0x1p3f,  0x1p4f,  0x1p5f};
+  const int e = (b >> 3) & 15, m = b & 7;
+  /* e = 0 is subnormal: m/8 * 2^-6 = m * 2^-9 */
+  float v = (float)(e ? 8 + m : m) * pow2[e];
+  if ((b & 0x7f) == 0x7f)
+    v = NAN;
+  return (b & 0x80) ? -v : v;
+}
+
+/* Row `slot` of the cache as 576 floats, dequantised. */
+static void load_kv_row(const pmla_cpu_problem *pb, int64_t slot, float *dst) {
+  const uint8_t *row = (const uint8_t *)pb->kv + slot * pmla_kv_row_bytes(pb->kv_format);
+  if (pb->kv_format == PMLA_KV_BF16) {
+    const uint16_t *src = (const uint16_t *)(const void *)row;
+    for (int d = 0; d < PMLA_QK_DIM; d++)
+      dst[d] = pmla_bf16_to_float(src[d]);
+  } else if (pb->kv_format == PMLA_KV_E4M3) {
+    for (int d = 0; d < PMLA_QK_DIM; d++)
+      dst[d] = e4m3_to_float(row[d]) * pb->kv_scale;
+  } else {
+    for (int t = 0; t < PMLA_V_DIM / PMLA_DS_MLA_TILE; t++) {
+      float sc;
+      memcpy(&sc, row + PMLA_DS_MLA_SCALES + 4 * t, sizeof sc);
+      for (int d = t * PMLA_DS_MLA_TILE; d < (t + 1) * PMLA_DS_MLA_TILE; d++)
+        dst[d] = e4m3_to_float(row[d]) * sc;
+    }
+    for (int d = PMLA_V_DIM; d < PMLA_QK_DIM; d++) {
+      uint16_t h;
+      memcpy(&h, row + PMLA_DS_MLA_ROPE + 2 * (d - PMLA_V_DIM), sizeof h);
+      dst[d] = pmla_bf16_to_float(h);
+    }
+  }
+}
+
 /* 8 floats; GCC and clang split it into SSE halves where AVX is absent */
 typedef float pmla_v8 __attribute__((vector_size(32)));
 
@@ -199,9 +238,7 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
       valid[t] = s >= 0;
       float *dst = kf + (size_t)t * PMLA_QK_DIM;
       if (valid[t]) {
-        const uint16_t *src = pb->kv + (size_t)s * PMLA_QK_DIM;
-        for (int d = 0; d < PMLA_QK_DIM; d++)
-          dst[d] = pmla_bf16_to_float(src[d]);
+        load_kv_row(pb, s, dst);
       } else {
         memset(dst, 0, sizeof(float) * PMLA_QK_DIM); /* never read NaN slots */
       }

@@ -13,12 +13,14 @@
 #define PMLA_CPU_CHUNK 16 /* KV tokens converted to fp32 at a time */
 
 typedef struct pmla_cpu_problem {
-  int32_t num_heads;            /* a multiple of 4 (the builder allows 16..128) */
+  int32_t num_heads;
   int32_t max_q_len;            /* rows per partial slot */
   float softmax_scale;
   const uint16_t *q;            /* bf16 [tokens, heads, 576] */
   int64_t num_tokens;
-  const uint16_t *kv;           /* bf16 [num_slots, 576] */
+  const void *kv;               /* [num_slots] rows of pmla_kv_row_bytes(kv_format) */
+  int32_t kv_format;            /* pmla_kv_format */
+  float kv_scale;               /* PMLA_KV_E4M3: value = e4m3 * kv_scale */
   pmla_kv_map map;
   const int32_t *qo_indptr;     /* NULL: request r is row r */
   uint16_t *out;                /* bf16 [tokens, heads, 512] */

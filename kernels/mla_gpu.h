@@ -25,7 +25,9 @@ typedef struct pmla_gpu_problem {
   int32_t sm90;               /* 64-row tiles run the wgmma body: pmla_gpu_prepare */
   const uint16_t *q;          /* bf16 [num_tokens, heads, 576] */
   int64_t num_tokens;
-  const uint16_t *kv;         /* bf16 [num_slots, 576] */
+  const void *kv;             /* [num_slots] rows of pmla_kv_row_bytes(kv_format) */
+  int32_t kv_format;          /* pmla_kv_format */
+  const float *kv_scale;      /* PMLA_KV_E4M3: device fp32 [1], value = e4m3 * scale */
   pmla_kv_map map;
   const int32_t *qo_indptr;   /* dense: [R+1]; sparse: NULL (request r = row r) */
   uint16_t *out;              /* bf16 [num_tokens, heads, 512] */

@@ -9,6 +9,24 @@
 #define PMLA_QK_DIM 576 /* 512 latent + 64 rope */
 #define PMLA_V_DIM 512
 
+/* How a KV row is stored (the kernels' names for the ABI's kv_dtype):
+ *   BF16    576 bf16
+ *   E4M3    576 float8_e4m3fn; value = e4m3 * one scale for the cache
+ *   DS_MLA  512 e4m3 in 4 tiles of 128, 4 fp32 tile scales, 64 bf16 rope */
+typedef enum pmla_kv_format {
+  PMLA_KV_BF16 = 0,
+  PMLA_KV_E4M3 = 1,
+  PMLA_KV_DS_MLA = 2
+} pmla_kv_format;
+#define PMLA_DS_MLA_SCALES 512 /* byte offset of the tile scales in a DS_MLA row */
+#define PMLA_DS_MLA_ROPE 528   /* byte offset of the bf16 rope values */
+#define PMLA_DS_MLA_TILE 128   /* latent values per scale */
+
+/* bytes of one KV row */
+static inline int32_t pmla_kv_row_bytes(int32_t format) {
+  return format == PMLA_KV_E4M3 ? 576 : format == PMLA_KV_DS_MLA ? 656 : 1152;
+}
+
 /* Maps position p of request r to a global KV slot (row of the cache viewed
  * as [num_slots, 576]). Exactly one source is set:
  *   block table: page = block_table[r * stride + p / page_size]

@@ -85,7 +85,8 @@ enum {
   PMLA_PLAN_ERR_SLOT_INDEX = 1 << 2,
   PMLA_PLAN_ERR_QO_INDPTR = 1 << 3,
   PMLA_PLAN_ERR_LAST_PAGE = 1 << 4,
-  PMLA_PLAN_ERR_OVERFLOW = 1 << 5 /* never expected: a bound was wrong */
+  PMLA_PLAN_ERR_KV_SCALE = 1 << 5, /* set by the decode kernels, not the planner */
+  PMLA_PLAN_ERR_OVERFLOW = 1 << 15 /* never expected: a bound was wrong */
 };
 
 /* Where per-request lengths and query rows come from. Exactly one length

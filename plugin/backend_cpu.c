@@ -3,6 +3,7 @@
  * threads, one per scheduling unit. All data is host memory (kDLCPU), so
  * every device-side check of the GPU backend is done here up front, with a
  * message, before anything is written. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -233,6 +234,16 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   pb->q = pmla_tensor_data(a.q);
   pb->num_tokens = a.q->shape[0];
   pb->kv = pmla_tensor_data(a.kv_cache);
+  pb->kv_format = pmla_kv_format_of(b->cfg.kv_dtype);
+  pb->kv_scale = 1.f;
+  if (a.kv_scale) {
+    float sc;
+    memcpy(&sc, pmla_tensor_data(a.kv_scale), sizeof sc);
+    if (!(sc > 0.f) || !isfinite(sc))
+      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                       "decode: args->kv_scale holds %g; accepted: a finite value > 0", (double)sc);
+    pb->kv_scale = sc;
+  }
   pmla_step_kv_map(b, num_slots, &pb->map);
   pb->qo_indptr = step->kind == PLAN_DENSE ? step->qo_indptr : NULL;
   pb->out = pmla_tensor_data(a.out);

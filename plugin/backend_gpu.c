@@ -166,6 +166,8 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   p.q = pmla_tensor_data(a.q);
   p.num_tokens = a.q->shape[0];
   p.kv = pmla_tensor_data(a.kv_cache);
+  p.kv_format = pmla_kv_format_of(b->cfg.kv_dtype);
+  p.kv_scale = a.kv_scale ? pmla_tensor_data(a.kv_scale) : NULL;
   pmla_step_kv_map(b, num_slots, &p.map);
   p.qo_indptr = b->step.kind == PLAN_DENSE ? b->step.qo_indptr : NULL;
   p.out = pmla_tensor_data(a.out);

@@ -21,13 +21,21 @@ _Static_assert(PMLA_META_NUM_ITEMS == 0 && PMLA_META_NUM_REDUCE == 1 &&
                    PMLA_META_MAX_PIECES == 4 && PMLA_META_NUM_REQUESTS == 5 &&
                    PMLA_META_ERROR == 6 && PMLA_META_NUM_ROWS == 7,
                "meta words as pmla.h documents them");
-_Static_assert((int)PMLA_PLAN_ERR_SLOT_INDEX == (int)PMLA_DEVERR_SLOT_INDEX &&
-                   (int)PMLA_PLAN_ERR_LAST_PAGE == (int)PMLA_DEVERR_LAST_PAGE,
+_Static_assert((int)PMLA_PLAN_ERR_KV_LEN == (int)PMLA_DEVERR_KV_LEN &&
+                   (int)PMLA_PLAN_ERR_PAGE_INDEX == (int)PMLA_DEVERR_PAGE_INDEX &&
+                   (int)PMLA_PLAN_ERR_SLOT_INDEX == (int)PMLA_DEVERR_SLOT_INDEX &&
+                   (int)PMLA_PLAN_ERR_QO_INDPTR == (int)PMLA_DEVERR_QO_INDPTR &&
+                   (int)PMLA_PLAN_ERR_LAST_PAGE == (int)PMLA_DEVERR_LAST_PAGE &&
+                   (int)PMLA_PLAN_ERR_KV_SCALE == (int)PMLA_DEVERR_KV_SCALE,
                "error bits match the ABI");
 
 const DLDataType pmla_dl_bf16 = {kDLBfloat, 16, 1};
 const DLDataType pmla_dl_int32 = {kDLInt, 32, 1};
 const DLDataType pmla_dl_fp32 = {kDLFloat, 32, 1};
+const DLDataType pmla_dl_uint8 = {kDLUInt, 8, 1};
+/* DLPack 1.1's kDLFloat8_e4m3fn (torch.float8_e4m3fn), absent from older
+ * dlpack.h */
+const DLDataType pmla_dl_float8_e4m3fn = {10, 8, 1};
 
 static _Thread_local char init_error[PMLA_ERROR_SIZE];
 
@@ -51,20 +59,30 @@ static const char *dtype_name(uint32_t d) {
   switch (d) {
   case PMLA_DTYPE_BF16: return "bf16";
   case PMLA_DTYPE_FP8_E4M3: return "fp8_e4m3";
+  case PMLA_DTYPE_FP8_DS_MLA: return "fp8_ds_mla";
   default: return "unknown";
   }
 }
 
-static pmla_status check_dtype(const char *field, uint32_t d) {
-  if (d == PMLA_DTYPE_BF16)
+/* q and out are bf16; the KV cache may also be one of the FP8 layouts */
+static pmla_status check_dtype(const char *field, uint32_t d, int kv) {
+  if (d == PMLA_DTYPE_BF16 || (kv && (d == PMLA_DTYPE_FP8_E4M3 || d == PMLA_DTYPE_FP8_DS_MLA)))
     return PMLA_OK;
-  if (d == PMLA_DTYPE_FP8_E4M3)
+  const char *accepted = kv ? "1 (bf16), 2 (fp8_e4m3) or 3 (fp8_ds_mla)" : "1 (bf16)";
+  if (d == PMLA_DTYPE_FP8_E4M3 || d == PMLA_DTYPE_FP8_DS_MLA)
     return pmla_fail(NULL, PMLA_ERR_UNSUPPORTED,
-                     "init_builder: config.%s = %u (%s) is not served yet; accepted: %u (bf16)",
-                     field, d, dtype_name(d), PMLA_DTYPE_BF16);
+                     "init_builder: config.%s = %u (%s) is not served (FP8 is for the KV cache "
+                     "only); accepted: %s",
+                     field, d, dtype_name(d), accepted);
   return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
-                   "init_builder: config.%s = %u is not a pmla_dtype; accepted: %u (bf16)", field,
-                   d, PMLA_DTYPE_BF16);
+                   "init_builder: config.%s = %u is not a pmla_dtype; accepted: %s", field, d,
+                   accepted);
+}
+
+int32_t pmla_kv_format_of(uint32_t kv_dtype) {
+  return kv_dtype == PMLA_DTYPE_FP8_E4M3    ? PMLA_KV_E4M3
+         : kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? PMLA_KV_DS_MLA
+                                             : PMLA_KV_BF16;
 }
 
 pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **builder,
@@ -91,8 +109,9 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
   if (cfg->rope_dim != PMLA_QK_DIM - PMLA_V_DIM)
     return pmla_fail(NULL, PMLA_ERR_UNSUPPORTED,
                      "init_builder: config.rope_dim = %u; accepted: 64", cfg->rope_dim);
-  if ((st = check_dtype("q_dtype", cfg->q_dtype)) || (st = check_dtype("kv_dtype", cfg->kv_dtype)) ||
-      (st = check_dtype("out_dtype", cfg->out_dtype)))
+  if ((st = check_dtype("q_dtype", cfg->q_dtype, 0)) ||
+      (st = check_dtype("kv_dtype", cfg->kv_dtype, 1)) ||
+      (st = check_dtype("out_dtype", cfg->out_dtype, 0)))
     return st;
   if (!is_pow2(cfg->page_size) || cfg->page_size > 256)
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
@@ -223,7 +242,12 @@ void *pmla_tensor_data(const DLTensor *t) {
 
 static void dtype_str(DLDataType d, char *s, size_t n) {
   const char *code = d.code == kDLInt ? "int" : d.code == kDLUInt ? "uint"
-                   : d.code == kDLFloat ? "float" : d.code == kDLBfloat ? "bfloat" : "code?";
+                   : d.code == kDLFloat ? "float" : d.code == kDLBfloat ? "bfloat"
+                   : d.code == pmla_dl_float8_e4m3fn.code ? "float8_e4m3fn" : "code?";
+  if (d.code == pmla_dl_float8_e4m3fn.code && d.bits == 8 && d.lanes == 1) {
+    snprintf(s, n, "%s", code);
+    return;
+  }
   snprintf(s, n, "%s%u%s", code, d.bits, d.lanes == 1 ? "" : "xN");
 }
 
@@ -468,12 +492,48 @@ pmla_status pmla_check_sparse_batch(pmla_builder *b, const pmla_sparse_batch *ba
   return PMLA_OK;
 }
 
+/* The KV cache of a builder's kv_dtype: its dtype (an fp8_e4m3 cache may
+ * be uint8 or float8_e4m3fn), [pages, page_size, W] or with the 1-head axis */
+static pmla_status check_kv_cache(pmla_builder *b, const DLTensor *kv, int device_type) {
+  const int dev = b->cfg.device;
+  const int64_t P = b->cfg.page_size, W = b->cfg.kv_dtype == PMLA_DTYPE_FP8_DS_MLA
+                                               ? PMLA_KV_TOKEN_BYTES_FP8_DS_MLA
+                                               : PMLA_QK_DIM;
+  DLDataType dt = pmla_dl_bf16;
+  if (b->cfg.kv_dtype != PMLA_DTYPE_BF16) {
+    dt = pmla_dl_uint8;
+    if (b->cfg.kv_dtype == PMLA_DTYPE_FP8_E4M3 && kv && kv->dtype.code == pmla_dl_float8_e4m3fn.code)
+      dt = pmla_dl_float8_e4m3fn;
+  }
+  if (kv && kv->dtype.bits != dt.bits) {
+    char got[24];
+    dtype_str(kv->dtype, got, sizeof got);
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "decode: args->kv_cache: dtype %s does not match the builder's kv_dtype %u "
+                     "(%s); accepted: %s",
+                     got, b->cfg.kv_dtype, dtype_name(b->cfg.kv_dtype),
+                     b->cfg.kv_dtype == PMLA_DTYPE_BF16      ? "bfloat16"
+                     : b->cfg.kv_dtype == PMLA_DTYPE_FP8_E4M3 ? "uint8 or float8_e4m3fn"
+                                                              : "uint8");
+  }
+  if (kv && kv->ndim == 4) {
+    const int64_t kv4[4] = {-1, P, 1, W};
+    return pmla_check_tensor(b, "decode: args->kv_cache", kv, dt, 4, kv4, device_type, dev);
+  }
+  const int64_t kv3[3] = {-1, P, W};
+  return pmla_check_tensor(b, "decode: args->kv_cache", kv, dt, 3, kv3, device_type, dev);
+}
+
 pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args,
                                    int device_type, pmla_decode_args *copy, int64_t *num_slots) {
   const int dev = b->cfg.device;
   const int64_t H = b->cfg.num_heads, P = b->cfg.page_size;
-  CHECK(check_struct(b, "decode: args", args, args ? args->struct_size : 0, sizeof *args));
-  *copy = *args;
+  CHECK(check_struct(b, "decode: args", args, args ? args->struct_size : 0,
+                     PMLA_DECODE_ARGS_SIZE_1_0));
+  /* a 1.0 host's struct ends before kv_scale: copy what it has, zero the rest */
+  memset(copy, 0, sizeof *copy);
+  memcpy(copy, args, args->struct_size < sizeof *copy ? args->struct_size : sizeof *copy);
+  args = copy;
   if (b->step.kind == PLAN_NONE)
     return pmla_fail(b, PMLA_ERR_BAD_STATE,
                      "decode: no step was built; call build_decode or build_sparse first");
@@ -490,15 +550,7 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
                      "decode: args->q has %lld tokens; accepted: <= max_batch * max_q_len = %lld",
                      (long long)T, (long long)b->cfg.max_batch * b->cfg.max_q_len);
   const DLTensor *kv = args->kv_cache;
-  if (kv && kv->ndim == 4) {
-    const int64_t kv4[4] = {-1, P, 1, PMLA_QK_DIM};
-    CHECK(pmla_check_tensor(b, "decode: args->kv_cache", kv, pmla_dl_bf16, 4, kv4, device_type,
-                            dev));
-  } else {
-    const int64_t kv3[3] = {-1, P, PMLA_QK_DIM};
-    CHECK(pmla_check_tensor(b, "decode: args->kv_cache", kv, pmla_dl_bf16, 3, kv3, device_type,
-                            dev));
-  }
+  CHECK(check_kv_cache(b, kv, device_type));
   if (!pmla_mul_i64(kv->shape[0], P, num_slots))
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                      "decode: args->kv_cache has %lld pages of %lld slots: the slot count "
@@ -510,6 +562,19 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
   if (args->lse)
     CHECK(pmla_check_tensor(b, "decode: args->lse", args->lse, pmla_dl_fp32, 2, lse_shape,
                             device_type, dev));
+  if (b->cfg.kv_dtype == PMLA_DTYPE_FP8_E4M3) {
+    if (!args->kv_scale)
+      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                       "decode: args->kv_scale is %s; accepted: an fp32 [1] tensor on the "
+                       "backend's device, required for kv_dtype 2 (fp8_e4m3)",
+                       args->struct_size < sizeof *args ? "absent (a 1.0 pmla_decode_args)"
+                                                        : "NULL");
+    const int64_t one[1] = {1};
+    CHECK(pmla_check_tensor(b, "decode: args->kv_scale", args->kv_scale, pmla_dl_fp32, 1, one,
+                            device_type, dev));
+  } else {
+    copy->kv_scale = NULL; /* ignored for the other kv_dtypes */
+  }
   return PMLA_OK;
 }
 
@@ -572,7 +637,8 @@ pmla_status pmla_device_error_status(pmla_builder *b, uint32_t bits, uint32_t *f
   if (bits)
     return pmla_fail(b, PMLA_ERR_DEVICE_INPUT,
                      "check_device_error: kernels skipped bad device-side input (bits 0x%x: "
-                     "1 kv_len, 2 page index, 4 slot index, 8 qo_indptr, 16 last_page_len)",
+                     "1 kv_len, 2 page index, 4 slot index, 8 qo_indptr, 16 last_page_len, "
+                     "32 kv_scale)",
                      bits);
   return PMLA_OK;
 }

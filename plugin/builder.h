@@ -81,7 +81,11 @@ pmla_status pmla_check_alignment(pmla_builder *b, const char *name, const DLTens
 /* data + byte_offset (of a tensor pmla_check_tensor accepted). */
 void *pmla_tensor_data(const DLTensor *t);
 
-extern const DLDataType pmla_dl_bf16, pmla_dl_int32, pmla_dl_fp32;
+extern const DLDataType pmla_dl_bf16, pmla_dl_int32, pmla_dl_fp32, pmla_dl_uint8,
+    pmla_dl_float8_e4m3fn;
+
+/* The kernels' pmla_kv_format of a config.kv_dtype. */
+int32_t pmla_kv_format_of(uint32_t kv_dtype);
 
 /* Validates a batch / args struct's size and the host-side shape of the
  * step; on success fills b->step (not its device-side values). */
@@ -89,7 +93,9 @@ pmla_status pmla_check_decode_batch(pmla_builder *b, const pmla_decode_batch *ba
                                     int device_type, pmla_decode_batch *copy);
 pmla_status pmla_check_sparse_batch(pmla_builder *b, const pmla_sparse_batch *batch,
                                     int device_type, pmla_sparse_batch *copy);
-/* Checks q / kv_cache / out / lse; returns num_slots of the cache. */
+/* Checks q / kv_cache / out / lse / kv_scale (a 1.0-sized args struct is
+ * copied with kv_scale NULL; kv_scale is NULL in the copy unless the
+ * builder's kv_dtype reads it); returns num_slots of the cache. */
 pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args,
                                    int device_type, pmla_decode_args *copy, int64_t *num_slots);
 

@@ -20,6 +20,7 @@ typedef struct dense_case {
   int kv4d;         /* pass the cache as [pages, page_size, 1, 576] */
   int twice;        /* decode a second q against the same schedule */
   int expect_split; /* this plugin splits a request here (asserted by pmla-unit) */
+  uint32_t kv_dtype; /* pmla_dtype of the cache; 0: bf16 */
 } dense_case;
 
 typedef struct sparse_case {
@@ -31,6 +32,7 @@ typedef struct sparse_case {
   int32_t valid;    /* listed entries per token (0: topk); the rest are -1 */
   int empty_token0; /* token 0 lists only -1 */
   int nocap;        /* build with PMLA_SPARSE_NO_SPLIT_CAP */
+  uint32_t kv_dtype; /* pmla_dtype of the cache; 0: bf16 */
 } sparse_case;
 
 extern const dense_case dense_cases[];

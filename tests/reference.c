@@ -159,6 +159,40 @@ int ref_slots_from_topk(int64_t tokens, int64_t topk, const int32_t *topk_indice
   return 0;
 }
 
+double ref_e4m3_to_double(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  if ((b & 0x7f) == 0x7f)
+    return NAN;
+  /* normal: (1 + m/8) 2^(e-7); subnormal (e = 0): (m/8) 2^-6 */
+  double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+  return (b & 0x80) ? -v : v;
+}
+
+/* slot's 576 values, dequantised */
+static void kv_row(const ref_problem *p, int64_t slot, double *row) {
+  if (p->kv_format == REF_KV_FP8_E4M3) {
+    const uint8_t *r = p->kv_bytes + slot * REF_HEAD_DIM;
+    for (int d = 0; d < REF_HEAD_DIM; d++)
+      row[d] = ref_e4m3_to_double(r[d]) * p->kv_scale;
+  } else if (p->kv_format == REF_KV_FP8_DS_MLA) {
+    const uint8_t *r = p->kv_bytes + slot * 656;
+    for (int d = 0; d < REF_LATENT; d++) {
+      float sc;
+      memcpy(&sc, r + 512 + 4 * (d / 128), sizeof sc);
+      row[d] = ref_e4m3_to_double(r[d]) * (double)sc;
+    }
+    for (int d = 0; d < REF_ROPE; d++) {
+      uint16_t h;
+      memcpy(&h, r + 528 + 2 * d, sizeof h);
+      row[REF_LATENT + d] = ref_bf16_to_float(h);
+    }
+  } else {
+    const uint16_t *k = p->kv + slot * REF_HEAD_DIM;
+    for (int d = 0; d < REF_HEAD_DIM; d++)
+      row[d] = ref_bf16_to_float(k[d]);
+  }
+}
+
 int ref_mla_decode(const ref_problem *p, double *out, double *lse) {
   const int64_t D = REF_HEAD_DIM, V = REF_LATENT;
   const ref_slot_lists *L = p->lists;
@@ -174,10 +208,12 @@ int ref_mla_decode(const ref_problem *p, double *out, double *lse) {
   double *qd = malloc(sizeof(double) * (size_t)D);
   double *scores = malloc(sizeof(double) * (size_t)(max_n > 0 ? max_n : 1));
   double *acc = malloc(sizeof(double) * (size_t)V);
-  if (!qd || !scores || !acc) {
+  double *k = malloc(sizeof(double) * (size_t)D);
+  if (!qd || !scores || !acc || !k) {
     free(qd);
     free(scores);
     free(acc);
+    free(k);
     return -1;
   }
   for (int64_t t = 0; t < p->tokens; t++) {
@@ -194,10 +230,10 @@ int ref_mla_decode(const ref_problem *p, double *out, double *lse) {
           scores[i] = -INFINITY;
           continue;
         }
-        const uint16_t *k = p->kv + slots[i] * D;
+        kv_row(p, slots[i], k);
         double s = 0.0;
         for (int64_t d = 0; d < D; d++)
-          s += qd[d] * (double)ref_bf16_to_float(k[d]);
+          s += qd[d] * k[d];
         s *= p->softmax_scale;
         scores[i] = s;
         if (s > mx)
@@ -220,9 +256,9 @@ int ref_mla_decode(const ref_problem *p, double *out, double *lse) {
           continue;
         double w = exp(scores[i] - mx);
         sum += w;
-        const uint16_t *k = p->kv + slots[i] * D;
+        kv_row(p, slots[i], k);
         for (int64_t d = 0; d < V; d++)
-          acc[d] += w * (double)ref_bf16_to_float(k[d]);
+          acc[d] += w * k[d];
       }
       for (int64_t d = 0; d < V; d++)
         o[d] = acc[d] / sum;
@@ -233,6 +269,7 @@ int ref_mla_decode(const ref_problem *p, double *out, double *lse) {
   free(qd);
   free(scores);
   free(acc);
+  free(k);
   return 0;
 }
 

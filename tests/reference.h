@@ -55,14 +55,27 @@ int ref_slots_from_csr(int32_t batch, const int32_t *qo_indptr, const int32_t *k
 int ref_slots_from_topk(int64_t tokens, int64_t topk, const int32_t *topk_indices,
                         ref_slot_lists *lists);
 
+/* How the KV cache is stored (pmla.h's kv_dtype values). */
+#define REF_KV_BF16 1       /* 576 bf16 per slot (ref_problem.kv) */
+#define REF_KV_FP8_E4M3 2   /* 576 e4m3 per slot, times kv_scale */
+#define REF_KV_FP8_DS_MLA 3 /* 512 e4m3 in 4 tiles, 4 fp32 tile scales, 64 bf16 */
+
+/* float8_e4m3fn byte as a double (NaN for S.1111.111) */
+double ref_e4m3_to_double(uint8_t b);
+
 typedef struct ref_problem {
   int64_t tokens;
   int64_t heads;
   const uint16_t *q;  /* bf16 [tokens, heads, 576] */
-  const uint16_t *kv; /* bf16 [num_slots, 576] */
+  const uint16_t *kv; /* bf16 [num_slots, 576] (kv_format 0 or REF_KV_BF16) */
   int64_t num_slots;
   const ref_slot_lists *lists;
   double softmax_scale;
+  /* FP8 caches: kv_format REF_KV_FP8_*, the cache's bytes, and (E4M3) its
+   * scale; every value is dequantised exactly in double */
+  int kv_format;
+  const uint8_t *kv_bytes;
+  double kv_scale;
 } ref_problem;
 
 /* out: [tokens, heads, 512]; lse: [tokens, heads] (may be NULL).

@@ -92,7 +92,7 @@ MUT(m_rank_0, c->kv_lora_rank = 0)
 MUT(m_rope_0, c->rope_dim = 0)
 MUT(m_rope_128, c->rope_dim = 128)
 MUT(m_q_fp8, c->q_dtype = PMLA_DTYPE_FP8_E4M3)
-MUT(m_kv_fp8, c->kv_dtype = PMLA_DTYPE_FP8_E4M3)
+MUT(m_q_ds_mla, c->q_dtype = PMLA_DTYPE_FP8_DS_MLA)
 MUT(m_out_fp8, c->out_dtype = PMLA_DTYPE_FP8_E4M3)
 MUT(m_q_dtype_0, c->q_dtype = 0)
 MUT(m_kv_dtype_99, c->kv_dtype = 99)
@@ -119,7 +119,7 @@ static const bad_field bad_fields[] = {
     {"rope_dim 0", "rope_dim", PMLA_ERR_UNSUPPORTED, m_rope_0},
     {"rope_dim 128", "rope_dim", PMLA_ERR_UNSUPPORTED, m_rope_128},
     {"q_dtype fp8", "q_dtype", PMLA_ERR_UNSUPPORTED, m_q_fp8},
-    {"kv_dtype fp8 (reserved)", "kv_dtype", PMLA_ERR_UNSUPPORTED, m_kv_fp8},
+    {"q_dtype fp8_ds_mla (KV only)", "q_dtype", PMLA_ERR_UNSUPPORTED, m_q_ds_mla},
     {"out_dtype fp8", "out_dtype", PMLA_ERR_UNSUPPORTED, m_out_fp8},
     {"q_dtype 0 (no such dtype)", "q_dtype", PMLA_ERR_INVALID_ARGUMENT, m_q_dtype_0},
     {"kv_dtype 99 (no such dtype)", "kv_dtype", PMLA_ERR_INVALID_ARGUMENT, m_kv_dtype_99},

@@ -37,6 +37,91 @@ static void fill_row(uint16_t *row, uint64_t *rng) {
     row[d] = ref_float_to_bf16((float)(rng_uniform(rng) * 2.0 - 1.0));
 }
 
+/* ---- the KV cache in any kv_dtype: slots poisoned until written ---- */
+typedef struct kv_store {
+  uint32_t dtype; /* pmla_dtype */
+  size_t row_bytes;
+  int64_t slots;
+  uint8_t *bytes;
+  float scale;    /* fp8_e4m3: the cache's kv_scale */
+  int float8;     /* fp8_e4m3: hand the cache over as float8_e4m3fn, not uint8 */
+} kv_store;
+
+static void kv_store_init(kv_store *kv, uint32_t dtype, int64_t slots, uint64_t *rng) {
+  kv->dtype = dtype ? dtype : PMLA_DTYPE_BF16;
+  kv->row_bytes = kv->dtype == PMLA_DTYPE_FP8_E4M3 ? 576 : kv->dtype == PMLA_DTYPE_FP8_DS_MLA ? 656
+                                                                                          : 1152;
+  kv->slots = slots;
+  kv->bytes = malloc((size_t)slots * kv->row_bytes + 1);
+  ck_assert(kv->bytes);
+  kv->scale = (float)(0.05 + rng_uniform(rng) * 2.0);
+  kv->float8 = (int)rng_below(rng, 2);
+  if (kv->dtype == PMLA_DTYPE_BF16) {
+    uint16_t *h = (uint16_t *)(void *)kv->bytes;
+    for (size_t i = 0; i < (size_t)slots * 576; i++)
+      h[i] = REF_BF16_NAN;
+  } else {
+    /* e4m3 NaN (0x7f / 0xff) everywhere; for DS_MLA 0xff is also a NaN
+     * scale and a NaN bf16 */
+    for (size_t i = 0; i < (size_t)slots * kv->row_bytes; i++)
+      kv->bytes[i] = (i & 1) ? 0xff : 0x7f;
+    if (kv->dtype == PMLA_DTYPE_FP8_DS_MLA)
+      memset(kv->bytes, 0xff, (size_t)slots * kv->row_bytes);
+  }
+}
+
+/* a finite e4m3 byte of magnitude <= 1.875 (exponent <= 7), zeros and
+ * subnormals included */
+static uint8_t rand_e4m3(uint64_t *rng) { return (uint8_t)(rng_below(rng, 256) & 0xbf); }
+
+static void kv_store_fill(kv_store *kv, int64_t slot, uint64_t *rng) {
+  uint8_t *row = kv->bytes + (size_t)slot * kv->row_bytes;
+  if (kv->dtype == PMLA_DTYPE_BF16) {
+    fill_row((uint16_t *)(void *)row, rng);
+  } else if (kv->dtype == PMLA_DTYPE_FP8_E4M3) {
+    for (int d = 0; d < 576; d++)
+      row[d] = rand_e4m3(rng);
+  } else {
+    for (int d = 0; d < 512; d++)
+      row[d] = rand_e4m3(rng);
+    for (int t = 0; t < 4; t++) { /* a power of two (as DeepSeek quantises) or not */
+      float sc = rng_below(rng, 2) ? ldexpf(1.f, -(int)rng_below(rng, 6))
+                                   : (float)(0.01 + rng_uniform(rng));
+      memcpy(row + 512 + 4 * t, &sc, sizeof sc);
+    }
+    for (int d = 0; d < 64; d++) {
+      uint16_t h = ref_float_to_bf16((float)(rng_uniform(rng) * 2.0 - 1.0));
+      memcpy(row + 528 + 2 * d, &h, sizeof h);
+    }
+  }
+}
+
+/* The cache as the decode argument: [pages, page_size, W] (or with the
+ * 1-head axis), bf16 / uint8 / float8_e4m3fn */
+static void kv_store_tensor(const kv_store *kv, test_tensor *t, int64_t pages, int64_t ps,
+                            int kv4d) {
+  const int64_t w = kv->dtype == PMLA_DTYPE_FP8_DS_MLA ? 656 : 576;
+  const int64_t s3[3] = {pages, ps, w}, s4[4] = {pages, ps, 1, w};
+  if (kv->dtype == PMLA_DTYPE_BF16)
+    tt_make(t, TT_BF16, kv->bytes, kv4d ? 4 : 3, kv4d ? s4 : s3);
+  else
+    tt_make(t, kv->float8 && kv->dtype == PMLA_DTYPE_FP8_E4M3 ? 10 : kDLUInt, 8, kv->bytes,
+            kv4d ? 4 : 3, kv4d ? s4 : s3);
+}
+
+/* the reference's view of the same bytes */
+static void kv_store_ref(const kv_store *kv, ref_problem *p) {
+  if (kv->dtype == PMLA_DTYPE_BF16) {
+    p->kv = (const uint16_t *)(const void *)kv->bytes;
+    p->kv_format = REF_KV_BF16;
+  } else {
+    p->kv = NULL;
+    p->kv_bytes = kv->bytes;
+    p->kv_format = kv->dtype == PMLA_DTYPE_FP8_E4M3 ? REF_KV_FP8_E4M3 : REF_KV_FP8_DS_MLA;
+    p->kv_scale = kv->scale;
+  }
+}
+
 static void shuffle(int32_t *a, int32_t n, uint64_t *rng) {
   for (int32_t i = n - 1; i > 0; i--) {
     int32_t j = (int32_t)rng_below(rng, (uint32_t)i + 1), t = a[i];
@@ -119,6 +204,8 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   const int32_t tokens = qo[B], num_pages = used + 3, H = (int32_t)c->heads;
   pmla_builder_config cfg = harness_config(c->heads, c->page_size, (uint32_t)(B > 0 ? B : 1),
                                            (uint32_t)max_q, 0, c->cu);
+  if (c->kv_dtype)
+    cfg.kv_dtype = c->kv_dtype;
   pmla_builder *b = harness_init(&cfg);
 
   /* pages in random order; the 3 spare pages stay NaN */
@@ -131,10 +218,9 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   int32_t kv_indptr[MAX_BATCH + 1] = {0}, last[MAX_BATCH];
   int32_t *kv_indices = malloc(sizeof(int32_t) * (size_t)(used + 1));
   size_t slots = (size_t)num_pages * (size_t)ps;
-  uint16_t *kv = malloc(slots * 576 * 2);
-  ck_assert(perm && bt && kv_indices && kv);
-  for (size_t i = 0; i < slots * 576; i++)
-    kv[i] = REF_BF16_NAN;
+  kv_store kv;
+  kv_store_init(&kv, c->kv_dtype, (int64_t)slots, &rng);
+  ck_assert(perm && bt && kv_indices);
   int32_t at = 0;
   for (int32_t r = 0; r < B; r++) {
     for (int32_t p = 0; p < maxp; p++)
@@ -144,11 +230,11 @@ static void run_dense(const dense_case *c, uint64_t seed) {
     kv_indptr[r + 1] = kv_indptr[r] + npages[r];
     last[r] = npages[r] ? c->kv_lens[r] - (npages[r] - 1) * ps : 0;
     for (int32_t pos = 0; pos < c->kv_lens[r]; pos++)
-      fill_row(kv + ((size_t)perm[at + pos / ps] * ps + pos % ps) * 576, &rng);
+      kv_store_fill(&kv, (int64_t)perm[at + pos / ps] * ps + pos % ps, &rng);
     at += npages[r];
   }
 
-  test_tensor t_qo, t_bt, t_lens, t_kvp, t_kvi, t_last, t_q, t_kv, t_out, t_lse;
+  test_tensor t_qo, t_bt, t_lens, t_kvp, t_kvi, t_last, t_q, t_kv, t_out, t_lse, t_scale;
   tt_make1(&t_qo, TT_I32, qo, B + 1);
   tt_make2(&t_bt, TT_I32, bt, B, maxp);
   tt_make1(&t_lens, TT_I32, c->kv_lens, B);
@@ -159,11 +245,8 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   uint16_t *q = malloc(nq * 2 + 2);
   fill_q(q, nq, &rng);
   tt_make3(&t_q, TT_BF16, q, tokens, H, 576);
-  int64_t kv4[4] = {num_pages, ps, 1, 576};
-  if (c->kv4d)
-    tt_make(&t_kv, TT_BF16, kv, 4, kv4);
-  else
-    tt_make3(&t_kv, TT_BF16, kv, num_pages, ps, 576);
+  kv_store_tensor(&kv, &t_kv, num_pages, ps, c->kv4d);
+  tt_make1(&t_scale, TT_F32, &kv.scale, 1);
   tt_make3(&t_out, TT_BF16, NULL, tokens, H, 512);
   tt_make2(&t_lse, TT_F32, NULL, tokens, H);
 
@@ -194,8 +277,10 @@ static void run_dense(const dense_case *c, uint64_t seed) {
                ? ref_slots_from_block_table(B, qo, bt, maxp, c->kv_lens, ps, &lists)
                : ref_slots_from_csr(B, qo, kv_indptr, kv_indices, last, ps, &lists);
   ck_assert_int_eq(rc, 0);
-  ref_problem p = {tokens, H, q, kv, (int64_t)slots, &lists, cfg.softmax_scale};
+  ref_problem p = {tokens, H, q, NULL, (int64_t)slots, &lists, cfg.softmax_scale, 0, NULL, 0};
+  kv_store_ref(&kv, &p);
   pmla_decode_args args = decode_args(&t_q, &t_kv, &t_out, &t_lse);
+  args.kv_scale = &t_scale.t;
   decode_and_check(c->name, b, &args, &t_out, &t_lse, &p);
   if (c->twice) { /* the next layer: new q, same schedule */
     fill_q(q, nq, &rng);
@@ -204,14 +289,14 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   }
   ref_slot_lists_free(&lists);
   test_tensor *all[] = {&t_qo, &t_bt, &t_lens, &t_kvp, &t_kvi, &t_last, &t_q, &t_kv, &t_out,
-                        &t_lse};
+                        &t_lse, &t_scale};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     tt_free(all[i]);
   g_be->destroy_builder(b);
   free(perm);
   free(bt);
   free(kv_indices);
-  free(kv);
+  free(kv.bytes);
   free(q);
 }
 
@@ -254,6 +339,65 @@ START_TEST(test_dense_decode_matches_reference_on_random_batches) {
 }
 END_TEST
 
+static void run_sparse(const sparse_case *c, uint64_t seed);
+
+/* FP8 caches (fp8_e4m3 with a scale, fp8_ds_mla with tile scales), every
+ * head count of a set that crosses each row tile, page sizes 1 / 16 / 64,
+ * q_len 1..4, block table and CSR; unused slots hold e4m3 NaN. */
+static const uint32_t fp8_heads[] = {1, 3, 8, 9, 16, 63, 64, 126, 128};
+#define N_FP8_HEADS 9
+
+START_TEST(test_fp8_dense_decode_matches_reference) {
+  REQUIRE_BACKEND();
+  uint64_t rng = harness_seed() ^ (0xf800u + (uint64_t)_i);
+  static const uint32_t pages[] = {1, 16, 64}, cus[] = {1, 2, 7};
+  dense_case c;
+  memset(&c, 0, sizeof c);
+  char name[96];
+  c.kv_dtype = _i % 2 ? PMLA_DTYPE_FP8_DS_MLA : PMLA_DTYPE_FP8_E4M3;
+  c.heads = fp8_heads[(_i / 2) % N_FP8_HEADS];
+  c.page_size = pages[(_i / 2) % 3];
+  c.layout = (_i / 6) % 2 ? CSR : BT;
+  c.cu = cus[rng_below(&rng, 3)];
+  c.batch = 1 + (int32_t)rng_below(&rng, 3);
+  c.kv4d = (_i / 4) % 2;
+  snprintf(name, sizeof name, "fp8 dense #%d (%s, heads %u, page %u, %s)", _i,
+           c.kv_dtype == PMLA_DTYPE_FP8_E4M3 ? "e4m3" : "ds_mla", c.heads, c.page_size,
+           c.layout == BT ? "block table" : "CSR");
+  c.name = name;
+  int32_t budget = c.heads >= 64 ? 300 : 900;
+  for (int32_t r = 0; r < c.batch; r++) {
+    c.q_lens[r] = 1 + (int32_t)((r + _i) % 4);
+    c.kv_lens[r] = rng_below(&rng, 6) == 0 ? 0 : 1 + (int32_t)rng_below(&rng, (uint32_t)budget);
+  }
+  run_dense(&c, rng);
+}
+END_TEST
+
+START_TEST(test_fp8_sparse_decode_matches_reference) {
+  REQUIRE_BACKEND();
+  uint64_t rng = harness_seed() ^ (0xf900u + (uint64_t)_i);
+  static const uint32_t pages[] = {1, 16, 64}, topks[] = {64, 128, 512};
+  sparse_case c;
+  memset(&c, 0, sizeof c);
+  char name[96];
+  c.kv_dtype = _i % 2 ? PMLA_DTYPE_FP8_DS_MLA : PMLA_DTYPE_FP8_E4M3;
+  c.heads = fp8_heads[(_i / 2) % N_FP8_HEADS];
+  c.page_size = pages[(_i / 2) % 3];
+  c.topk = topks[rng_below(&rng, 3)];
+  c.cu = 1 + rng_below(&rng, 7);
+  c.tokens = 1 + (int32_t)rng_below(&rng, 4);
+  c.num_pages = (int32_t)(2048 / c.page_size) + 1;
+  c.max_seq_len = 1 + rng_below(&rng, 4096);
+  c.hole_pct = 10;
+  c.dup_pct = 5;
+  snprintf(name, sizeof name, "fp8 sparse #%d (%s, heads %u, page %u, topk %u)", _i,
+           c.kv_dtype == PMLA_DTYPE_FP8_E4M3 ? "e4m3" : "ds_mla", c.heads, c.page_size, c.topk);
+  c.name = name;
+  run_sparse(&c, rng);
+}
+END_TEST
+
 /* ---- sparse ---- */
 
 static void run_sparse(const sparse_case *c, uint64_t seed) {
@@ -263,13 +407,14 @@ static void run_sparse(const sparse_case *c, uint64_t seed) {
   uint32_t max_q = 2, max_batch = (uint32_t)(T + 1) / 2;
   pmla_builder_config cfg = harness_config(c->heads, c->page_size, max_batch, max_q, c->topk,
                                            c->cu);
+  if (c->kv_dtype)
+    cfg.kv_dtype = c->kv_dtype;
   pmla_builder *b = harness_init(&cfg);
   int32_t *idx = malloc(sizeof(int32_t) * (size_t)T * (size_t)K);
-  uint16_t *kv = malloc((size_t)slots * 576 * 2);
+  kv_store kv;
+  kv_store_init(&kv, c->kv_dtype, slots, &rng);
   char *written = calloc((size_t)slots, 1);
-  ck_assert(idx && kv && written);
-  for (size_t i = 0; i < (size_t)slots * 576; i++)
-    kv[i] = REF_BF16_NAN;
+  ck_assert(idx && written);
   for (int32_t t = 0; t < T; t++) {
     int32_t *row = idx + (size_t)t * K;
     int32_t valid = c->valid ? c->valid : K;
@@ -286,16 +431,17 @@ static void run_sparse(const sparse_case *c, uint64_t seed) {
     for (int32_t k = 0; k < K; k++)
       if (row[k] >= 0 && !written[row[k]]) {
         written[row[k]] = 1;
-        fill_row(kv + (size_t)row[k] * 576, &rng);
+        kv_store_fill(&kv, row[k], &rng);
       }
   }
   size_t nq = (size_t)T * H * 576;
   uint16_t *q = malloc(nq * 2);
   fill_q(q, nq, &rng);
-  test_tensor t_idx, t_q, t_kv, t_out, t_lse;
+  test_tensor t_idx, t_q, t_kv, t_out, t_lse, t_scale;
   tt_make2(&t_idx, TT_I32, idx, T, K);
   tt_make3(&t_q, TT_BF16, q, T, H, 576);
-  tt_make3(&t_kv, TT_BF16, kv, c->num_pages, c->page_size, 576);
+  kv_store_tensor(&kv, &t_kv, c->num_pages, c->page_size, 0);
+  tt_make1(&t_scale, TT_F32, &kv.scale, 1);
   tt_make3(&t_out, TT_BF16, NULL, T, H, 512);
   tt_make2(&t_lse, TT_F32, NULL, T, H);
   pmla_sparse_batch sb;
@@ -319,16 +465,18 @@ static void run_sparse(const sparse_case *c, uint64_t seed) {
 
   ref_slot_lists lists;
   ck_assert_int_eq(ref_slots_from_topk(T, K, idx, &lists), 0);
-  ref_problem p = {T, H, q, kv, slots, &lists, cfg.softmax_scale};
+  ref_problem p = {T, H, q, NULL, slots, &lists, cfg.softmax_scale, 0, NULL, 0};
+  kv_store_ref(&kv, &p);
   pmla_decode_args args = decode_args(&t_q, &t_kv, &t_out, &t_lse);
+  args.kv_scale = &t_scale.t;
   decode_and_check(c->name, b, &args, &t_out, &t_lse, &p);
   ref_slot_lists_free(&lists);
-  test_tensor *all[] = {&t_idx, &t_q, &t_kv, &t_out, &t_lse};
+  test_tensor *all[] = {&t_idx, &t_q, &t_kv, &t_out, &t_lse, &t_scale};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     tt_free(all[i]);
   g_be->destroy_builder(b);
   free(idx);
-  free(kv);
+  free(kv.bytes);
   free(written);
   free(q);
 }
@@ -396,6 +544,11 @@ Suite *suite_numerics(void) {
   tcase_add_loop_test(tc, test_sparse_decode_matches_reference, 0, N_SPARSE);
   tcase_add_test(tc, test_sparse_unknown_flags_are_refused);
   tcase_add_test(tc, test_builder_alternates_dense_and_sparse_steps);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("fp8");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_fp8_dense_decode_matches_reference, 0, 4 * N_FP8_HEADS);
+  tcase_add_loop_test(tc, test_fp8_sparse_decode_matches_reference, 0, 2 * N_FP8_HEADS);
   suite_add_tcase(s, tc);
   return s;
 }

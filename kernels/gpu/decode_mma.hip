@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "hip_compat.h"
+#include "kv_load.h"
 #include "kv_map.h"
 #include "launch.h"
 #include "mla_gpu.h"
@@ -78,9 +79,11 @@ template <int MT> struct Cfg {
   static_assert(BN / 8 <= 8, "P row fits the rope chunks");
 };
 
-template <int MT>
+template <int MT, int F>
 __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float scale_log2) {
   using C = Cfg<MT>;
+  constexpr bool FP8 = F != PMLA_KV_BF16;
+  constexpr int ROWB = KvFmt<F>::ROW_BYTES;
   constexpr int NT = C::NT, QKU = C::QKU, KACC = C::KACC, BN = C::BN, STAGES = C::STAGES;
   constexpr int ROWS = C::ROWS, TG = C::TG, TW = C::TW, NTQ = C::NTQ, DW = C::DW, NTV = C::NTV,
                 TPT = C::TPT;
@@ -100,6 +103,11 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
   const int rg = warp % MT, tg = warp / MT;
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
   const char *kvbase = (const char *)p.kv;
+  bool scale_ok;
+  const float out_scale = kv_out_scale<F>(p, scale_ok);
+  if (F == PMLA_KV_E4M3)
+    scale_log2 *= out_scale;
+  RowLoad<F, C::TPT> fp8; /* FP8: the next block's row pieces, in flight */
 
   const int it_end = p.work_indptr[u + 1];
   for (int it = p.work_indptr[u]; it < it_end; it++) {
@@ -116,7 +124,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
       continue;
     }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
-    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+    const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
 
     /* Q tile (rows past the item zero-filled) */
     {
@@ -139,7 +147,8 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
       return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
     };
     int32_t raw_next = raw_at(0);
-    /* loads block blk (whose raw entry is raw_next) and prefetches blk + 1's */
+    /* loads block blk (whose raw entry is raw_next) and prefetches blk + 1's;
+     * FP8 rows only reach registers here, fp8_store puts them in the stage */
     auto load_block = [&](int blk, int st) {
       const int pos = kb + blk * BN + ld_t;
       int64_t slot = pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0)
@@ -147,20 +156,31 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
       bool v = slot >= 0;
       if (ld_sub == 0)
         sValid[st * BN + ld_t] = v;
-      const char *src = v ? kvbase + slot * PITCH : kvbase;
-      char *dst = sKV + st * BN * PITCH;
+      const char *src = v ? kvbase + slot * ROWB : kvbase;
+      if (FP8) {
+        fp8.issue(src, v, ld_sub);
+      } else {
+        char *dst = sKV + st * BN * PITCH;
 #pragma unroll
-      for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
-        int c = ld_sub + k * TPT;
-        cp16(dst + tile_off(ld_t, c), src + (v ? c * 16 : 0), v);
+        for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
+          int c = ld_sub + k * TPT;
+          cp16(dst + tile_off(ld_t, c), src + (v ? c * 16 : 0), v);
+        }
       }
       raw_next = raw_at(blk + 1);
+    };
+    auto fp8_store = [&](int st) {
+      char *dst = sKV + st * BN * PITCH;
+      fp8.store(ld_sub, [&](int c) { return dst + tile_off(ld_t, c); });
     };
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-      if (s < nblk)
+      if (s < nblk) {
         load_block(s, s);
+        if (FP8)
+          fp8_store(s);
+      }
       cp_commit();
     }
 
@@ -184,6 +204,8 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
       if (STAGES == 1) {
         __syncthreads();
         load_block(b, 0);
+        if (FP8)
+          fp8_store(0);
         cp_commit();
         cp_wait<0>();
         __syncthreads();
@@ -354,6 +376,10 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
           }
         }
       }
+      /* FP8: block b + 1's rows, loaded while this block computed, into
+       * the stage block b - 1 left (free since this iteration's barrier) */
+      if (FP8 && STAGES == 2 && b + 1 < nblk)
+        fp8_store((b + 1) % STAGES);
     }
     cp_wait<0>();
     __syncthreads();
@@ -369,7 +395,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
         int rl = mt * 16 + slot_row(lane, sl);
         if (rl >= nrows)
           continue;
-        float l = sL[rl], inv = l > 0.f ? 1.f / l : 0.f;
+        float l = sL[rl], inv = l > 0.f ? out_scale / l : 0.f;
         int64_t ro = (obase + rl) * PMLA_V_DIM;
 #pragma unroll
         for (int nt = 0; nt < NTV; nt++) {
@@ -414,22 +440,33 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
   }
 }
 
-template <int MT>
+template <int MT, int F>
 __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
     pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
   pdl_wait();
   pdl_trigger();
-  decode_body<MT>(p, scale_log2);
+  decode_body<MT, F>(p, scale_log2);
 }
-template <int MT> hipError_t launch_decode(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+template <int MT, int F>
+hipError_t launch_decode(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
   const size_t smem = Cfg<MT>::SMEM;
-  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_kernel<MT>, smem, &opted_in);
+  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_kernel<MT, F>, smem, &opted_in);
   if (e != hipSuccess)
     return e;
   dim3 grid((unsigned)p.num_units, (unsigned)tiles);
-  return pdl_launch(pmla_decode_kernel<MT>, grid, dim3(Cfg<MT>::NT), smem, st, p,
+  return pdl_launch(pmla_decode_kernel<MT, F>, grid, dim3(Cfg<MT>::NT), smem, st, p,
                     p.softmax_scale * LOG2E_F);
+}
+template <int MT> hipError_t launch_format(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+  switch (p.kv_format) {
+  case PMLA_KV_E4M3:
+    return launch_decode<MT, PMLA_KV_E4M3>(p, tiles, st);
+  case PMLA_KV_DS_MLA:
+    return launch_decode<MT, PMLA_KV_DS_MLA>(p, tiles, st);
+  default:
+    return launch_decode<MT, PMLA_KV_BF16>(p, tiles, st);
+  }
 }
 
 } /* namespace */
@@ -438,11 +475,11 @@ hipError_t pmla_launch_decode_mma(const pmla_gpu_problem &p, int mt, int tiles, 
   switch (mt) {
 #ifdef PMLA_PLATFORM_NVIDIA
   case 2:
-    return launch_decode<2>(p, tiles, st);
+    return launch_format<2>(p, tiles, st);
   case 4:
-    return launch_decode<4>(p, tiles, st);
+    return launch_format<4>(p, tiles, st);
 #endif
   default:
-    return launch_decode<1>(p, tiles, st);
+    return launch_format<1>(p, tiles, st);
   }
 }

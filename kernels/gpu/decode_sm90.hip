@@ -55,6 +55,7 @@
 
 #include "config.h"
 #include "hip_compat.h"
+#include "kv_load.h"
 #include "kv_map.h"
 #include "launch.h"
 #include "mla_gpu.h"
@@ -175,7 +176,8 @@ __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) 
 __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const float (&o)[128],
                                            const float *sM, const float *sL,
                                            int g, int lane, const int (&myrow)[2], int nrows,
-                                           int32_t pslot, int32_t qb, int row0, int tid) {
+                                           int32_t pslot, int32_t qb, int row0, int tid,
+                                           float out_scale) {
   const int H = p.num_heads;
   const int64_t obase =
       pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
@@ -184,7 +186,7 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
     int rl = myrow[sl];
     if (rl >= nrows)
       continue;
-    float l = sL[rl], inv = l > 0.f ? 1.f / l : 0.f;
+    float l = sL[rl], inv = l > 0.f ? out_scale / l : 0.f;
     int64_t ro = (obase + rl) * PMLA_V_DIM;
 #pragma unroll
     for (int j = 0; j < 32; j++) {
@@ -205,8 +207,15 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
       p.lse[obase + tid] = lse;
   }
 }
+template <int F>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
+  constexpr bool FP8 = F != PMLA_KV_BF16;
+  constexpr int ROWB = KvFmt<F>::ROW_BYTES;
+  bool scale_ok;
+  const float out_scale = kv_out_scale<F>(p, scale_ok);
+  if (F == PMLA_KV_E4M3)
+    scale_log2 *= out_scale;
   extern __shared__ __align__(1024) char smem_wg[];
   char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
   char *sKV = sQ + TILE;
@@ -257,7 +266,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       continue;
     }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
-    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+    const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
     float o[128];
 #pragma unroll
     for (int e = 0; e < 128; e++)
@@ -282,9 +291,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
       };
       int32_t raw_next = raw_at(0);
+      RowLoad<F, TPT> fp8; /* FP8: the pending block's row pieces, in flight */
       /* issues block blk into stage st; returns whether the loader still has
        * to arrive on the stage's barrier after its cp.async wait (cp.async
-       * blocks, and block 0 whose wait also covers Q) */
+       * blocks, and block 0 whose wait also covers Q); an FP8 block is only
+       * in registers until that arrival stores it */
       auto load_block = [&](int blk, int st) -> bool {
         const int pos = kb + blk * BN + ld_t;
         int64_t slot =
@@ -293,7 +304,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         store_token_bits<TPT>(sVm, st, wi, lane, v);
         const uint32_t bar = aFull + 8 * st;
 #if PMLA_WG_TMA
-        const int64_t first = use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+        const int64_t first =
+            !FP8 && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
           if (t == 0) {
             if (blk == 0)
@@ -308,12 +320,16 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           return blk == 0;
         }
 #endif
-        const char *src = v ? kvbase + slot * PITCH : kvbase;
-        char *dst = sKV + st * TILE;
+        const char *src = v ? kvbase + slot * ROWB : kvbase;
+        if (FP8) {
+          fp8.issue(src, v, ld_sub);
+        } else {
+          char *dst = sKV + st * TILE;
 #pragma unroll
-        for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
-          int c = ld_sub + k * TPT;
-          cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
+          for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
+            int c = ld_sub + k * TPT;
+            cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
+          }
         }
         raw_next = raw_at(blk + 1);
         return true;
@@ -325,6 +341,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       for (int b = 0; b < nblk; b++) {
         if (pending & (1u << (b & 1))) {
           cp_wait<0>();
+          if (FP8) {
+            char *dst = sKV + (b & 1) * TILE;
+            fp8.store(ld_sub, [&](int c) { return dst + off(ld_t, c); });
+          }
           proxy_fence();
           mbar_arrive(aFull + 8 * (b & 1));
           pending &= ~(1u << (b & 1));
@@ -446,7 +466,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     __syncthreads();
 
-    store_tile(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, tid);
+    store_tile(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, tid, out_scale);
     __syncthreads();
   }
 }
@@ -454,13 +474,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
  * boxes, 128B swizzle), valid when use_tma */
+template <int F>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp(p, scale_log2, &kv_tmap, use_tma);
+  body_pp<F>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -488,7 +509,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
  * the map cannot describe) */
 int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-  if (!PMLA_WG_TMA || !enc || p.map.topk || p.map.page_size % BN != 0 ||
+  if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_BF16 || p.map.topk ||
+      p.map.page_size % BN != 0 ||
       p.map.num_slots < BN || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
     return 0;
   cuuint64_t dim[2] = {PMLA_QK_DIM, (cuuint64_t)p.map.num_slots};
@@ -498,23 +520,31 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
+template <int F>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
-  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel, SMEM, &opted_in);
+  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F>, SMEM, &opted_in);
   if (e != hipSuccess)
     return e;
   const dim3 grid((unsigned)p.num_units, (unsigned)tiles);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
   const int use_tma = kv_tensor_map(&tmap, p);
-  return pdl_launch(pmla_decode_sm90_kernel, grid, dim3(NT), SMEM, st, p,
+  return pdl_launch(pmla_decode_sm90_kernel<F>, grid, dim3(NT), SMEM, st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
 } /* namespace */
 
 hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
-  return launch_decode_wg(p, tiles, st);
+  switch (p.kv_format) {
+  case PMLA_KV_E4M3:
+    return launch_decode_wg<PMLA_KV_E4M3>(p, tiles, st);
+  case PMLA_KV_DS_MLA:
+    return launch_decode_wg<PMLA_KV_DS_MLA>(p, tiles, st);
+  default:
+    return launch_decode_wg<PMLA_KV_BF16>(p, tiles, st);
+  }
 }
 
 void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
@@ -522,7 +552,8 @@ void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
 bool pmla_sm90_image_runs() {
   /* binaryVersion 90: the sm_90a image (the one with the body) runs here */
   cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16>) !=
+      cudaSuccess) {
     cudaGetLastError(); /* no image for this device: no error left behind */
     return false;
   }

@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: MIT
-"""ctypes mirror of abi/pmla.h, abi/pmla_registry.h and dlpack.h (ABI 1.0)."""
+"""ctypes mirror of abi/pmla.h, abi/pmla_registry.h and dlpack.h (ABI 1.1)."""
 import ctypes
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_float, c_int,
                     c_int32, c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
                     c_void_p)
 
 ABI_MAJOR = 1
-ABI_MINOR = 0
+ABI_MINOR = 1
 
 
 def version(major, minor):
@@ -35,6 +35,7 @@ ERR_INTERNAL = 11
 
 DTYPE_BF16 = 1
 DTYPE_FP8_E4M3 = 2
+DTYPE_FP8_DS_MLA = 3
 KV_BLOCK_TABLE = 1
 KV_CSR = 2
 SPARSE_NO_SPLIT_CAP = 1
@@ -114,7 +115,8 @@ class SparseBatch(Structure):
 class DecodeArgs(Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("q", c_void_p),
                 ("kv_cache", c_void_p), ("out", c_void_p), ("lse", c_void_p),
-                ("stream", c_void_p)]
+                ("stream", c_void_p),
+                ("kv_scale", c_void_p)]
 
 
 # The builder handle is passed as c_void_p; structs by address (c_void_p too:
@@ -149,7 +151,7 @@ def _check_layout():
     assert BuilderInfo.buffer_bytes.offset == 32 and ctypes.sizeof(BuilderInfo) == 104
     assert DecodeBatch.stream.offset == 56 and ctypes.sizeof(DecodeBatch) == 64
     assert SparseBatch.max_seq_len.offset == 16 and ctypes.sizeof(SparseBatch) == 32
-    assert DecodeArgs.stream.offset == 40 and ctypes.sizeof(DecodeArgs) == 48
+    assert DecodeArgs.kv_scale.offset == 48 and ctypes.sizeof(DecodeArgs) == 56
     assert ctypes.sizeof(DLTensor) == 48
 
 

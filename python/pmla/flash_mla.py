@@ -43,8 +43,12 @@ def _not_served(what):
 def _take_builder(key):
     with _pool_lock:
         idle = _pool.get(key)
-        if idle:
-            return idle.pop()
+        # a pooled builder may have been closed since (the cycle collector
+        # finalises a dropped metadata object and its builders together)
+        while idle:
+            b = idle.pop()
+            if b._h is not None:
+                return b
     backend, device, heads, page_size, max_q_len, topk, scale, max_batch = key
     try:
         return Builder(heads, backend=backend, page_size=page_size, max_batch=max_batch,
@@ -125,9 +129,11 @@ class MLAMetadata:
             self.batch, self.num_q_tokens_per_head_k, len(self._builders))
 
 
-def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
-                     is_fp8_kvcache=False, topk=None):
-    """FlashMLA's get_mla_metadata. Returns (tile_scheduler_metadata,
+def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads_k=1,
+                     num_heads_q=None, is_fp8_kvcache=False, topk=None):
+    """FlashMLA's get_mla_metadata, in both of its forms: with the step's
+    arguments (cache_seqlens, num_q_tokens_per_head_k, num_heads_k, ...) or
+    with none (FlashMLA's newest API). Returns (tile_scheduler_metadata,
     num_splits): opaque objects for flash_mla_with_kvcache. No device work:
     the step is planned on the first flash_mla_with_kvcache call."""
     if is_fp8_kvcache:

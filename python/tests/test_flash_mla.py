@@ -128,6 +128,28 @@ class TestFlashMLA(unittest.TestCase):
         self.check(c, out, lse, False, what="pooled builder")
         fm.clear_pool()
 
+    def test_dropped_metadata_never_hands_out_a_closed_builder(self):
+        # the metadata and its builders become garbage together; the cycle
+        # collector may close a builder after it went back to the pool
+        fm.clear_pool()
+        c = Case(12, [5, 6], 1, h=64)
+        for i in range(4):
+            meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+            out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table,
+                                                 c.cache_seqlens, 512, meta, splits)
+            self.check(c, out, lse, False, what="step %d" % i)
+            del meta, splits, out, lse
+            gc.collect()
+        fm.clear_pool()
+
+    def test_metadata_without_arguments(self):
+        # FlashMLA's newest form: get_mla_metadata() and plan on first use
+        c = Case(13, [9, 0, 17], 2)
+        meta, splits = fm.get_mla_metadata()
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens,
+                                             512, meta, splits, causal=True)
+        self.check(c, out, lse, True, what="get_mla_metadata()")
+
     def test_softmax_scale(self):
         c = Case(11, [20], 1)
         meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)

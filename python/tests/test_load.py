@@ -15,8 +15,8 @@ class TestLoad(unittest.TestCase):
         self.assertIn("pmla-cpu", names)
         self.assertIn("pmla", names)
         cpu = [b for b in p.backends if b.name == "pmla-cpu"][0]
-        self.assertEqual(cpu.abi_version, "1.0")
-        self.assertEqual(cpu.agreed_version, "1.0")
+        self.assertEqual(cpu.abi_version, "1.1")
+        self.assertEqual(cpu.agreed_version, "1.1")
         self.assertTrue(cpu.description)
         self.assertTrue(os.path.exists(cpu.path), cpu.path)
         self.assertIsInstance(p.diagnostics, str)

@@ -4,7 +4,8 @@
  * bandwidth measured at start; --check compares against the fp64 reference.
  *
  *   FLOPs = 2 * h * s_q * sum(L) * (576 + 512)
- *   bytes = sum(L) * 1152 + q bytes + out bytes
+ *   bytes = sum(L) * (bytes per KV row as stored: 1152 bf16, 576 fp8_e4m3,
+ *           656 fp8_ds_mla) + q bytes + out bytes
  *
  * Plugins come from --plugin (each a registry search path of its own; then
  * $PMLA_PLUGIN_PATH is not read), else from the registry's default search:
@@ -31,6 +32,7 @@
 typedef struct shape {
   int b, L, L_max, h, sq; /* L_max > L: lengths uniform in [L, L_max] */
   int sparse_topk;       /* > 0: sparse, b = tokens, L = KV cache slots */
+  int kv;                /* pmla_dtype of the cache; 0: --kv's (default bf16) */
 } bench_shape;
 
 #define MAX_PLUGINS 8
@@ -40,6 +42,7 @@ typedef struct options {
   const char *plugins[MAX_PLUGINS]; /* --plugin, repeatable: side by side */
   int nplugins;
   int iters, warmup, check, json, cu, seed, flush, device;
+  int kv; /* --kv: the cache dtype of shapes that do not name one */
   bench_shape shapes[64];
   int nshapes;
 } options;
@@ -118,7 +121,10 @@ static double copy_bandwidth(const devmem *m) {
 typedef struct problem {
   int tokens, heads;
   int64_t sum_L;
-  uint16_t *q, *kv;
+  uint16_t *q;
+  uint8_t *kv;   /* rows of row_bytes */
+  int kv_dtype;  /* pmla_dtype */
+  int64_t row_bytes;
   int64_t num_pages, page_size;
   /* dense */
   int batch, max_pages;
@@ -129,9 +135,52 @@ typedef struct problem {
   int64_t max_seq_len;
 } problem;
 
-static void make_problem(const bench_shape *s, int page_size, int poison, problem *p) {
+static int64_t kv_row_bytes(int kv_dtype) {
+  return kv_dtype == PMLA_DTYPE_FP8_E4M3 ? 576 : kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? 656 : 1152;
+}
+
+/* one KV row of random values in [-1, 1] as stored: bf16; e4m3 bytes of
+ * magnitude <= 1.875 (with kv_scale 0.5); DS_MLA: e4m3 with tile scales
+ * 2^-1, bf16 rope */
+static void fill_kv_row(uint8_t *row, int kv_dtype) {
+  if (kv_dtype == PMLA_DTYPE_BF16) {
+    for (int d = 0; d < QK; d++) {
+      uint16_t h = ref_float_to_bf16(next_unit());
+      memcpy(row + 2 * d, &h, 2);
+    }
+    return;
+  }
+  const int latent = kv_dtype == PMLA_DTYPE_FP8_E4M3 ? QK : DV;
+  for (int d = 0; d < latent; d++)
+    row[d] = (uint8_t)(next_u64() & 0xbf);
+  if (kv_dtype == PMLA_DTYPE_FP8_DS_MLA) {
+    const float half = 0.5f;
+    for (int t = 0; t < 4; t++)
+      memcpy(row + 512 + 4 * t, &half, 4);
+    for (int d = 0; d < QK - DV; d++) {
+      uint16_t h = ref_float_to_bf16(next_unit());
+      memcpy(row + 528 + 2 * d, &h, 2);
+    }
+  }
+}
+
+/* a row that must never be read: NaN in every dtype */
+static void poison_kv_row(uint8_t *row, int kv_dtype) {
+  if (kv_dtype == PMLA_DTYPE_BF16)
+    for (int d = 0; d < QK; d++)
+      memcpy(row + 2 * d, &(uint16_t){REF_BF16_NAN}, 2);
+  else
+    memset(row, 0xff, (size_t)kv_row_bytes(kv_dtype));
+}
+
+#define BENCH_KV_SCALE 0.5f /* fp8_e4m3's kv_scale */
+
+static void make_problem(const bench_shape *s, int kv_dtype, int page_size, int poison,
+                         problem *p) {
   memset(p, 0, sizeof *p);
   p->heads = s->h;
+  p->kv_dtype = kv_dtype;
+  p->row_bytes = kv_row_bytes(kv_dtype);
   p->page_size = page_size;
   if (s->sparse_topk) {
     p->tokens = s->b * s->sq;
@@ -174,10 +223,10 @@ static void make_problem(const bench_shape *s, int page_size, int poison, proble
     free(perm);
   }
   size_t slots = (size_t)p->num_pages * (size_t)page_size;
-  p->kv = malloc(sizeof(uint16_t) * slots * QK);
+  p->kv = malloc(slots * (size_t)p->row_bytes);
   p->q = malloc(sizeof(uint16_t) * (size_t)p->tokens * (size_t)p->heads * QK);
-  for (size_t i = 0; i < slots * QK; i++)
-    p->kv[i] = ref_float_to_bf16(next_unit());
+  for (size_t i = 0; i < slots; i++)
+    fill_kv_row(p->kv + i * (size_t)p->row_bytes, kv_dtype);
   for (size_t i = 0; i < (size_t)p->tokens * (size_t)p->heads * QK; i++)
     p->q[i] = ref_float_to_bf16(next_unit());
   if (poison && !s->sparse_topk) { /* NaN in every slot past a request's length */
@@ -187,8 +236,7 @@ static void make_problem(const bench_shape *s, int page_size, int poison, proble
         continue;
       int64_t page = p->block_table[(int64_t)r * p->max_pages + used - 1];
       for (int64_t o = p->kv_lens[r] - (int64_t)(used - 1) * page_size; o < page_size; o++)
-        for (int d = 0; d < QK; d++)
-          p->kv[(page * page_size + o) * QK + d] = REF_BF16_NAN;
+        poison_kv_row(p->kv + (page * page_size + o) * p->row_bytes, kv_dtype);
     }
   }
 }
@@ -218,7 +266,10 @@ static int check_against_reference(const problem *p, const uint16_t *out, const 
   size_t n = (size_t)p->tokens * (size_t)p->heads;
   double *ref = malloc(sizeof(double) * n * DV), *ref_lse = malloc(sizeof(double) * n);
   float *got = malloc(sizeof(float) * n * DV);
-  ref_problem rp = {p->tokens, p->heads, p->q, p->kv, p->num_pages * p->page_size, &lists, scale};
+  ref_problem rp = {p->tokens, p->heads, p->q, NULL, p->num_pages * p->page_size, &lists, scale,
+                    p->kv_dtype, p->kv, BENCH_KV_SCALE};
+  if (p->kv_dtype == PMLA_DTYPE_BF16)
+    rp.kv = (const uint16_t *)(const void *)p->kv;
   ref_mla_decode(&rp, ref, ref_lse);
   for (size_t i = 0; i < n * DV; i++)
     got[i] = ref_bf16_to_float(out[i]);
@@ -241,12 +292,14 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   memset(&res, 0, sizeof res);
   rng = seed; /* every plugin sees the same batch, pages and data */
   problem p;
-  make_problem(s, 64, o->check, &p);
+  const int kv_dtype = s->kv ? s->kv : o->kv;
+  make_problem(s, kv_dtype, 64, o->check, &p);
   pmla_builder_config cfg =
       test_config((uint32_t)s->h, 64, (uint32_t)(s->sparse_topk ? p.tokens : s->b),
                   (uint32_t)(s->sparse_topk ? 1 : s->sq), (uint32_t)s->sparse_topk,
                   (uint32_t)o->cu);
   cfg.device = m->device_id;
+  cfg.kv_dtype = (uint32_t)kv_dtype;
   pmla_builder *b = NULL;
   pmla_status st = be->init_builder(&cfg, &b);
   if (st)
@@ -254,13 +307,20 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
 
   size_t q_bytes = (size_t)p.tokens * (size_t)p.heads * QK * 2;
   size_t out_bytes = (size_t)p.tokens * (size_t)p.heads * DV * 2;
-  size_t kv_bytes = (size_t)p.num_pages * (size_t)p.page_size * QK * 2;
+  size_t kv_bytes = (size_t)p.num_pages * (size_t)p.page_size * (size_t)p.row_bytes;
+  const float kv_scale = BENCH_KV_SCALE;
   void *d_q = upload(m, p.q, q_bytes), *d_kv = upload(m, p.kv, kv_bytes);
+  void *d_scale = upload(m, &kv_scale, sizeof kv_scale);
   void *d_out = upload(m, NULL, out_bytes), *d_lse = upload(m, NULL, (size_t)p.tokens * (size_t)p.heads * 4);
-  int64_t q_shape[3] = {p.tokens, p.heads, QK}, kv_shape[3] = {p.num_pages, p.page_size, QK};
+  int64_t q_shape[3] = {p.tokens, p.heads, QK},
+          kv_shape[3] = {p.num_pages, p.page_size, kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? 656 : QK},
+          one[1] = {1};
   int64_t out_shape[3] = {p.tokens, p.heads, DV}, lse_shape[2] = {p.tokens, p.heads};
   DLDataType bf16 = {kDLBfloat, 16, 1}, i32 = {kDLInt, 32, 1}, f32 = {kDLFloat, 32, 1};
-  DLTensor tq = tensor(d_q, m, bf16, 3, q_shape), tkv = tensor(d_kv, m, bf16, 3, kv_shape);
+  DLDataType u8 = {kDLUInt, 8, 1};
+  DLTensor tq = tensor(d_q, m, bf16, 3, q_shape);
+  DLTensor tkv = tensor(d_kv, m, kv_dtype == PMLA_DTYPE_BF16 ? bf16 : u8, 3, kv_shape);
+  DLTensor tscale = tensor(d_scale, m, f32, 1, one);
   DLTensor tout = tensor(d_out, m, bf16, 3, out_shape), tlse = tensor(d_lse, m, f32, 2, lse_shape);
 
   void *d_a = NULL, *d_b = NULL, *d_c = NULL;
@@ -298,7 +358,7 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
     db.kv_lens = &tc;
     db.stream = m->stream();
   }
-  pmla_decode_args da = {sizeof da, 0, &tq, &tkv, &tout, &tlse, m->stream()};
+  pmla_decode_args da = {sizeof da, 0, &tq, &tkv, &tout, &tlse, m->stream(), &tscale};
 
   size_t flush_bytes = m->device_type == kDLCPU || !o->flush ? 0 : (size_t)256 << 20;
   void *flush = flush_bytes ? m->alloc(flush_bytes) : NULL;
@@ -332,7 +392,7 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   res.us = median(t, n);
   res.meta_us = median(tm, n);
   double flops = 2.0 * s->h * (s->sparse_topk ? 1 : s->sq) * (double)p.sum_L * (QK + DV);
-  double bytes = (double)p.sum_L * QK * 2 + (double)q_bytes + (double)out_bytes;
+  double bytes = (double)p.sum_L * (double)p.row_bytes + (double)q_bytes + (double)out_bytes;
   res.tflops = flops / (res.us * 1e6);
   res.gbps = bytes / (res.us * 1e3);
   res.copy_frac = copy_gbps > 0 ? res.gbps / copy_gbps : 0;
@@ -357,6 +417,7 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   m->release(flush);
   m->release(d_q);
   m->release(d_kv);
+  m->release(d_scale);
   m->release(d_out);
   m->release(d_lse);
   m->release(d_a);
@@ -389,6 +450,19 @@ static int option_int(const char *name, const char *text, int min) {
   return v;
 }
 
+/* kv=NAME: bf16, fp8 (per-tensor e4m3) or ds_mla; 0 for anything else */
+static int kv_dtype_of(const char *name) {
+  return !strcmp(name, "bf16")     ? PMLA_DTYPE_BF16
+         : !strcmp(name, "fp8")    ? PMLA_DTYPE_FP8_E4M3
+         : !strcmp(name, "ds_mla") ? PMLA_DTYPE_FP8_DS_MLA
+                                   : 0;
+}
+
+static const char *kv_dtype_name(int kv_dtype) {
+  return kv_dtype == PMLA_DTYPE_FP8_E4M3 ? "fp8" : kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? "ds_mla"
+                                                                                   : "bf16";
+}
+
 /* Parses a shape SPEC; on error says what is wrong in why. */
 static int parse_shape(const char *text, bench_shape *s, char *why, size_t size) {
   memset(s, 0, sizeof *s);
@@ -401,6 +475,11 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
     if (!value)
       return snprintf(why, size, "'%s' is not FIELD=VALUE", tok), -1;
     *value++ = '\0';
+    if (!strcmp(tok, "kv")) {
+      if ((s->kv = kv_dtype_of(value)) == 0)
+        return snprintf(why, size, "kv must be bf16, fp8 or ds_mla, not '%s'", value), -1;
+      continue;
+    }
     char *dash = strcmp(tok, "L") == 0 && *value ? strchr(value + 1, '-') : NULL;
     if (dash) /* L=MIN-MAX: lengths uniform in [MIN, MAX] */
       *dash = '\0';
@@ -412,7 +491,8 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
                : !strcmp(tok, "topk")                       ? &s->sparse_topk
                                                             : NULL;
     if (!field)
-      return snprintf(why, size, "unknown field '%s' (b, tokens, L, slots, h, sq, topk)", tok), -1;
+      return snprintf(why, size, "unknown field '%s' (b, tokens, L, slots, h, sq, topk, kv)",
+                      tok), -1;
     int min = field == &s->L ? 0 : 1;
     if (to_int(value, min, &v))
       return snprintf(why, size, "%s must be a %s integer, not '%s'", tok,
@@ -503,16 +583,20 @@ static void usage(void) {
   puts("usage: pmla-bench [--backend NAME] [--plugin PATH]... [--shape SPEC]... [--suite dense|sparse]\n"
        "                  [--iters N] [--warmup N] [--cu N] [--device N] [--check] [--no-flush]\n"
        "                  [--json]\n"
-       "SPEC: b=128,L=4096,h=16[,sq=2] (L=2048-6144 for uniform lengths),\n"
+       "                  [--kv bf16|fp8|ds_mla]\n"
+       "SPEC: b=128,L=4096,h=16[,sq=2][,kv=fp8] (L=2048-6144 for uniform lengths),\n"
        "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)\n"
+       "--kv: the KV cache dtype of shapes without kv= (bf16; fp8 = per-tensor e4m3,\n"
+       "      ds_mla = DeepSeek V3.2's 656-byte rows); bytes count the cache as stored\n"
        "--plugin PATH: a plugin file or directory (repeat to compare side by side);\n"
        "      without it, $PMLA_PLUGIN_PATH, else the installed plugin directory\n"
        "--device N: the GPU to run on (default 0; pmla-cpu has device 0 only)");
 }
 
 int main(int argc, char **argv) {
-  options o = {.backend = "pmla-cpu", .iters = 0, .warmup = -1, .flush = 1};
-  enum { OPT_NO_FLUSH = 256 };
+  options o = {.backend = "pmla-cpu", .iters = 0, .warmup = -1, .flush = 1,
+               .kv = PMLA_DTYPE_BF16};
+  enum { OPT_NO_FLUSH = 256, OPT_KV };
   static const struct option longopts[] = {
       {"backend", required_argument, NULL, 'b'}, {"plugin", required_argument, NULL, 'p'},
       {"shape", required_argument, NULL, 's'},   {"suite", required_argument, NULL, 'S'},
@@ -520,11 +604,18 @@ int main(int argc, char **argv) {
       {"cu", required_argument, NULL, 'c'},      {"check", no_argument, NULL, 'k'},
       {"json", no_argument, NULL, 'j'},          {"no-flush", no_argument, NULL, OPT_NO_FLUSH},
       {"device", required_argument, NULL, 'd'},  {"help", no_argument, NULL, 'h'},
+      {"kv", required_argument, NULL, OPT_KV},
       {NULL, 0, NULL, 0}};
   int opt;
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (opt) {
     case 'b': o.backend = optarg; break;
+    case OPT_KV:
+      if ((o.kv = kv_dtype_of(optarg)) == 0) {
+        fprintf(stderr, "pmla-bench: --kv: '%s' is not bf16, fp8 or ds_mla\n", optarg);
+        return 2;
+      }
+      break;
     case 'p':
       if (o.nplugins == MAX_PLUGINS) {
         fprintf(stderr, "pmla-bench: --plugin %s: at most %d plugins side by side\n", optarg,
@@ -624,9 +715,12 @@ int main(int argc, char **argv) {
     for (int nocap = 0; nocap <= (s->sparse_topk ? 1 : 0); nocap++)
       for (int k = 0; k < o.nplugins; k++) {
         result r = run_shape(&o, be[k], m, s, copy_gbps, nocap, seed);
-        char name[96], tag[16] = "";
+        char name[112], tag[32] = "";
+        const int kvd = s->kv ? s->kv : o.kv;
+        if (kvd != PMLA_DTYPE_BF16)
+          snprintf(tag, sizeof tag, " kv=%s", kv_dtype_name(kvd));
         if (o.nplugins > 1)
-          snprintf(tag, sizeof tag, " @%d", k);
+          snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " @%d", k);
         if (s->sparse_topk)
           snprintf(name, sizeof name, "sparse t=%d slots=%d h=%d topk=%d sq=%d%s%s", s->b, s->L,
                    s->h, s->sparse_topk, s->sq, nocap ? " nocap" : "", tag);
