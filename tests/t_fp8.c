@@ -107,6 +107,17 @@ static int fx_out_intact(const fx *f) {
   return 1;
 }
 
+/* What a 1.0 host passes: the first 48 bytes of args in a block of exactly
+ * that size (a read past it shows under the sanitizers), struct_size 48 */
+static void *args_1_0(const pmla_decode_args *args) {
+  unsigned char *p = malloc(PMLA_DECODE_ARGS_SIZE_1_0);
+  ck_assert(p);
+  memcpy(p, args, PMLA_DECODE_ARGS_SIZE_1_0);
+  const uint32_t size = PMLA_DECODE_ARGS_SIZE_1_0;
+  memcpy(p, &size, sizeof size);
+  return p;
+}
+
 /* decode(args) fails with `want`, a message naming `what`, out untouched */
 static void expect_refused(fx *f, const pmla_decode_args *args, pmla_status want,
                            const char *what, const char *label) {
@@ -204,10 +215,7 @@ START_TEST(test_fp8_e4m3_requires_a_kv_scale_tensor) {
   expect_refused(&f, &a, PMLA_ERR_INVALID_ARGUMENT, "kv_scale", "NULL kv_scale");
   /* a 1.0 host's struct: exactly its 48 bytes, so reading past them shows
    * under the sanitizers */
-  pmla_decode_args *small = malloc(PMLA_DECODE_ARGS_SIZE_1_0);
-  ck_assert(small);
-  memcpy(small, &f.args, PMLA_DECODE_ARGS_SIZE_1_0);
-  small->struct_size = PMLA_DECODE_ARGS_SIZE_1_0;
+  void *small = args_1_0(&f.args);
   expect_refused(&f, small, PMLA_ERR_INVALID_ARGUMENT, "kv_scale", "1.0-sized args");
   free(small);
   test_tensor two, f64;
@@ -278,10 +286,7 @@ START_TEST(test_a_1_0_args_struct_decodes_like_the_1_1_struct) {
     ck_assert_int_eq(g_be->decode(f.b, &f.args), PMLA_OK);
     tt_download(&f.out, full);
     fx_poison_out(&f);
-    pmla_decode_args *small = malloc(PMLA_DECODE_ARGS_SIZE_1_0);
-    ck_assert(small);
-    memcpy(small, &f.args, PMLA_DECODE_ARGS_SIZE_1_0);
-    small->struct_size = PMLA_DECODE_ARGS_SIZE_1_0;
+    void *small = args_1_0(&f.args);
     pmla_status st = g_be->decode(f.b, small);
     ck_assert_msg(st == PMLA_OK, "kv_dtype %u, 1.0 args: %s", dts[i], g_be->last_error(f.b));
     free(small);

@@ -521,8 +521,8 @@ END_TEST
 /* One builder alternates dense and sparse steps; each is right. */
 START_TEST(test_builder_alternates_dense_and_sparse_steps) {
   REQUIRE_BACKEND();
-  dense_case d = {"dense step", 16, 16, 3, BT, 3, {1, 2, 1}, {40, 130, 7}, 0, 1, 0};
-  sparse_case s = {"sparse step", 16, 16, 512, 3, 4, 64, 1000, 10, 5, 0, 0, 0};
+  dense_case d = {"dense step", 16, 16, 3, BT, 3, {1, 2, 1}, {40, 130, 7}, 0, 1, 0, 0};
+  sparse_case s = {"sparse step", 16, 16, 512, 3, 4, 64, 1000, 10, 5, 0, 0, 0, 0};
   /* separate builders per run_* call; repeat to catch state carried across
    * builders in the same process */
   for (int i = 0; i < 2; i++) {

@@ -39,12 +39,16 @@ extern "C" int32_t pmla_gpu_prepare(void) {
 /* 64-row tiles for every head count (h=16 padded as FlashMLA pads) where
  * the wgmma kernel runs and every dense block can come by TMA: faster than
  * the 16/32-row mma.sync body (docs/performance.md). Not for a builder that
- * serves top-k steps or pages below 64 slots: their per-token cp.async
- * gather starves the one-loader-warpgroup body. */
-extern "C" int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk, int32_t sm90) {
+ * serves top-k steps, pages below 64 slots or an FP8 cache: their per-token
+ * gather (and dequantisation) starves the one-loader-warpgroup body, and a
+ * padded 64-row tile quadruples the math of 16 heads. */
+extern "C" int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk, int32_t kv_format,
+                                   int32_t sm90) {
   if (PMLA_MIN_MT)
     return PMLA_MIN_MT;
-  return sm90 && PMLA_WG_TMA && topk == 0 && page_size % 64 == 0 ? 4 : 1;
+  return sm90 && PMLA_WG_TMA && topk == 0 && page_size % 64 == 0 && kv_format == PMLA_KV_BF16
+             ? 4
+             : 1;
 }
 
 extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len,
