@@ -175,7 +175,23 @@ typedef struct pmla_builder_config {
   float softmax_scale;    /* > 0 and finite; usually 576^-0.5 */
   int32_t device;         /* GPU ordinal; must be 0 for pmla-cpu */
   uint32_t cu_count;      /* 0 = all CUs / online CPUs; else 1..1024 */
+  /* --- 1.1 --- */
+  uint32_t flags;         /* pmla_builder_flags; absent (1.0 host) = 0 */
 } pmla_builder_config;
+
+/* The 1.0 size of pmla_builder_config: a host built against 1.0 passes it. */
+#define PMLA_BUILDER_CONFIG_SIZE_1_0 56u
+
+/* pmla_builder_config.flags (1.1) */
+enum pmla_builder_flags {
+  /* A request's out and lse are bitwise the same whatever else is in the
+   * step (the other requests, their order, the batch size) and whatever
+   * cu_count is: they depend only on its own q, KV and length and the
+   * builder's fixed configuration. Bitwise equality holds per backend and
+   * device model. Today every request runs as one piece (no split), so a
+   * long request alone in a step uses one unit per head tile. */
+  PMLA_BUILDER_BATCH_INVARIANT = 1u << 0
+};
 
 typedef struct pmla_builder_info {
   uint32_t struct_size;
@@ -307,7 +323,9 @@ _Static_assert(offsetof(pmla_backend, init_builder) == 24, "1.0 layout");
 _Static_assert(offsetof(pmla_backend, copy_buffer) == 88, "1.0 layout");
 _Static_assert(sizeof(pmla_backend) == 96, "1.0 layout");
 _Static_assert(offsetof(pmla_builder_config, softmax_scale) == 44, "1.0 layout");
-_Static_assert(sizeof(pmla_builder_config) == 56, "1.0 layout");
+_Static_assert(offsetof(pmla_builder_config, flags) == PMLA_BUILDER_CONFIG_SIZE_1_0,
+               "1.1 layout");
+_Static_assert(sizeof(pmla_builder_config) == 60, "1.1 layout");
 _Static_assert(offsetof(pmla_builder_info, buffer_bytes) == 32, "1.0 layout");
 _Static_assert(sizeof(pmla_builder_info) == 104, "1.0 layout");
 _Static_assert(offsetof(pmla_decode_batch, stream) == 56, "1.0 layout");

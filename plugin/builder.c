@@ -93,11 +93,16 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: out is NULL");
   if (!cfg)
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "init_builder: config is NULL");
-  if (cfg->struct_size < sizeof(pmla_builder_config))
+  if (cfg->struct_size < PMLA_BUILDER_CONFIG_SIZE_1_0)
     return pmla_fail(NULL, PMLA_ERR_STRUCT_SIZE,
                      "init_builder: config.struct_size = %u is smaller than the ABI 1.0 "
-                     "pmla_builder_config (%zu bytes)",
-                     cfg->struct_size, sizeof(pmla_builder_config));
+                     "pmla_builder_config (%u bytes)",
+                     cfg->struct_size, PMLA_BUILDER_CONFIG_SIZE_1_0);
+  /* a 1.0 host's config ends before flags: read what it has, the rest is 0 */
+  pmla_builder_config c;
+  memset(&c, 0, sizeof c);
+  memcpy(&c, cfg, cfg->struct_size < sizeof c ? cfg->struct_size : sizeof c);
+  cfg = &c;
   uint32_t h = cfg->num_heads;
   if (h < 1 || h > PMLA_MAX_HEADS)
     return pmla_fail(NULL, PMLA_ERR_UNSUPPORTED,
@@ -139,6 +144,11 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
                      "init_builder: config.device = %d; accepted: a device ordinal >= 0",
                      cfg->device);
+  if (cfg->flags & ~(uint32_t)PMLA_BUILDER_BATCH_INVARIANT)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.flags = 0x%x; accepted: 0 or "
+                     "PMLA_BUILDER_BATCH_INVARIANT (0x%x)",
+                     cfg->flags, (unsigned)PMLA_BUILDER_BATCH_INVARIANT);
   memcpy(out, cfg, sizeof *out);
   out->struct_size = sizeof *out;
   return PMLA_OK;
@@ -586,10 +596,13 @@ pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, in
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_decode: builder is NULL");
   pmla_clear_error(b);
   b->step.kind = PLAN_NONE;
+  /* batch-invariant: every request one piece, so its arithmetic is the
+   * same wherever the schedule puts it */
+  const int32_t cap = b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT ? 1 : 0;
   if ((st = pmla_check_decode_batch(b, batch, device_type, &copy)) ||
-      (st = plan(b, 0, copy.stream, "build_decode")))
+      (st = plan(b, cap, copy.stream, "build_decode")))
     return st;
-  b->info.split_cap = 0;
+  b->info.split_cap = (uint32_t)cap;
   b->step.kind = PLAN_DENSE;
   return PMLA_OK;
 }
@@ -604,7 +617,8 @@ pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, i
   b->step.kind = PLAN_NONE;
   if ((st = pmla_check_sparse_batch(b, batch, device_type, &copy)))
     return st;
-  int32_t cap = copy.flags & PMLA_SPARSE_NO_SPLIT_CAP
+  int32_t cap = b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT ? 1
+                : copy.flags & PMLA_SPARSE_NO_SPLIT_CAP
                     ? 0
                     : pmla_sparse_split_cap(copy.max_seq_len, b->cfg.topk, b->info.cu_count);
   if ((st = plan(b, cap, copy.stream, "build_sparse")))

@@ -29,7 +29,8 @@
 int main(int argc, char **argv) {
   static const harness_suite_fn suites[] = {suite_abi,       suite_builder,  suite_args,
                                             suite_devinput,  suite_schedule, suite_numerics,
-                                            suite_fp8,       suite_threads,  suite_gpu};
+                                            suite_fp8,       suite_invariance,
+                                            suite_threads,   suite_gpu};
   return harness_main(argc, argv, "pmla-conformance", "PMLA_CONFORMANCE",
                       PMLA_TEST_DEFAULT_PLUGIN, PMLA_TEST_MOCK_DIR, suites,
                       sizeof suites / sizeof suites[0]);

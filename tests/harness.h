@@ -120,6 +120,7 @@ Suite *suite_devinput(void);
 Suite *suite_schedule(void);
 Suite *suite_numerics(void);
 Suite *suite_fp8(void);
+Suite *suite_invariance(void);
 Suite *suite_threads(void);
 Suite *suite_gpu(void);
 

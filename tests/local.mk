@@ -22,7 +22,7 @@ TEST_LDADD = abi/libpmla-registry.la $(CHECK_LIBS) $(GPU_LIBS) $(DL_LIBS) $(PTHR
 bin_PROGRAMS += tests/pmla-conformance
 tests_pmla_conformance_SOURCES = tests/conformance.c $(TEST_HARNESS_SOURCES) \
 	tests/reference.c tests/reference.h \
-	tests/t_abi.c tests/t_builder.c tests/t_args.c tests/t_devinput.c tests/t_schedule.c tests/t_numerics.c tests/t_fp8.c \
+	tests/t_abi.c tests/t_builder.c tests/t_args.c tests/t_devinput.c tests/t_schedule.c tests/t_numerics.c tests/t_fp8.c tests/t_invariance.c \
 	tests/t_threads.c tests/t_gpu.c
 tests_pmla_conformance_CPPFLAGS = -D_POSIX_C_SOURCE=200809L -I$(top_builddir) \
 	-I$(top_srcdir)/abi -I$(top_srcdir)/tests $(GPU_CPPFLAGS) \

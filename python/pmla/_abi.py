@@ -36,6 +36,7 @@ ERR_INTERNAL = 11
 DTYPE_BF16 = 1
 DTYPE_FP8_E4M3 = 2
 DTYPE_FP8_DS_MLA = 3
+BUILDER_BATCH_INVARIANT = 1
 KV_BLOCK_TABLE = 1
 KV_CSR = 2
 SPARSE_NO_SPLIT_CAP = 1
@@ -88,7 +89,8 @@ class BuilderConfig(Structure):
                 ("kv_lora_rank", c_uint32), ("rope_dim", c_uint32), ("q_dtype", c_uint32),
                 ("kv_dtype", c_uint32), ("out_dtype", c_uint32), ("page_size", c_uint32),
                 ("max_batch", c_uint32), ("max_q_len", c_uint32), ("topk", c_uint32),
-                ("softmax_scale", c_float), ("device", c_int32), ("cu_count", c_uint32)]
+                ("softmax_scale", c_float), ("device", c_int32), ("cu_count", c_uint32),
+                ("flags", c_uint32)]
 
 
 class BuilderInfo(Structure):
@@ -147,7 +149,7 @@ def _check_layout():
         return
     assert Backend.init_builder.offset == 24 and Backend.copy_buffer.offset == 88
     assert ctypes.sizeof(Backend) == 96
-    assert BuilderConfig.softmax_scale.offset == 44 and ctypes.sizeof(BuilderConfig) == 56
+    assert BuilderConfig.softmax_scale.offset == 44 and ctypes.sizeof(BuilderConfig) == 60
     assert BuilderInfo.buffer_bytes.offset == 32 and ctypes.sizeof(BuilderInfo) == 104
     assert DecodeBatch.stream.offset == 56 and ctypes.sizeof(DecodeBatch) == 64
     assert SparseBatch.max_seq_len.offset == 16 and ctypes.sizeof(SparseBatch) == 32

@@ -79,13 +79,16 @@ class Builder:
     (1..8; causal MTP). topk: 0 for dense only, else the sparse top-k width.
     softmax_scale: default 576**-0.5. device: GPU ordinal (0 for pmla-cpu).
     cu_count: 0 = every CU / online CPU. plugin: a pmla.Plugin (default: load()).
+    batch_invariant: a request's out and lse do not depend on the rest of
+    the step nor on cu_count (PMLA_BUILDER_BATCH_INVARIANT).
 
     One builder is used by one thread at a time. Tensors given to plan() are
     held until the next plan(); the caller must not change them before the
     last run() of that step."""
 
     def __init__(self, num_heads, *, backend="pmla", page_size=64, max_batch=256, max_q_len=1,
-                 topk=0, softmax_scale=None, device=0, cu_count=0, plugin=None):
+                 topk=0, softmax_scale=None, device=0, cu_count=0, plugin=None,
+                 batch_invariant=False):
         self._h = None
         self._plugin = plugin if plugin is not None else default_plugin()
         be = self._plugin.backend(backend)
@@ -99,7 +102,8 @@ class Builder:
             kv_dtype=_abi.DTYPE_BF16, out_dtype=_abi.DTYPE_BF16,
             page_size=_uint("page_size", page_size), max_batch=_uint("max_batch", max_batch),
             max_q_len=_uint("max_q_len", max_q_len), topk=_uint("topk", topk),
-            softmax_scale=scale, device=device, cu_count=_uint("cu_count", cu_count))
+            softmax_scale=scale, device=device, cu_count=_uint("cu_count", cu_count),
+            flags=_abi.BUILDER_BATCH_INVARIANT if batch_invariant else 0)
         handle = ctypes.c_void_p()
         st = be.init_builder(ctypes.addressof(cfg), ctypes.byref(handle))
         if st != _abi.OK:
@@ -110,7 +114,8 @@ class Builder:
         self.backend = be.name
         self.config = {"num_heads": num_heads, "page_size": page_size, "max_batch": max_batch,
                        "max_q_len": max_q_len, "topk": topk, "softmax_scale": cfg.softmax_scale,
-                       "device": device, "cu_count": cu_count}
+                       "device": device, "cu_count": cu_count,
+                       "batch_invariant": bool(batch_invariant)}
         self._batch = _abi.DecodeBatch(struct_size=ctypes.sizeof(_abi.DecodeBatch))
         self._sparse = _abi.SparseBatch(struct_size=ctypes.sizeof(_abi.SparseBatch))
         self._args = _abi.DecodeArgs(struct_size=ctypes.sizeof(_abi.DecodeArgs))

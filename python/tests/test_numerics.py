@@ -60,6 +60,33 @@ class TestNumpy(unittest.TestCase):
             ref_out, ref_lse = ref_decode(pb.q, pb.kv, lists_block_table(qo, table, lens, page))
             assert_close(self, bits_f64(out), lse, ref_out, ref_lse, "heads=%d" % heads)
 
+    def test_batch_invariant(self):
+        # request 0 (1500 tokens) alone and as the first of 9, cu_count 4:
+        # the default build splits it differently in the two batches
+        page = 16
+        lens = [1500, 30, 700, 5, 0, 260, 900, 44, 1200]
+        pb, qo, table = dense_case(7, lens, 2, page)
+        got = {}
+        for flag in (False, True):
+            for n in (1, len(lens)):
+                b = cpu(page_size=page, max_batch=16, max_q_len=2, cu_count=4,
+                        batch_invariant=flag)
+                self.assertEqual(b.config["batch_invariant"], flag)
+                b.plan(np.array(qo[:n + 1], np.int32),
+                       block_table=np.array(table[:n], np.int32),
+                       kv_lens=np.array(lens[:n], np.int32))
+                out, lse = b.run(pb.q_bits[:2 * n], pb.kv_bits)
+                got[flag, n] = (out[:2].copy(), lse[:2].copy())
+                b.close()
+        alone, inside = got[True, 1], got[True, len(lens)]
+        self.assertTrue((alone[0] == inside[0]).all() and (alone[1] == inside[1]).all())
+        ref_out, ref_lse = ref_decode(pb.q[:2], pb.kv,
+                                      lists_block_table(qo[:2], table[:1], lens[:1], page))
+        assert_close(self, bits_f64(alone[0]), alone[1], ref_out, ref_lse, "batch invariant")
+        # the default mode is free to differ; it is what the flag is for
+        self.assertFalse((got[False, 1][0] == got[False, len(lens)][0]).all()
+                         and (got[False, 1][1] == got[False, len(lens)][1]).all())
+
     def test_read_only_and_list_inputs(self):
         page = 16
         lens = [5, 40]

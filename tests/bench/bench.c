@@ -43,6 +43,7 @@ typedef struct options {
   int nplugins;
   int iters, warmup, check, json, cu, seed, flush, device;
   int kv; /* --kv: the cache dtype of shapes that do not name one */
+  int invariant; /* --batch-invariant: builders with PMLA_BUILDER_BATCH_INVARIANT */
   bench_shape shapes[64];
   int nshapes;
 } options;
@@ -300,6 +301,7 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
                   (uint32_t)o->cu);
   cfg.device = m->device_id;
   cfg.kv_dtype = (uint32_t)kv_dtype;
+  cfg.flags = o->invariant ? PMLA_BUILDER_BATCH_INVARIANT : 0;
   pmla_builder *b = NULL;
   pmla_status st = be->init_builder(&cfg, &b);
   if (st)
@@ -583,20 +585,21 @@ static void usage(void) {
   puts("usage: pmla-bench [--backend NAME] [--plugin PATH]... [--shape SPEC]... [--suite dense|sparse]\n"
        "                  [--iters N] [--warmup N] [--cu N] [--device N] [--check] [--no-flush]\n"
        "                  [--json]\n"
-       "                  [--kv bf16|fp8|ds_mla]\n"
+       "                  [--kv bf16|fp8|ds_mla] [--batch-invariant]\n"
        "SPEC: b=128,L=4096,h=16[,sq=2][,kv=fp8] (L=2048-6144 for uniform lengths),\n"
        "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)\n"
        "--kv: the KV cache dtype of shapes without kv= (bf16; fp8 = per-tensor e4m3,\n"
        "      ds_mla = DeepSeek V3.2's 656-byte rows); bytes count the cache as stored\n"
        "--plugin PATH: a plugin file or directory (repeat to compare side by side);\n"
        "      without it, $PMLA_PLUGIN_PATH, else the installed plugin directory\n"
-       "--device N: the GPU to run on (default 0; pmla-cpu has device 0 only)");
+       "--device N: the GPU to run on (default 0; pmla-cpu has device 0 only)\n"
+       "--batch-invariant: every builder made with PMLA_BUILDER_BATCH_INVARIANT");
 }
 
 int main(int argc, char **argv) {
   options o = {.backend = "pmla-cpu", .iters = 0, .warmup = -1, .flush = 1,
                .kv = PMLA_DTYPE_BF16};
-  enum { OPT_NO_FLUSH = 256, OPT_KV };
+  enum { OPT_NO_FLUSH = 256, OPT_KV, OPT_INVARIANT };
   static const struct option longopts[] = {
       {"backend", required_argument, NULL, 'b'}, {"plugin", required_argument, NULL, 'p'},
       {"shape", required_argument, NULL, 's'},   {"suite", required_argument, NULL, 'S'},
@@ -605,11 +608,13 @@ int main(int argc, char **argv) {
       {"json", no_argument, NULL, 'j'},          {"no-flush", no_argument, NULL, OPT_NO_FLUSH},
       {"device", required_argument, NULL, 'd'},  {"help", no_argument, NULL, 'h'},
       {"kv", required_argument, NULL, OPT_KV},
+      {"batch-invariant", no_argument, NULL, OPT_INVARIANT},
       {NULL, 0, NULL, 0}};
   int opt;
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (opt) {
     case 'b': o.backend = optarg; break;
+    case OPT_INVARIANT: o.invariant = 1; break;
     case OPT_KV:
       if ((o.kv = kv_dtype_of(optarg)) == 0) {
         fprintf(stderr, "pmla-bench: --kv: '%s' is not bf16, fp8 or ds_mla\n", optarg);
@@ -695,11 +700,13 @@ int main(int argc, char **argv) {
     o.warmup = cpu ? 1 : 10;
   double copy_gbps = copy_bandwidth(m);
   if (o.json)
-    printf("{\n \"backend\": \"%s\", \"memory\": \"%s\", \"copy_GBps\": %.1f, \"iters\": %d,\n \"results\": [\n",
-           o.backend, m->name, copy_gbps, o.iters);
+    printf("{\n \"backend\": \"%s\", \"memory\": \"%s\", \"copy_GBps\": %.1f, \"iters\": %d,\n"
+           " \"batch_invariant\": %s,\n \"results\": [\n",
+           o.backend, m->name, copy_gbps, o.iters, o.invariant ? "true" : "false");
   else
-    printf("pmla-bench: backend %s (%s), copy bandwidth %.1f GB/s, median of %d runs%s\n", o.backend,
-           m->name, copy_gbps, o.iters, cpu || !o.flush ? "" : ", L2 flushed before each");
+    printf("pmla-bench: backend %s (%s), copy bandwidth %.1f GB/s, median of %d runs%s%s\n",
+           o.backend, m->name, copy_gbps, o.iters, cpu || !o.flush ? "" : ", L2 flushed before each",
+           o.invariant ? ", batch-invariant builders" : "");
   if (!o.json && o.nplugins > 1)
     for (int k = 0; k < o.nplugins; k++)
       printf("plugin @%d: %s\n", k, file[k]);

@@ -1,0 +1,349 @@
+/* SPDX-License-Identifier: MIT */
+/* t_invariance.c - PMLA_BUILDER_BATCH_INVARIANT (ABI 1.1): a request's out
+ * and lse are bitwise the same decoded alone and inside random batches
+ * (sizes 1..256, random neighbours, the request at a random position),
+ * whatever cu_count is (1, 2, 7, all); q_len 1..4; block table, CSR and
+ * sparse steps. The request alone also matches the fp64 reference. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "reference.h"
+
+#define H 16
+#define PS 16
+#define MAXB 256
+#define MAXQ 4
+#define PAGES 2048 /* a shared cache of random pages: 32768 slots */
+#define TRIALS 12
+#define SPARSE_TOPK 512
+
+static const uint32_t cus[] = {1, 2, 7, 0};
+
+typedef struct cache {
+  test_tensor kv;
+  uint16_t *host;
+} cache;
+
+static void cache_make(cache *c, uint64_t *rng) {
+  const size_t n = (size_t)PAGES * PS * 576;
+  c->host = malloc(n * 2);
+  ck_assert(c->host);
+  for (size_t i = 0; i < n; i++)
+    c->host[i] = ref_float_to_bf16((float)(rng_uniform(rng) * 2.0 - 1.0));
+  tt_make3(&c->kv, TT_BF16, c->host, PAGES, PS, 576);
+}
+
+static void cache_free(cache *c) {
+  tt_free(&c->kv);
+  free(c->host);
+}
+
+/* One dense request: its query rows and pages. */
+typedef struct req {
+  int32_t q_len, kv_len, npages;
+  int32_t pages[256];
+  uint16_t *q; /* [q_len, H, 576] */
+} req;
+
+static void req_random(req *r, uint64_t *rng, int32_t max_len) {
+  r->q_len = 1 + (int32_t)rng_below(rng, MAXQ);
+  r->kv_len = (int32_t)rng_below(rng, (uint32_t)max_len + 1);
+  r->npages = (r->kv_len + PS - 1) / PS;
+  for (int32_t p = 0; p < r->npages; p++)
+    r->pages[p] = (int32_t)rng_below(rng, PAGES);
+  size_t n = (size_t)r->q_len * H * 576;
+  r->q = malloc(n * 2);
+  ck_assert(r->q);
+  for (size_t i = 0; i < n; i++)
+    r->q[i] = ref_float_to_bf16((float)(rng_uniform(rng) * 4.0 - 2.0));
+}
+
+/* Decodes the batch `reqs` (block table or CSR) with `cu` units and copies
+ * request `probe`'s out rows and lse into got_out / got_lse. */
+static void decode_batch(const cache *c, req *const *reqs, int32_t n, int32_t probe,
+                         uint32_t layout, uint32_t cu, uint16_t *got_out, float *got_lse) {
+  pmla_builder_config cfg = harness_config(H, PS, MAXB, MAXQ, 0, cu);
+  cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
+  pmla_builder *b = harness_init(&cfg);
+  int32_t qo[MAXB + 1] = {0}, lens[MAXB], kvp[MAXB + 1] = {0}, last[MAXB], width = 1;
+  for (int32_t i = 0; i < n; i++) {
+    qo[i + 1] = qo[i] + reqs[i]->q_len;
+    lens[i] = reqs[i]->kv_len;
+    kvp[i + 1] = kvp[i] + reqs[i]->npages;
+    last[i] = reqs[i]->npages ? reqs[i]->kv_len - (reqs[i]->npages - 1) * PS : 0;
+    if (reqs[i]->npages > width)
+      width = reqs[i]->npages;
+  }
+  const int32_t T = qo[n];
+  int32_t *bt = calloc((size_t)n * (size_t)width, sizeof(int32_t));
+  int32_t *idx = malloc(sizeof(int32_t) * (size_t)(kvp[n] + 1));
+  uint16_t *q = malloc((size_t)T * H * 576 * 2);
+  ck_assert(bt && idx && q);
+  for (int32_t i = 0; i < n; i++) {
+    memcpy(bt + (size_t)i * width, reqs[i]->pages, sizeof(int32_t) * (size_t)reqs[i]->npages);
+    memcpy(idx + kvp[i], reqs[i]->pages, sizeof(int32_t) * (size_t)reqs[i]->npages);
+    memcpy(q + (size_t)qo[i] * H * 576, reqs[i]->q, (size_t)reqs[i]->q_len * H * 576 * 2);
+  }
+  test_tensor t_qo, t_lens, t_bt, t_kvp, t_idx, t_last, t_q, t_out, t_lse;
+  tt_make1(&t_qo, TT_I32, qo, n + 1);
+  tt_make1(&t_lens, TT_I32, lens, n);
+  tt_make2(&t_bt, TT_I32, bt, n, width);
+  tt_make1(&t_kvp, TT_I32, kvp, n + 1);
+  tt_make1(&t_idx, TT_I32, idx, kvp[n]);
+  tt_make1(&t_last, TT_I32, last, n);
+  tt_make3(&t_q, TT_BF16, q, T, H, 576);
+  tt_make3(&t_out, TT_BF16, NULL, T, H, 512);
+  tt_make2(&t_lse, TT_F32, NULL, T, H);
+  pmla_decode_batch batch;
+  memset(&batch, 0, sizeof batch);
+  batch.struct_size = sizeof batch;
+  batch.kv_layout = layout;
+  batch.qo_indptr = &t_qo.t;
+  batch.block_table = &t_bt.t;
+  batch.kv_lens = &t_lens.t;
+  batch.kv_indptr = &t_kvp.t;
+  batch.kv_indices = &t_idx.t;
+  batch.kv_last_page_len = &t_last.t;
+  batch.stream = harness_stream();
+  pmla_status st = g_be->build_decode(b, &batch);
+  ck_assert_msg(st == PMLA_OK, "build_decode: %s", g_be->last_error(b));
+  pmla_decode_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.q = &t_q.t;
+  args.kv_cache = &c->kv.t;
+  args.out = &t_out.t;
+  args.lse = &t_lse.t;
+  args.stream = harness_stream();
+  st = g_be->decode(b, &args);
+  ck_assert_msg(st == PMLA_OK, "decode: %s", g_be->last_error(b));
+  uint16_t *out = malloc((size_t)T * H * 512 * 2 + 2);
+  float *lse = malloc((size_t)T * H * 4 + 4);
+  ck_assert(out && lse);
+  tt_download(&t_out, out);
+  tt_download(&t_lse, lse);
+  const size_t rows = (size_t)reqs[probe]->q_len * H;
+  memcpy(got_out, out + (size_t)qo[probe] * H * 512, rows * 512 * 2);
+  memcpy(got_lse, lse + (size_t)qo[probe] * H, rows * 4);
+  test_tensor *all[] = {&t_qo, &t_lens, &t_bt, &t_kvp, &t_idx, &t_last, &t_q, &t_out, &t_lse};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    tt_free(all[i]);
+  g_be->destroy_builder(b);
+  free(bt);
+  free(idx);
+  free(q);
+  free(out);
+  free(lse);
+}
+
+/* The probe alone (one unit) against the fp64 reference. */
+static void check_reference(const cache *c, const req *r, const uint16_t *out, const float *lse) {
+  const int32_t qo[2] = {0, r->q_len};
+  ref_slot_lists lists;
+  ck_assert_int_eq(ref_slots_from_block_table(1, qo, r->pages, r->npages > 0 ? r->npages : 1,
+                                              &r->kv_len, PS, &lists),
+                   0);
+  const size_t rows = (size_t)r->q_len * H;
+  double *ro = malloc(rows * 512 * 8), *rl = malloc(rows * 8);
+  float *of = malloc(rows * 512 * 4);
+  ck_assert(ro && rl && of);
+  ref_problem p = {r->q_len, H, r->q, c->host, (int64_t)PAGES * PS, &lists,
+                   harness_config(H, PS, 1, 1, 0, 1).softmax_scale, 0, NULL, 0};
+  ck_assert_int_eq(ref_mla_decode(&p, ro, rl), 0);
+  for (size_t i = 0; i < rows * 512; i++)
+    of[i] = ref_bf16_to_float(out[i]);
+  ref_report o = ref_check_output(ro, of, rows * 512), l = ref_check_lse(rl, lse, rows);
+  ck_assert_msg(o.ok && l.ok, "probe alone vs reference: out %s, lse %s", o.message, l.message);
+  ref_slot_lists_free(&lists);
+  free(ro);
+  free(rl);
+  free(of);
+}
+
+static void run_dense(uint32_t layout, uint64_t seed) {
+  uint64_t rng = seed;
+  cache c;
+  cache_make(&c, &rng);
+  req probe;
+  req_random(&probe, &rng, 3000);
+  if (probe.kv_len < 700) /* long enough that a default build would split it */
+    probe.kv_len = 700 + probe.kv_len, probe.npages = (probe.kv_len + PS - 1) / PS;
+  for (int32_t p = 0; p < probe.npages; p++)
+    probe.pages[p] = (int32_t)rng_below(&rng, PAGES);
+  const size_t rows = (size_t)probe.q_len * H;
+  uint16_t *alone = malloc(rows * 512 * 2), *got = malloc(rows * 512 * 2);
+  float *alone_lse = malloc(rows * 4), *got_lse = malloc(rows * 4);
+  ck_assert(alone && got && alone_lse && got_lse);
+  req *one[1] = {&probe};
+  decode_batch(&c, one, 1, 0, layout, 1, alone, alone_lse);
+  check_reference(&c, &probe, alone, alone_lse);
+  static req pool[MAXB];
+  req *batch[MAXB];
+  for (int t = 0; t < TRIALS; t++) {
+    static const int32_t sizes[] = {1, 2, 5, 17, 64, 131, 256};
+    const int32_t n = sizes[rng_below(&rng, 7)];
+    const int32_t at = (int32_t)rng_below(&rng, (uint32_t)n);
+    const uint32_t cu = cus[t % 4];
+    for (int32_t i = 0; i < n; i++) {
+      if (i == at) {
+        batch[i] = &probe;
+        continue;
+      }
+      req_random(&pool[i], &rng, n > 64 ? 400 : 2500);
+      batch[i] = &pool[i];
+    }
+    decode_batch(&c, batch, n, at, layout, cu, got, got_lse);
+    ck_assert_msg(memcmp(alone, got, rows * 512 * 2) == 0 &&
+                      memcmp(alone_lse, got_lse, rows * 4) == 0,
+                  "%s: request (q_len %d, kv_len %d) at %d of a batch of %d, cu_count %u: out "
+                  "or lse differs from the request decoded alone",
+                  layout == PMLA_KV_CSR ? "CSR" : "block table", probe.q_len, probe.kv_len, at,
+                  n, cu);
+    for (int32_t i = 0; i < n; i++)
+      if (i != at)
+        free(pool[i].q);
+  }
+  printf("invariance %s: %d batches (sizes 1..256, cu_count 1/2/7/all), q_len %d, kv_len %d\n",
+         layout == PMLA_KV_CSR ? "CSR" : "block table", TRIALS, probe.q_len, probe.kv_len);
+  free(probe.q);
+  free(alone);
+  free(got);
+  free(alone_lse);
+  free(got_lse);
+  cache_free(&c);
+}
+
+START_TEST(test_dense_output_is_independent_of_the_batch) {
+  REQUIRE_BACKEND();
+  run_dense(_i % 2 ? PMLA_KV_CSR : PMLA_KV_BLOCK_TABLE, harness_seed() ^ (0x1a0u + (uint64_t)_i));
+}
+END_TEST
+
+/* Sparse: token `probe` with its own top-k list, alone and among others. */
+static void decode_sparse(const cache *c, const int32_t *lists, const uint16_t *q, int32_t n,
+                          int32_t probe, uint32_t cu, uint16_t *out1, float *lse1) {
+  pmla_builder_config cfg = harness_config(H, PS, MAXB, 1, SPARSE_TOPK, cu);
+  cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
+  pmla_builder *b = harness_init(&cfg);
+  test_tensor t_idx, t_q, t_out, t_lse;
+  tt_make2(&t_idx, TT_I32, lists, n, SPARSE_TOPK);
+  tt_make3(&t_q, TT_BF16, q, n, H, 576);
+  tt_make3(&t_out, TT_BF16, NULL, n, H, 512);
+  tt_make2(&t_lse, TT_F32, NULL, n, H);
+  pmla_sparse_batch sb;
+  memset(&sb, 0, sizeof sb);
+  sb.struct_size = sizeof sb;
+  sb.topk_indices = &t_idx.t;
+  sb.max_seq_len = PAGES * PS;
+  sb.stream = harness_stream();
+  ck_assert_msg(g_be->build_sparse(b, &sb) == PMLA_OK, "build_sparse: %s", g_be->last_error(b));
+  pmla_decode_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.q = &t_q.t;
+  args.kv_cache = &c->kv.t;
+  args.out = &t_out.t;
+  args.lse = &t_lse.t;
+  args.stream = harness_stream();
+  ck_assert_msg(g_be->decode(b, &args) == PMLA_OK, "decode: %s", g_be->last_error(b));
+  uint16_t *out = malloc((size_t)n * H * 512 * 2);
+  float *lse = malloc((size_t)n * H * 4);
+  ck_assert(out && lse);
+  tt_download(&t_out, out);
+  tt_download(&t_lse, lse);
+  memcpy(out1, out + (size_t)probe * H * 512, (size_t)H * 512 * 2);
+  memcpy(lse1, lse + (size_t)probe * H, (size_t)H * 4);
+  test_tensor *all[] = {&t_idx, &t_q, &t_out, &t_lse};
+  for (size_t i = 0; i < 4; i++)
+    tt_free(all[i]);
+  g_be->destroy_builder(b);
+  free(out);
+  free(lse);
+}
+
+START_TEST(test_sparse_output_is_independent_of_the_batch) {
+  REQUIRE_BACKEND();
+  uint64_t rng = harness_seed() ^ 0x5a11u;
+  cache c;
+  cache_make(&c, &rng);
+  int32_t *lists = malloc(sizeof(int32_t) * MAXB * SPARSE_TOPK);
+  uint16_t *q = malloc((size_t)MAXB * H * 576 * 2);
+  int32_t probe_list[SPARSE_TOPK];
+  uint16_t probe_q[H * 576];
+  ck_assert(lists && q);
+  for (int k = 0; k < SPARSE_TOPK; k++)
+    probe_list[k] = rng_below(&rng, 10) == 0 ? -1 : (int32_t)rng_below(&rng, PAGES * PS);
+  for (int i = 0; i < H * 576; i++)
+    probe_q[i] = ref_float_to_bf16((float)(rng_uniform(&rng) * 4.0 - 2.0));
+  uint16_t alone[H * 512], got[H * 512];
+  float alone_lse[H], got_lse[H];
+  decode_sparse(&c, probe_list, probe_q, 1, 0, 1, alone, alone_lse);
+  for (int t = 0; t < TRIALS; t++) {
+    static const int32_t sizes[] = {1, 3, 40, 128, 256};
+    const int32_t n = sizes[rng_below(&rng, 5)], at = (int32_t)rng_below(&rng, (uint32_t)n);
+    for (int32_t i = 0; i < n; i++) {
+      int32_t *row = lists + (size_t)i * SPARSE_TOPK;
+      uint16_t *qr = q + (size_t)i * H * 576;
+      if (i == at) {
+        memcpy(row, probe_list, sizeof probe_list);
+        memcpy(qr, probe_q, sizeof probe_q);
+        continue;
+      }
+      for (int k = 0; k < SPARSE_TOPK; k++)
+        row[k] = rng_below(&rng, 4) == 0 ? -1 : (int32_t)rng_below(&rng, PAGES * PS);
+      for (int d = 0; d < H * 576; d++)
+        qr[d] = ref_float_to_bf16((float)(rng_uniform(&rng) * 4.0 - 2.0));
+    }
+    decode_sparse(&c, lists, q, n, at, cus[t % 4], got, got_lse);
+    ck_assert_msg(memcmp(alone, got, sizeof alone) == 0 && memcmp(alone_lse, got_lse,
+                                                                  sizeof alone_lse) == 0,
+                  "sparse: token at %d of %d, cu_count %u: out or lse differs from alone", at, n,
+                  cus[t % 4]);
+  }
+  printf("invariance sparse: %d batches (1..256 tokens, cu_count 1/2/7/all)\n", TRIALS);
+  free(lists);
+  free(q);
+  cache_free(&c);
+}
+END_TEST
+
+/* flags: unknown bits are refused by name; a 1.0 host's 56-byte config
+ * (no flags member) makes a default builder */
+START_TEST(test_builder_flags_and_a_1_0_config) {
+  REQUIRE_BACKEND();
+  pmla_builder_config cfg = harness_config(H, PS, 4, 1, 0, 2);
+  cfg.flags = 0x2;
+  pmla_builder *b = NULL;
+  pmla_status st = g_be->init_builder(&cfg, &b);
+  ck_assert_msg(st == PMLA_ERR_INVALID_ARGUMENT && strstr(g_be->last_error(NULL), "flags"),
+                "flags 0x2: %s %s", harness_status_name(st), g_be->last_error(NULL));
+  cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
+  b = harness_init(&cfg);
+  g_be->destroy_builder(b);
+  unsigned char *old = malloc(PMLA_BUILDER_CONFIG_SIZE_1_0);
+  ck_assert(old);
+  cfg.flags = 0;
+  memcpy(old, &cfg, PMLA_BUILDER_CONFIG_SIZE_1_0);
+  const uint32_t size = PMLA_BUILDER_CONFIG_SIZE_1_0;
+  memcpy(old, &size, sizeof size);
+  b = NULL;
+  st = g_be->init_builder((const pmla_builder_config *)(const void *)old, &b);
+  ck_assert_msg(st == PMLA_OK, "1.0-sized config: %s", g_be->last_error(NULL));
+  g_be->destroy_builder(b);
+  free(old);
+}
+END_TEST
+
+Suite *suite_invariance(void) {
+  Suite *s = suite_create("invariance");
+  TCase *tc = tcase_create("invariance");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_builder_flags_and_a_1_0_config);
+  tcase_add_loop_test(tc, test_dense_output_is_independent_of_the_batch, 0, 4);
+  tcase_add_test(tc, test_sparse_output_is_independent_of_the_batch);
+  suite_add_tcase(s, tc);
+  return s;
+}
