@@ -98,10 +98,13 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
                      "init_builder: config.struct_size = %u is smaller than the ABI 1.0 "
                      "pmla_builder_config (%u bytes)",
                      cfg->struct_size, PMLA_BUILDER_CONFIG_SIZE_1_0);
-  /* a 1.0 host's config ends before flags: read what it has, the rest is 0 */
+  /* a 1.0 host's config ends before flags: read only the members it holds
+   * whole, the rest is 0 */
   pmla_builder_config c;
   memset(&c, 0, sizeof c);
-  memcpy(&c, cfg, cfg->struct_size < sizeof c ? cfg->struct_size : sizeof c);
+  memcpy(&c, cfg, PMLA_BUILDER_CONFIG_SIZE_1_0);
+  if (PMLA_HAS_MEMBER(cfg, pmla_builder_config, flags))
+    c.flags = cfg->flags;
   cfg = &c;
   uint32_t h = cfg->num_heads;
   if (h < 1 || h > PMLA_MAX_HEADS)
@@ -540,9 +543,12 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
   const int64_t H = b->cfg.num_heads, P = b->cfg.page_size;
   CHECK(check_struct(b, "decode: args", args, args ? args->struct_size : 0,
                      PMLA_DECODE_ARGS_SIZE_1_0));
-  /* a 1.0 host's struct ends before kv_scale: copy what it has, zero the rest */
+  /* a 1.0 host's struct ends before kv_scale: read only the members it
+   * holds whole, the rest is 0 */
   memset(copy, 0, sizeof *copy);
-  memcpy(copy, args, args->struct_size < sizeof *copy ? args->struct_size : sizeof *copy);
+  memcpy(copy, args, PMLA_DECODE_ARGS_SIZE_1_0);
+  if (PMLA_HAS_MEMBER(args, pmla_decode_args, kv_scale))
+    copy->kv_scale = args->kv_scale;
   args = copy;
   if (b->step.kind == PLAN_NONE)
     return pmla_fail(b, PMLA_ERR_BAD_STATE,

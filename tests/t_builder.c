@@ -189,7 +189,7 @@ START_TEST(test_init_rejects_too_small_struct_size) {
   REQUIRE_BACKEND();
   static const uint32_t sizes[] = {0, 4, offsetof(pmla_builder_config, softmax_scale),
                                    offsetof(pmla_builder_config, cu_count),
-                                   sizeof(pmla_builder_config) - 1};
+                                   PMLA_BUILDER_CONFIG_SIZE_1_0 - 1};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     pmla_builder_config c = base_config();
     c.struct_size = sizes[i];

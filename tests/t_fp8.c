@@ -107,15 +107,18 @@ static int fx_out_intact(const fx *f) {
   return 1;
 }
 
-/* What a 1.0 host passes: the first 48 bytes of args in a block of exactly
- * that size (a read past it shows under the sanitizers), struct_size 48 */
-static void *args_1_0(const pmla_decode_args *args) {
-  unsigned char *p = malloc(PMLA_DECODE_ARGS_SIZE_1_0);
+/* What an older host passes: the first `size` bytes of args in a block of
+ * exactly that size (a read past it shows under the sanitizers). 48 is the
+ * 1.0 struct; 52 holds half of kv_scale, which is then absent. */
+static void *args_sized(const pmla_decode_args *args, uint32_t size) {
+  unsigned char *p = malloc(size);
   ck_assert(p);
-  memcpy(p, args, PMLA_DECODE_ARGS_SIZE_1_0);
-  const uint32_t size = PMLA_DECODE_ARGS_SIZE_1_0;
+  memcpy(p, args, size);
   memcpy(p, &size, sizeof size);
   return p;
+}
+static void *args_1_0(const pmla_decode_args *args) {
+  return args_sized(args, PMLA_DECODE_ARGS_SIZE_1_0);
 }
 
 /* decode(args) fails with `want`, a message naming `what`, out untouched */
@@ -217,6 +220,9 @@ START_TEST(test_fp8_e4m3_requires_a_kv_scale_tensor) {
    * under the sanitizers */
   void *small = args_1_0(&f.args);
   expect_refused(&f, small, PMLA_ERR_INVALID_ARGUMENT, "kv_scale", "1.0-sized args");
+  free(small);
+  small = args_sized(&f.args, PMLA_DECODE_ARGS_SIZE_1_0 + 4);
+  expect_refused(&f, small, PMLA_ERR_INVALID_ARGUMENT, "kv_scale", "half a kv_scale");
   free(small);
   test_tensor two, f64;
   const float vals[2] = {1.f, 1.f};
