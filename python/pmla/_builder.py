@@ -65,8 +65,21 @@ class _Out:
 
 
 class _RunCache:
-    __slots__ = ("q", "kv", "out", "lse", "want_lse", "tensors", "alloc_out", "alloc_lse",
-                 "stream_fn", "stream_arg")
+    __slots__ = ("q", "kv", "out", "lse", "kv_scale", "want_lse", "tensors", "alloc_out",
+                 "alloc_lse", "stream_fn", "stream_arg")
+
+
+_KV_DTYPES = {"bf16": _abi.DTYPE_BF16, "fp8_e4m3": _abi.DTYPE_FP8_E4M3,
+              "fp8_ds_mla": _abi.DTYPE_FP8_DS_MLA}
+
+
+def _kv_dtype(value):
+    if value in _KV_DTYPES:
+        return _KV_DTYPES[value]
+    if value in _KV_DTYPES.values() and not isinstance(value, bool):
+        return value
+    raise InvalidArgument("Builder: kv_dtype = %r; accepted: %s" % (
+        value, ", ".join(repr(k) for k in _KV_DTYPES)))
 
 
 class Builder:
@@ -81,6 +94,8 @@ class Builder:
     cu_count: 0 = every CU / online CPU. plugin: a pmla.Plugin (default: load()).
     batch_invariant: a request's out and lse do not depend on the rest of
     the step nor on cu_count (PMLA_BUILDER_BATCH_INVARIANT).
+    kv_dtype: the KV cache's storage, "bf16", "fp8_e4m3" (576 e4m3 per token;
+    run() then needs kv_scale) or "fp8_ds_mla" (DeepSeek V3.2's 656 bytes).
 
     One builder is used by one thread at a time. Tensors given to plan() are
     held until the next plan(); the caller must not change them before the
@@ -88,7 +103,7 @@ class Builder:
 
     def __init__(self, num_heads, *, backend="pmla", page_size=64, max_batch=256, max_q_len=1,
                  topk=0, softmax_scale=None, device=0, cu_count=0, plugin=None,
-                 batch_invariant=False):
+                 batch_invariant=False, kv_dtype="bf16"):
         self._h = None
         self._plugin = plugin if plugin is not None else default_plugin()
         be = self._plugin.backend(backend)
@@ -99,7 +114,7 @@ class Builder:
         cfg = _abi.BuilderConfig(
             struct_size=ctypes.sizeof(_abi.BuilderConfig), num_heads=_uint("num_heads", num_heads),
             kv_lora_rank=_abi.KV_LORA_RANK, rope_dim=_abi.ROPE_DIM, q_dtype=_abi.DTYPE_BF16,
-            kv_dtype=_abi.DTYPE_BF16, out_dtype=_abi.DTYPE_BF16,
+            kv_dtype=_kv_dtype(kv_dtype), out_dtype=_abi.DTYPE_BF16,
             page_size=_uint("page_size", page_size), max_batch=_uint("max_batch", max_batch),
             max_q_len=_uint("max_q_len", max_q_len), topk=_uint("topk", topk),
             softmax_scale=scale, device=device, cu_count=_uint("cu_count", cu_count),
@@ -115,7 +130,7 @@ class Builder:
         self.config = {"num_heads": num_heads, "page_size": page_size, "max_batch": max_batch,
                        "max_q_len": max_q_len, "topk": topk, "softmax_scale": cfg.softmax_scale,
                        "device": device, "cu_count": cu_count,
-                       "batch_invariant": bool(batch_invariant)}
+                       "batch_invariant": bool(batch_invariant), "kv_dtype": kv_dtype}
         self._batch = _abi.DecodeBatch(struct_size=ctypes.sizeof(_abi.DecodeBatch))
         self._sparse = _abi.SparseBatch(struct_size=ctypes.sizeof(_abi.SparseBatch))
         self._args = _abi.DecodeArgs(struct_size=ctypes.sizeof(_abi.DecodeArgs))
@@ -237,18 +252,21 @@ class Builder:
             self._fail(st, "build_sparse")
 
     # ---- run
-    def _prepare(self, q, kv_cache, out, lse, want_lse):
+    def _prepare(self, q, kv_cache, out, lse, kv_scale, want_lse):
         c = _RunCache()
-        c.q, c.kv, c.out, c.lse, c.want_lse = q, kv_cache, out, lse, want_lse
+        c.q, c.kv, c.out, c.lse, c.kv_scale, c.want_lse = q, kv_cache, out, lse, kv_scale, \
+            want_lse
         old = self._rc
         prev = old.tensors if old is not None else {}  # reused where the same objects come
         ts = {}
-        for name, obj in (("q", q), ("kv_cache", kv_cache), ("out", out), ("lse", lse)):
+        bf16_kv = self.config["kv_dtype"] in ("bf16", _abi.DTYPE_BF16)
+        for name, obj in (("q", q), ("kv_cache", kv_cache), ("out", out), ("lse", lse),
+                          ("kv_scale", kv_scale)):
             if obj is None:
                 continue
             t = prev.get(name)
-            ts[name] = t if same(t, obj) else as_tensor(obj, "run: " + name,
-                                                        bf16=name != "lse")
+            bf16 = name in ("q", "out") or (name == "kv_cache" and bf16_kv)
+            ts[name] = t if same(t, obj) else as_tensor(obj, "run: " + name, bf16=bf16)
         c.tensors = ts
         tq = ts["q"]
         c.alloc_out = c.alloc_lse = None
@@ -264,6 +282,7 @@ class Builder:
         a = self._args
         a.q = tq.addr
         a.kv_cache = ts["kv_cache"].addr
+        a.kv_scale = ts["kv_scale"].addr if kv_scale is not None else None
         a.out = ctypes.addressof(c.alloc_out.dl) if c.alloc_out else ts["out"].addr
         if lse is not None:
             a.lse = ts["lse"].addr
@@ -288,9 +307,12 @@ class Builder:
         self._rc = c
         return c
 
-    def run(self, q, kv_cache, out=None, lse=None, stream=None, *, return_lse=True):
+    def run(self, q, kv_cache, out=None, lse=None, stream=None, *, return_lse=True,
+            kv_scale=None):
         """One decode over the step built last: q bf16 [tokens, heads, 576],
-        kv_cache bf16 [pages, page_size, 576] or [pages, page_size, 1, 576].
+        kv_cache [pages, page_size, 576] or [pages, page_size, 1, 576] (bf16;
+        fp8_e4m3: uint8 or float8_e4m3fn; fp8_ds_mla: uint8 of width 656).
+        kv_scale: fp32 [1] tensor on the cache's device, fp8_e4m3 only.
         Writes out bf16 [tokens, heads, 512] and lse fp32 [tokens, heads]
         (natural log; -inf for a row with nothing to attend), allocating them
         with q's library when not given (return_lse=False: no lse). numpy
@@ -299,12 +321,12 @@ class Builder:
         for GPU tensors. Returns (out, lse)."""
         c = self._rc
         if c is None or c.q is not q or c.kv is not kv_cache or c.out is not out or \
-                c.lse is not lse or c.want_lse is not return_lse \
+                c.lse is not lse or c.kv_scale is not kv_scale or c.want_lse is not return_lse \
                 or not all(t.ptr_check is None or t.ptr_check[0]() == t.ptr_check[1]
                            for t in c.tensors.values()):
             if self._h is None:
                 raise BadState("the builder is closed", call="decode")
-            c = self._prepare(q, kv_cache, out, lse, return_lse)
+            c = self._prepare(q, kv_cache, out, lse, kv_scale, return_lse)
         if c.alloc_out is not None:
             out = c.alloc_out.new()
         if c.alloc_lse is not None:

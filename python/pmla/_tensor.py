@@ -20,7 +20,7 @@ _DTYPE_NAMES = {(_abi.kDLInt, 32): "int32", (_abi.kDLInt, 64): "int64",
                 (_abi.kDLUInt, 16): "uint16", (_abi.kDLFloat, 32): "float32",
                 (_abi.kDLFloat, 16): "float16", (_abi.kDLFloat, 64): "float64",
                 (_abi.kDLBfloat, 16): "bfloat16", (_abi.kDLUInt, 8): "uint8",
-                (_abi.kDLInt, 8): "int8"}
+                (_abi.kDLInt, 8): "int8", (10, 8): "float8_e4m3fn"}
 
 # numpy array-interface type strings (little-endian or native) -> DLDataType
 _TYPESTR = {"i4": (_abi.kDLInt, 32), "i8": (_abi.kDLInt, 64), "u2": (_abi.kDLUInt, 16),
@@ -165,6 +165,9 @@ def as_tensor(obj, name, bf16=False):
         src = obj
         if lib == "torch" and getattr(obj, "requires_grad", False):
             src = obj.detach()
+            export = src.__dlpack__
+        if lib == "torch" and str(getattr(src, "dtype", "")) == "torch.float8_e4m3fn":
+            src = src.view(sys.modules["torch"].uint8)  # an fp8_e4m3 cache: its bytes
             export = src.__dlpack__
         elif lib in ("numpy", "cupy") and getattr(getattr(obj, "dtype", None), "name",
                                                   "") == "bfloat16":

@@ -9,7 +9,9 @@
 
 Served: torch tensors, bf16 q and KV cache (576 = 512 latent + 64 rope), one
 KV head, head_dim_v 512, the head counts the plugin serves (1..128 today),
-dense (block table, causal or not) and sparse (indices). CUDA tensors
+dense (block table, causal or not) and sparse (indices); for sparse also
+FlashMLA's FP8 cache (is_fp8_kvcache=True: DeepSeek V3.2's 656-byte rows,
+uint8 or float8_e4m3fn). CUDA tensors
 run on the "pmla" backend, CPU tensors on "pmla-cpu". Anything else raises
 NotImplementedError.
 
@@ -30,6 +32,7 @@ from ._errors import Unsupported
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "MLAMetadata"]
 
 _POOL_PER_KEY = 4
+_DS_MLA_BYTES = 656
 _pool = {}
 _pool_lock = threading.Lock()
 
@@ -49,10 +52,11 @@ def _take_builder(key):
             b = idle.pop()
             if b._h is not None:
                 return b
-    backend, device, heads, page_size, max_q_len, topk, scale, max_batch = key
+    backend, device, heads, page_size, max_q_len, topk, scale, max_batch, kv_dtype = key
     try:
         return Builder(heads, backend=backend, page_size=page_size, max_batch=max_batch,
-                       max_q_len=max_q_len, topk=topk, softmax_scale=scale, device=device)
+                       max_q_len=max_q_len, topk=topk, softmax_scale=scale, device=device,
+                       kv_dtype=kv_dtype)
     except Unsupported as e:
         raise _not_served("this configuration (%s)" % e.message) from e
 
@@ -136,8 +140,6 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
     with none (FlashMLA's newest API). Returns (tile_scheduler_metadata,
     num_splits): opaque objects for flash_mla_with_kvcache. No device work:
     the step is planned on the first flash_mla_with_kvcache call."""
-    if is_fp8_kvcache:
-        raise _not_served("an fp8 KV cache (is_fp8_kvcache=True)")
     if num_heads_k != 1:
         raise _not_served("num_heads_k = %r" % (num_heads_k,))
     batch = None
@@ -172,8 +174,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     if not isinstance(meta, MLAMetadata):
         raise TypeError("pmla.flash_mla: tile_scheduler_metadata must come from "
                         "pmla.flash_mla.get_mla_metadata (got %s)" % type(meta).__name__)
-    if is_fp8_kvcache:
-        raise _not_served("an fp8 KV cache (is_fp8_kvcache=True)")
+    if is_fp8_kvcache and indices is None:
+        raise _not_served("a dense fp8 KV cache (is_fp8_kvcache=True without indices)")
     if head_dim_v != _abi.KV_LORA_RANK:
         raise _not_served("head_dim_v = %r" % (head_dim_v,))
     if q.dim() != 4:
@@ -188,10 +190,18 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                          "page_block_size, 1, 576]" % (tuple(k_cache.shape),))
     if k_cache.shape[2] != 1:
         raise _not_served("num_heads_k = %d" % k_cache.shape[2])
-    if k_cache.shape[3] != _abi.HEAD_DIM:
+    if is_fp8_kvcache:  # DeepSeek V3.2's 656-byte rows, as bytes
+        if k_cache.shape[3] != _DS_MLA_BYTES or k_cache.element_size() != 1:
+            raise _not_served("an fp8 KV cache of %s x %d (pmla serves DeepSeek V3.2's "
+                              "layout: %d bytes per token)" % (k_cache.dtype, k_cache.shape[3],
+                                                               _DS_MLA_BYTES))
+        kv_dtype = "fp8_ds_mla"
+    elif k_cache.shape[3] != _abi.HEAD_DIM:
         raise _not_served("a KV cache head_dim of %d" % k_cache.shape[3])
-    if k_cache.dtype != torch.bfloat16:
+    elif k_cache.dtype != torch.bfloat16:
         raise _not_served("KV cache dtype %s" % k_cache.dtype)
+    else:
+        kv_dtype = "bf16"
     b, s_q, h_q, _ = (int(x) for x in q.shape)
     page = int(k_cache.shape[1])
     scale = float(softmax_scale) if softmax_scale is not None else _abi.HEAD_DIM ** -0.5
@@ -211,16 +221,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
         if meta.topk is not None and meta.topk != topk:
             raise ValueError("pmla.flash_mla: indices has topk %d; the metadata was made for "
                              "topk=%d" % (topk, meta.topk))
-        key = (backend, device, h_q, page, 1, topk, scale, _next_pow2(tokens))
+        key = (backend, device, h_q, page, 1, topk, scale, _next_pow2(tokens), kv_dtype)
     elif causal and s_q > 1:
         mode = "causal"
         if s_q > 8:
             raise _not_served("causal decode with s_q = %d (at most 8 query tokens per "
                               "request)" % s_q)
-        key = (backend, device, h_q, page, s_q, 0, scale, _next_pow2(b))
+        key = (backend, device, h_q, page, s_q, 0, scale, _next_pow2(b), kv_dtype)
     else:
         mode = "flat"  # every query row sees the whole cache: one request per row
-        key = (backend, device, h_q, page, 1, 0, scale, _next_pow2(tokens))
+        key = (backend, device, h_q, page, 1, 0, scale, _next_pow2(tokens), kv_dtype)
     builder = meta._builder(key)
 
     plan = meta._plan
@@ -233,6 +243,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
         meta._plan = (builder, mode, inputs, (b, s_q))
 
     q2 = q.reshape(tokens, h_q, _abi.HEAD_DIM)
+    if is_fp8_kvcache and k_cache.dtype != torch.uint8:
+        k_cache = k_cache.view(torch.uint8)
     out, lse = builder.run(q2, k_cache)
     out = out.view(b, s_q, h_q, _abi.KV_LORA_RANK)
     lse = lse.view(b, s_q, h_q).transpose(1, 2).contiguous()

@@ -95,6 +95,35 @@ class TestFlashMLA(unittest.TestCase):
         self.assertTrue(bool(torch.isposinf(lse[1, :, 0]).all()))
         self.assertTrue(bool((out[1, 0] == 0).all()))
 
+    def test_sparse_fp8_ds_mla(self):
+        # DeepSeek V3.2's cache: per token 512 e4m3 in 4 tiles with fp32
+        # scales, then 64 bf16 rope; FlashMLA passes it as float8_e4m3fn bytes
+        rng = np.random.default_rng(21)
+        b, s_q, h, page, blocks, topk = 3, 2, 16, 64, 6, 128
+        raw = rng.integers(0, 256, size=(blocks * page, 656), dtype=np.uint8)
+        raw[:, :512] &= 0xbf  # finite e4m3 of magnitude <= 1.875
+        scales = np.exp2(-rng.integers(0, 4, size=(blocks * page, 4))).astype(np.float32)
+        raw[:, 512:528] = scales.view(np.uint8).reshape(-1, 16)
+        rope = rand_bits(rng, (blocks * page, 64))
+        raw[:, 528:] = rope.view(np.uint8).reshape(-1, 128)
+        e = (raw[:, :512] >> 3) & 15
+        m = (raw[:, :512] & 7).astype(np.float64)
+        val = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * np.exp2(e - 7.0))
+        val = np.where(raw[:, :512] & 0x80, -val, val) * np.repeat(scales, 128, axis=1)
+        kv64 = np.concatenate([val, bits_f64(rope)], axis=1)
+        idx = rng.integers(0, blocks * page, size=(b, s_q, topk)).astype(np.int32)
+        idx[rng.random(idx.shape) < 0.2] = -1
+        q_bits = rand_bits(rng, (b, s_q, h, D))
+        k_cache = torch.from_numpy(raw.reshape(blocks, page, 1, 656))
+        if hasattr(torch, "float8_e4m3fn"):
+            k_cache = k_cache.view(torch.float8_e4m3fn)
+        meta, splits = fm.get_mla_metadata(None, s_q * h, 1, h, is_fp8_kvcache=True, topk=topk)
+        out, lse = fm.flash_mla_with_kvcache(torch_bf16(q_bits), k_cache, None, None, 512, meta,
+                                             splits, is_fp8_kvcache=True,
+                                             indices=torch.from_numpy(idx))
+        ref_out, ref_lse = flash_ref(bits_f64(q_bits), kv64, None, None, page, False, idx)
+        assert_close(self, torch_f64(out), torch_f64(lse), ref_out, ref_lse, "sparse fp8")
+
     def test_one_plan_per_step_many_layers(self):
         c = Case(9, [17, 33], 1)
         meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
@@ -166,14 +195,12 @@ class TestFlashMLA(unittest.TestCase):
     def test_not_served(self):
         c = Case(12, [4], 1)
         seq = c.cache_seqlens
-        with self.assertRaisesRegex(NotImplementedError, "fp8"):
-            fm.get_mla_metadata(seq, c.h, 1, is_fp8_kvcache=True)
         with self.assertRaisesRegex(NotImplementedError, "num_heads_k"):
             fm.get_mla_metadata(seq, 2 * c.h, 2)
         meta, splits = fm.get_mla_metadata(seq, c.h, 1)
         call = lambda q=c.q, k=c.k_cache, **kw: fm.flash_mla_with_kvcache(
             q, k, c.block_table, seq, kw.pop("dv", 512), meta, splits, **kw)
-        with self.assertRaisesRegex(NotImplementedError, "fp8"):
+        with self.assertRaisesRegex(NotImplementedError, "dense fp8"):
             call(is_fp8_kvcache=True)
         with self.assertRaisesRegex(NotImplementedError, "head_dim_v = 256"):
             call(dv=256)

@@ -87,6 +87,28 @@ class TestNumpy(unittest.TestCase):
         self.assertFalse((got[False, 1][0] == got[False, len(lens)][0]).all()
                          and (got[False, 1][1] == got[False, len(lens)][1]).all())
 
+    def test_fp8_e4m3_cache(self):
+        # per-tensor e4m3 bytes with one fp32 scale, as vLLM's fp8 cache
+        page, lens = 16, [30, 0, 50]
+        pb, qo, table = dense_case(9, lens, 1, page)
+        rng = np.random.default_rng(9)
+        raw = (rng.integers(0, 256, size=pb.kv_bits.shape, dtype=np.uint8) & 0xbf)
+        e, m = (raw >> 3) & 15, (raw & 7).astype(np.float64)
+        val = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * np.exp2(e - 7.0))
+        val = np.where(raw & 0x80, -val, val) * 0.375
+        b = cpu(page_size=page, max_batch=4, kv_dtype="fp8_e4m3")
+        self.assertEqual(b.config["kv_dtype"], "fp8_e4m3")
+        b.plan(np.array(qo, np.int32), block_table=np.array(table, np.int32),
+               kv_lens=np.array(lens, np.int32))
+        with self.assertRaisesRegex(pmla.InvalidArgument, "kv_scale"):
+            b.run(pb.q_bits, raw)
+        out, lse = b.run(pb.q_bits, raw, kv_scale=np.array([0.375], np.float32))
+        ref_out, ref_lse = ref_decode(pb.q, val.reshape(-1, val.shape[-1]),
+                                      lists_block_table(qo, table, lens, page))
+        assert_close(self, bits_f64(out), lse, ref_out, ref_lse, "fp8_e4m3")
+        with self.assertRaisesRegex(pmla.InvalidArgument, "kv_dtype"):
+            cpu(kv_dtype="fp4")
+
     def test_read_only_and_list_inputs(self):
         page = 16
         lens = [5, 40]
