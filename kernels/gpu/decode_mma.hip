@@ -13,7 +13,9 @@
  * positions [kv_begin, kv_end) stream through STAGES shared-memory stages of
  * BN tokens (cp.async, gathered row by row through pmla_kv_map; positions
  * past the item, skipped slots and bad indices are zero-filled, never
- * loaded, so NaN-poisoned slots cannot reach the PV product). Per block:
+ * loaded, so NaN-poisoned slots cannot reach the PV product). An FP8
+ * cache's rows are loaded into registers while the previous block computes
+ * and dequantised into their stage after it (kv_load.h). Per block:
  *   QK   S[ROWS x BN] = Q K^T over 576 dims; warp w owns rows
  *        16*(w % MT).. and tokens (w / MT) * TW..; scaled to base 2 and
  *        masked to -inf (past the item, causal limit len - qlen + 1 + j,

@@ -18,7 +18,9 @@
  * Warpgroup 1 also loads: a block that is one whole valid page-aligned run
  * of 64 slots (page sizes that are multiples of 64) as nine TMA boxes from
  * one thread, any other block (partial, invalid slots, page sizes 1 / 16,
- * top-k gathers) by per-token cp.async with zero fill. Generic-proxy writes
+ * top-k gathers) by per-token cp.async with zero fill; an FP8 cache's rows
+ * reach registers a block ahead and are dequantised into the stage just
+ * before it is published (kv_load.h). Generic-proxy writes
  * (cp.async, P stores) are made visible to the wgmma async proxy with
  * fence.proxy.async before the barrier that publishes them.
  *
