@@ -176,7 +176,10 @@ typedef struct pmla_builder_config {
   int32_t device;         /* GPU ordinal; must be 0 for pmla-cpu */
   uint32_t cu_count;      /* 0 = all CUs / online CPUs; else 1..1024 */
   /* --- 1.1 --- */
-  uint32_t flags;         /* pmla_builder_flags; absent (1.0 host) = 0 */
+  /* pmla_builder_flags; absent (1.0 host) = 0. A 1.0 plugin ignores it (the
+   * tail of a larger struct): a host that needs a flag checks that the
+   * backend's agreed version is 1.1 or later. */
+  uint32_t flags;
 } pmla_builder_config;
 
 /* The 1.0 size of pmla_builder_config: a host built against 1.0 passes it. */

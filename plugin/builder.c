@@ -256,7 +256,11 @@ void *pmla_tensor_data(const DLTensor *t) {
 static void dtype_str(DLDataType d, char *s, size_t n) {
   const char *code = d.code == kDLInt ? "int" : d.code == kDLUInt ? "uint"
                    : d.code == kDLFloat ? "float" : d.code == kDLBfloat ? "bfloat"
-                   : d.code == pmla_dl_float8_e4m3fn.code ? "float8_e4m3fn" : "code?";
+                   : d.code == pmla_dl_float8_e4m3fn.code ? "float8_e4m3fn" : NULL;
+  if (!code) {
+    snprintf(s, n, "(code %u, %u bits)", d.code, d.bits);
+    return;
+  }
   if (d.code == pmla_dl_float8_e4m3fn.code && d.bits == 8 && d.lanes == 1) {
     snprintf(s, n, "%s", code);
     return;
@@ -512,13 +516,11 @@ static pmla_status check_kv_cache(pmla_builder *b, const DLTensor *kv, int devic
   const int64_t P = b->cfg.page_size, W = b->cfg.kv_dtype == PMLA_DTYPE_FP8_DS_MLA
                                                ? PMLA_KV_TOKEN_BYTES_FP8_DS_MLA
                                                : PMLA_QK_DIM;
-  DLDataType dt = pmla_dl_bf16;
-  if (b->cfg.kv_dtype != PMLA_DTYPE_BF16) {
-    dt = pmla_dl_uint8;
-    if (b->cfg.kv_dtype == PMLA_DTYPE_FP8_E4M3 && kv && kv->dtype.code == pmla_dl_float8_e4m3fn.code)
-      dt = pmla_dl_float8_e4m3fn;
-  }
-  if (kv && kv->dtype.bits != dt.bits) {
+  DLDataType dt = b->cfg.kv_dtype == PMLA_DTYPE_BF16 ? pmla_dl_bf16 : pmla_dl_uint8;
+  if (b->cfg.kv_dtype == PMLA_DTYPE_FP8_E4M3 && kv &&
+      kv->dtype.code == pmla_dl_float8_e4m3fn.code)
+    dt = pmla_dl_float8_e4m3fn;
+  if (kv && (kv->dtype.code != dt.code || kv->dtype.bits != dt.bits || kv->dtype.lanes != 1)) {
     char got[24];
     dtype_str(kv->dtype, got, sizeof got);
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,

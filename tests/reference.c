@@ -205,10 +205,11 @@ int ref_mla_decode(const ref_problem *p, double *out, double *lse) {
       if (L->slots[i] < -1 || L->slots[i] >= p->num_slots)
         return -1;
   }
+  const size_t rows = (size_t)(max_n > 0 ? max_n : 1);
   double *qd = malloc(sizeof(double) * (size_t)D);
-  double *scores = malloc(sizeof(double) * (size_t)(max_n > 0 ? max_n : 1));
+  double *scores = malloc(sizeof(double) * rows);
   double *acc = malloc(sizeof(double) * (size_t)V);
-  double *k = malloc(sizeof(double) * (size_t)D);
+  double *k = malloc(sizeof(double) * (size_t)D * rows); /* the token's rows, dequantised */
   if (!qd || !scores || !acc || !k) {
     free(qd);
     free(scores);
@@ -219,6 +220,9 @@ int ref_mla_decode(const ref_problem *p, double *out, double *lse) {
   for (int64_t t = 0; t < p->tokens; t++) {
     const int64_t *slots = L->slots + L->indptr[t];
     int64_t n = L->indptr[t + 1] - L->indptr[t];
+    for (int64_t i = 0; i < n; i++)
+      if (slots[i] >= 0)
+        kv_row(p, slots[i], k + i * D);
     for (int64_t h = 0; h < p->heads; h++) {
       const uint16_t *qrow = p->q + (t * p->heads + h) * D;
       for (int64_t d = 0; d < D; d++)
@@ -230,10 +234,10 @@ int ref_mla_decode(const ref_problem *p, double *out, double *lse) {
           scores[i] = -INFINITY;
           continue;
         }
-        kv_row(p, slots[i], k);
+        const double *kr = k + i * D;
         double s = 0.0;
         for (int64_t d = 0; d < D; d++)
-          s += qd[d] * k[d];
+          s += qd[d] * kr[d];
         s *= p->softmax_scale;
         scores[i] = s;
         if (s > mx)
@@ -256,9 +260,9 @@ int ref_mla_decode(const ref_problem *p, double *out, double *lse) {
           continue;
         double w = exp(scores[i] - mx);
         sum += w;
-        kv_row(p, slots[i], k);
+        const double *kr = k + i * D;
         for (int64_t d = 0; d < V; d++)
-          acc[d] += w * k[d];
+          acc[d] += w * kr[d];
       }
       for (int64_t d = 0; d < V; d++)
         o[d] = acc[d] / sum;

@@ -334,6 +334,41 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
   ck_assert_msg(st == PMLA_OK, "1.0-sized config: %s", g_be->last_error(NULL));
   g_be->destroy_builder(b);
   free(old);
+  /* 57..59 bytes hold part of flags: absent, so a default builder (it
+   * reports split_cap 0 for a dense step; an invariant one reports 1) */
+  const int32_t qo[2] = {0, 1}, bt[1] = {0}, lens[1] = {5};
+  test_tensor t_qo, t_bt, t_lens;
+  tt_make1(&t_qo, TT_I32, qo, 2);
+  tt_make2(&t_bt, TT_I32, bt, 1, 1);
+  tt_make1(&t_lens, TT_I32, lens, 1);
+  pmla_decode_batch batch;
+  memset(&batch, 0, sizeof batch);
+  batch.struct_size = sizeof batch;
+  batch.kv_layout = PMLA_KV_BLOCK_TABLE;
+  batch.qo_indptr = &t_qo.t;
+  batch.block_table = &t_bt.t;
+  batch.kv_lens = &t_lens.t;
+  batch.stream = harness_stream();
+  cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
+  for (uint32_t n = PMLA_BUILDER_CONFIG_SIZE_1_0 + 1; n <= sizeof cfg; n++) {
+    unsigned char *p = malloc(n);
+    ck_assert(p);
+    memcpy(p, &cfg, n);
+    memcpy(p, &n, sizeof n);
+    b = NULL;
+    st = g_be->init_builder((const pmla_builder_config *)(const void *)p, &b);
+    ck_assert_msg(st == PMLA_OK, "%u-byte config: %s", n, g_be->last_error(NULL));
+    ck_assert_int_eq(g_be->build_decode(b, &batch), PMLA_OK);
+    const uint32_t want = n == sizeof cfg ? 1 : 0;
+    ck_assert_msg(harness_query(b).split_cap == want,
+                  "%u-byte config: split_cap %u, want %u (flags %s)", n,
+                  harness_query(b).split_cap, want, want ? "present" : "absent");
+    g_be->destroy_builder(b);
+    free(p);
+  }
+  tt_free(&t_qo);
+  tt_free(&t_bt);
+  tt_free(&t_lens);
 }
 END_TEST
 

@@ -54,7 +54,8 @@ static void kv_store_init(kv_store *kv, uint32_t dtype, int64_t slots, uint64_t 
   kv->slots = slots;
   kv->bytes = malloc((size_t)slots * kv->row_bytes + 1);
   ck_assert(kv->bytes);
-  kv->scale = (float)(0.05 + rng_uniform(rng) * 2.0);
+  /* e4m3 reaches 448: scales near 2^-8 keep values within a few units */
+  kv->scale = (float)((0.5 + rng_uniform(rng)) / 256.0);
   kv->float8 = (int)rng_below(rng, 2);
   if (kv->dtype == PMLA_DTYPE_BF16) {
     uint16_t *h = (uint16_t *)(void *)kv->bytes;
@@ -70,9 +71,11 @@ static void kv_store_init(kv_store *kv, uint32_t dtype, int64_t slots, uint64_t 
   }
 }
 
-/* a finite e4m3 byte of magnitude <= 1.875 (exponent <= 7), zeros and
- * subnormals included */
-static uint8_t rand_e4m3(uint64_t *rng) { return (uint8_t)(rng_below(rng, 256) & 0xbf); }
+/* any finite e4m3 byte (up to +-448; zeros and subnormals included) */
+static uint8_t rand_e4m3(uint64_t *rng) {
+  uint8_t b = (uint8_t)rng_below(rng, 256);
+  return (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b; /* S.1111.111 is NaN */
+}
 
 static void kv_store_fill(kv_store *kv, int64_t slot, uint64_t *rng) {
   uint8_t *row = kv->bytes + (size_t)slot * kv->row_bytes;
@@ -85,8 +88,8 @@ static void kv_store_fill(kv_store *kv, int64_t slot, uint64_t *rng) {
     for (int d = 0; d < 512; d++)
       row[d] = rand_e4m3(rng);
     for (int t = 0; t < 4; t++) { /* a power of two (as DeepSeek quantises) or not */
-      float sc = rng_below(rng, 2) ? ldexpf(1.f, -(int)rng_below(rng, 6))
-                                   : (float)(0.01 + rng_uniform(rng));
+      float sc = rng_below(rng, 2) ? ldexpf(1.f, -8 - (int)rng_below(rng, 6))
+                                   : (float)((0.01 + rng_uniform(rng)) / 256.0);
       memcpy(row + 512 + 4 * t, &sc, sizeof sc);
     }
     for (int d = 0; d < 64; d++) {
@@ -354,9 +357,10 @@ START_TEST(test_fp8_dense_decode_matches_reference) {
   dense_case c;
   memset(&c, 0, sizeof c);
   char name[96];
+  /* _i / 2 runs over every head count x page size, _i % 2 over both dtypes */
   c.kv_dtype = _i % 2 ? PMLA_DTYPE_FP8_DS_MLA : PMLA_DTYPE_FP8_E4M3;
   c.heads = fp8_heads[(_i / 2) % N_FP8_HEADS];
-  c.page_size = pages[(_i / 2) % 3];
+  c.page_size = pages[(_i / 2) / N_FP8_HEADS];
   c.layout = (_i / 6) % 2 ? CSR : BT;
   c.cu = cus[rng_below(&rng, 3)];
   c.batch = 1 + (int32_t)rng_below(&rng, 3);
@@ -383,7 +387,7 @@ START_TEST(test_fp8_sparse_decode_matches_reference) {
   char name[96];
   c.kv_dtype = _i % 2 ? PMLA_DTYPE_FP8_DS_MLA : PMLA_DTYPE_FP8_E4M3;
   c.heads = fp8_heads[(_i / 2) % N_FP8_HEADS];
-  c.page_size = pages[(_i / 2) % 3];
+  c.page_size = pages[(_i / 2) / N_FP8_HEADS];
   c.topk = topks[rng_below(&rng, 3)];
   c.cu = 1 + rng_below(&rng, 7);
   c.tokens = 1 + (int32_t)rng_below(&rng, 4);
@@ -547,8 +551,8 @@ Suite *suite_numerics(void) {
   suite_add_tcase(s, tc);
   tc = tcase_create("fp8");
   tcase_set_timeout(tc, 60);
-  tcase_add_loop_test(tc, test_fp8_dense_decode_matches_reference, 0, 4 * N_FP8_HEADS);
-  tcase_add_loop_test(tc, test_fp8_sparse_decode_matches_reference, 0, 2 * N_FP8_HEADS);
+  tcase_add_loop_test(tc, test_fp8_dense_decode_matches_reference, 0, 6 * N_FP8_HEADS);
+  tcase_add_loop_test(tc, test_fp8_sparse_decode_matches_reference, 0, 6 * N_FP8_HEADS);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -86,6 +86,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
   using C = Cfg<MT>;
   constexpr bool FP8 = F != PMLA_KV_BF16;
   constexpr int ROWB = KvFmt<F>::ROW_BYTES;
+  static_assert(!FP8 || C::STAGES <= 2, "FP8 rows wait in registers for the one free stage");
   constexpr int NT = C::NT, QKU = C::QKU, KACC = C::KACC, BN = C::BN, STAGES = C::STAGES;
   constexpr int ROWS = C::ROWS, TG = C::TG, TW = C::TW, NTQ = C::NTQ, DW = C::DW, NTV = C::NTV,
                 TPT = C::TPT;

@@ -46,7 +46,7 @@ BUFFER_NAMES = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr
 BUF_COUNT = len(BUFFER_NAMES)
 
 DEVERR_BITS = {1: "kv_len", 2: "page_index", 4: "slot_index", 8: "qo_indptr",
-               16: "last_page_len"}
+               16: "last_page_len", 32: "kv_scale"}
 
 KV_LORA_RANK = 512
 ROPE_DIM = 64
@@ -58,6 +58,7 @@ kDLCUDA = 2
 kDLCUDAHost = 3
 kDLROCM = 10
 kDLCUDAManaged = 13
+kDLFloat8_e4m3fn = 10  # DLPack 1.1's code (a KV cache of PMLA_DTYPE_FP8_E4M3 may use it)
 GPU_DEVICE_TYPES = (kDLCUDA, kDLROCM)
 kDLInt = 0
 kDLUInt = 1

@@ -5,7 +5,7 @@ import ctypes
 import sys
 
 from . import _abi
-from ._errors import BadState, InvalidArgument, make_error
+from ._errors import BadState, InvalidArgument, Unsupported, make_error
 from ._plugin import default_plugin
 from ._tensor import as_tensor, current_stream, same, stream_handle
 
@@ -111,10 +111,20 @@ class Builder:
         if isinstance(device, bool) or not isinstance(device, int) or \
                 not -2**31 <= device < 2**31:
             raise InvalidArgument("Builder: device = %r; accepted: an int ordinal" % (device,))
+        kvd = _kv_dtype(kv_dtype)
+        if batch_invariant or kvd != _abi.DTYPE_BF16:
+            # 1.1 features: a 1.0 plugin would ignore flags (the tail of a
+            # larger config) and refuses FP8 caches
+            agreed = next((b.agreed_version for b in self._plugin.backends
+                           if b.name == backend), None)
+            if agreed is not None and tuple(int(x) for x in agreed.split(".")) < (1, 1):
+                raise Unsupported("Builder: %s needs ABI 1.1; backend %r agreed %s" % (
+                    "batch_invariant" if batch_invariant else "kv_dtype=%r" % (kv_dtype,),
+                    backend, agreed), call="init_builder")
         cfg = _abi.BuilderConfig(
             struct_size=ctypes.sizeof(_abi.BuilderConfig), num_heads=_uint("num_heads", num_heads),
             kv_lora_rank=_abi.KV_LORA_RANK, rope_dim=_abi.ROPE_DIM, q_dtype=_abi.DTYPE_BF16,
-            kv_dtype=_kv_dtype(kv_dtype), out_dtype=_abi.DTYPE_BF16,
+            kv_dtype=kvd, out_dtype=_abi.DTYPE_BF16,
             page_size=_uint("page_size", page_size), max_batch=_uint("max_batch", max_batch),
             max_q_len=_uint("max_q_len", max_q_len), topk=_uint("topk", topk),
             softmax_scale=scale, device=device, cu_count=_uint("cu_count", cu_count),

@@ -24,6 +24,7 @@ metadata objects draw from, so steady-state decoding allocates no builders.
 import math
 import sys
 import threading
+import weakref
 
 from . import _abi
 from ._builder import Builder
@@ -34,7 +35,9 @@ __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "MLAMetadata"]
 _POOL_PER_KEY = 4
 _DS_MLA_BYTES = 656
 _pool = {}
-_pool_lock = threading.Lock()
+# re-entrant: a metadata object's finaliser gives builders back, and the
+# cycle collector may run it inside a locked region on the same thread
+_pool_lock = threading.RLock()
 
 
 def _not_served(what):
@@ -81,12 +84,18 @@ def clear_pool():
 
 
 class _NumSplits:
-    """FlashMLA's num_splits: opaque here (the schedule lives in the builder)."""
+    """FlashMLA's num_splits: opaque here (the schedule lives in the builder).
+    It refers to its metadata weakly, so a dropped metadata object is freed
+    (and its builders pooled) at once, not by the cycle collector."""
 
-    __slots__ = ("metadata",)
+    __slots__ = ("_metadata", "__weakref__")
 
     def __init__(self, metadata):
-        self.metadata = metadata
+        self._metadata = weakref.ref(metadata)
+
+    @property
+    def metadata(self):
+        return self._metadata()
 
     def __repr__(self):
         return "<pmla.flash_mla num_splits of %r>" % (self.metadata,)

@@ -39,6 +39,22 @@ class TestInitErrors(unittest.TestCase):
             self.assertIn("accepted", cm.exception.message)
             self.assertEqual(cm.exception.call, "init_builder")
 
+    def test_1_1_features_need_a_1_1_backend(self):
+        # a backend that agreed ABI 1.0 would ignore config.flags and refuses
+        # FP8 caches: the builder says so instead of making a default one
+        real = pmla.default_plugin()
+
+        class Old:
+            backends = [b._replace(agreed_version="1.0") for b in real.backends]
+            backend = staticmethod(real.backend)
+
+        for kw in ({"batch_invariant": True}, {"kv_dtype": "fp8_ds_mla"}):
+            with self.assertRaises(pmla.Unsupported) as cm:
+                pmla.Builder(16, backend="pmla-cpu", plugin=Old(), **kw)
+            self.assertIn("needs ABI 1.1", cm.exception.message)
+            self.assertIn("agreed 1.0", cm.exception.message)
+        pmla.Builder(16, backend="pmla-cpu", plugin=real, batch_invariant=True).close()
+
     def test_invalid_page_size(self):
         with self.assertRaises(pmla.InvalidArgument) as cm:
             cpu(page_size=3)

@@ -169,6 +169,16 @@ class TestFlashMLA(unittest.TestCase):
             self.check(c, out, lse, False, what="step %d" % i)
             del meta, splits, out, lse
             gc.collect()
+        # a metadata object freed by the cycle collector while this thread
+        # holds the pool's lock gives its builders back without deadlock
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512, meta,
+                                  splits)
+        cycle = [meta]
+        cycle.append(cycle)
+        del meta, splits, cycle
+        with fm._pool_lock:
+            gc.collect()
         fm.clear_pool()
 
     def test_metadata_without_arguments(self):

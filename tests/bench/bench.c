@@ -581,6 +581,14 @@ static const char *backend_file(const pmla_registry *r, const pmla_backend *be) 
   return "";
 }
 
+/* the ABI version the registry agreed with backend be */
+static uint32_t backend_version(const pmla_registry *r, const pmla_backend *be) {
+  for (size_t i = 0; i < pmla_registry_count(r); i++)
+    if (pmla_registry_backend(r, i) == be)
+      return pmla_registry_backend_version(r, i);
+  return 0;
+}
+
 static void usage(void) {
   puts("usage: pmla-bench [--backend NAME] [--plugin PATH]... [--shape SPEC]... [--suite dense|sparse]\n"
        "                  [--iters N] [--warmup N] [--cu N] [--device N] [--check] [--no-flush]\n"
@@ -682,6 +690,17 @@ int main(int argc, char **argv) {
       return 1;
     }
     file[k] = backend_file(reg[k], be[k]);
+    /* a 1.0 plugin would ignore config.flags and refuses FP8 caches */
+    int needs_1_1 = o.invariant || o.kv != PMLA_DTYPE_BF16;
+    for (int i = 0; i < o.nshapes; i++)
+      needs_1_1 |= o.shapes[i].kv > PMLA_DTYPE_BF16;
+    const uint32_t v = backend_version(reg[k], be[k]);
+    if (needs_1_1 && v < PMLA_VERSION(1, 1)) {
+      fprintf(stderr, "pmla-bench: %s needs ABI 1.1; backend '%s' in %s agreed %u.%u\n",
+              o.invariant ? "--batch-invariant" : "an FP8 cache", o.backend, file[k],
+              PMLA_VERSION_MAJOR(v), PMLA_VERSION_MINOR(v));
+      return 1;
+    }
   }
   if (!o.nplugins)
     o.nplugins = 1;
