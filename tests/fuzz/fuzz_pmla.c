@@ -360,7 +360,7 @@ typedef struct session {
   pmla_builder *b;
   int is_pmla; /* pmla-cpu from this plugin: the full contract is checked */
   /* the config the builder was made with (or defaults when init failed) */
-  uint32_t heads, page, max_batch, max_q_len, topk;
+  uint32_t heads, page, max_batch, max_q_len, topk, kv_dtype;
   pmla_builder_info info;
   /* the step built last: its tensors stay alive until the next build */
   int step_built;
@@ -544,12 +544,29 @@ static void op_decode(session *s) {
   int64_t pages = s->cache_pages > 0 ? s->cache_pages : 1 + below(in, 4);
   ftensor q, kv, out, lse;
   const int64_t q_dims[3] = {T, H, 576}, o_dims[3] = {T, H, 512}, l_dims[2] = {T, H};
-  const int64_t kv3[3] = {pages, P, 576}, kv4[4] = {pages, P, 1, 576};
+  /* the cache of the builder's kv_dtype, now and then another's */
+  uint32_t kvd = rarely(in) ? PICK(in, PMLA_DTYPE_BF16, PMLA_DTYPE_FP8_E4M3,
+                                   PMLA_DTYPE_FP8_DS_MLA)
+                            : s->kv_dtype;
+  const int64_t W = kvd == PMLA_DTYPE_FP8_DS_MLA ? 656 : 576;
+  const int64_t kv3[3] = {pages, P, W}, kv4[4] = {pages, P, 1, W};
   const int64_t tok_lim[3] = {known ? EXACT : UNBOUNDED, EXACT, EXACT};
   const int64_t kv_lim[4] = {UNBOUNDED, EXACT, EXACT, EXACT};
   tensor_make(in, &q, kDLBfloat, 16, 3, q_dims, tok_lim, NULL, 0);
   int four = u8(in) & 1;
-  tensor_make(in, &kv, kDLBfloat, 16, four ? 4 : 3, four ? kv4 : kv3, kv_lim, NULL, 0);
+  if (kvd == PMLA_DTYPE_BF16)
+    tensor_make(in, &kv, kDLBfloat, 16, four ? 4 : 3, four ? kv4 : kv3, kv_lim, NULL, 0);
+  else /* bytes; an e4m3 cache may also come as float8_e4m3fn (DLPack code 10) */
+    tensor_make(in, &kv, kvd == PMLA_DTYPE_FP8_E4M3 && (u8(in) & 1) ? 10 : kDLUInt, 8,
+                four ? 4 : 3, four ? kv4 : kv3, kv_lim, NULL, 0);
+  /* kv_scale: absent, fp32 [1] of any value, or malformed */
+  static const float kv_scales[] = {1.0f, 0.5f, 0.0f, -1.0f, INFINITY, NAN};
+  float scale_value[2] = {kv_scales[below(in, 6)], 1.0f};
+  ftensor scale;
+  const int64_t one[1] = {1}, scale_lim[1] = {EXACT};
+  const uint32_t scale_kind = PICK(in, 0, 1, 1, 2);
+  tensor_make(in, &scale, kDLFloat, scale_kind == 2 ? 64 : 32, 1,
+              one, scale_lim, scale_value, sizeof scale_value);
   tensor_make(in, &out, kDLBfloat, 16, 3, o_dims, tok_lim, NULL, 0);
   tensor_make(in, &lse, kDLFloat, 32, 2, l_dims, tok_lim, NULL, 0);
   fill_values(&q);
@@ -559,7 +576,7 @@ static void op_decode(session *s) {
   uint32_t reserved = u8(in) < 224 ? 0 : u32(in);
   int no_lse = u8(in) & 1;
   pmla_decode_args args = {sizeof args, reserved, &q.t, &kv.t, &out.t, no_lse ? NULL : &lse.t,
-                           NULL};
+                           NULL, scale_kind ? &scale.t : NULL};
   if (rarely(in)) {
     if (u8(in) & 1)
       args.q = NULL;
@@ -583,6 +600,7 @@ static void op_decode(session *s) {
   tensor_free(&kv);
   tensor_free(&out);
   tensor_free(&lse);
+  tensor_free(&scale);
 }
 
 static void op_query(session *s) {
@@ -678,7 +696,8 @@ static void drive_backend(input *in, const pmla_backend *be) {
   c.kv_lora_rank = PICK(in, 512, 512, 512, 256);
   c.rope_dim = PICK(in, 64, 64, 64, 128);
   c.q_dtype = PICK(in, PMLA_DTYPE_BF16, PMLA_DTYPE_BF16, PMLA_DTYPE_FP8_E4M3, 0);
-  c.kv_dtype = PICK(in, PMLA_DTYPE_BF16, PMLA_DTYPE_BF16, PMLA_DTYPE_FP8_E4M3, 0);
+  c.kv_dtype = PICK(in, PMLA_DTYPE_BF16, PMLA_DTYPE_BF16, PMLA_DTYPE_FP8_E4M3,
+                    PMLA_DTYPE_FP8_DS_MLA, 0, 4);
   c.out_dtype = PICK(in, PMLA_DTYPE_BF16, PMLA_DTYPE_BF16, PMLA_DTYPE_FP8_E4M3, 0);
   c.page_size = PICK(in, 16, 1, 2, 64, 256, 3, 512, 0);
   c.max_batch = PICK(in, 1, 2, 3, 8, 65536, 65537, 0);
@@ -694,6 +713,7 @@ static void drive_backend(input *in, const pmla_backend *be) {
   }
   c.device = (int32_t)PICK(in, 0, 0, 0, 1, (uint32_t)-1);
   c.cu_count = PICK(in, 1, 2, 3, 4, 0, 1025);
+  c.flags = PICK(in, 0, 0, PMLA_BUILDER_BATCH_INVARIANT, 2, 0x80000001u);
   /* valid values that would make a run slow are brought down */
   if (c.cu_count > MAX_UNITS && c.cu_count <= 1024)
     c.cu_count = 1 + c.cu_count % MAX_UNITS;
@@ -722,6 +742,7 @@ static void drive_backend(input *in, const pmla_backend *be) {
   s.max_batch = ok ? c.max_batch : 4;
   s.max_q_len = ok ? c.max_q_len : 2;
   s.topk = ok ? c.topk : 16;
+  s.kv_dtype = ok ? c.kv_dtype : PMLA_DTYPE_BF16;
   if (ok) {
     s.info.struct_size = sizeof s.info;
     pmla_status q = be->query_builder(b, &s.info);
