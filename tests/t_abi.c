@@ -277,6 +277,23 @@ START_TEST(test_negotiation_refuses_other_majors_with_a_message) {
 }
 END_TEST
 
+/* A host built against 1.0 offers 1.0 only and gets 1.0 from this 1.1
+ * plugin (its 1.0-sized structs are tested in t_fp8.c and t_invariance.c) */
+START_TEST(test_negotiation_a_1_0_host_gets_1_0) {
+  pmla_entry_fn entry;
+  void *h = open_plugin(&entry);
+  pmla_negotiation n;
+  pmla_status s = negotiate_raw(entry, V(1, 0), V(1, 0), &n);
+  ck_assert_msg(s == PMLA_OK && n.agreed_version == V(1, 0),
+                "host 1.0..1.0: %s, agreed %x (%s)", harness_status_name(s), n.agreed_version,
+                n.message);
+  ck_assert_msg(n.plugin && n.plugin->abi_version >= V(1, 1),
+                "plugin implements %x; this suite is for a 1.1 plugin",
+                n.plugin ? n.plugin->abi_version : 0);
+  dlclose(h);
+}
+END_TEST
+
 START_TEST(test_negotiation_wide_range_agrees_on_the_plugins_version) {
   pmla_entry_fn entry;
   void *h = open_plugin(&entry);
@@ -879,6 +896,7 @@ Suite *suite_abi(void) {
   tcase_add_test(tc, test_version_macro_is_defined_for_majors_with_the_top_bit_set);
   tcase_add_test(tc, test_negotiation_agrees_on_1_0_for_host_ranges_containing_it);
   tcase_add_test(tc, test_negotiation_refuses_other_majors_with_a_message);
+  tcase_add_test(tc, test_negotiation_a_1_0_host_gets_1_0);
   tcase_add_test(tc, test_negotiation_wide_range_agrees_on_the_plugins_version);
   tcase_add_test(tc, test_negotiation_refuses_too_small_struct_size);
   tcase_add_test(tc, test_negotiation_accepts_larger_struct_size);
