@@ -169,6 +169,14 @@ const char *harness_status_name(pmla_status s) {
 
 int harness_file_exists(const char *path) { return path && access(path, R_OK) == 0; }
 
+void *harness_sized_copy(const void *full, uint32_t size) {
+  unsigned char *p = malloc(size);
+  ck_assert(p);
+  memcpy(p, full, size);
+  memcpy(p, &size, sizeof size);
+  return p;
+}
+
 int harness_mock_path(const char *name, char *buf, size_t size) {
   if (!g_mock_dir)
     return -1;

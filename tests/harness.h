@@ -96,6 +96,10 @@ uint64_t harness_seed(void);                     /* <PREFIX>_SEED or fixed */
 int harness_status_in(pmla_status got, const pmla_status *set, size_t n);
 const char *harness_status_name(pmla_status s);
 int harness_file_exists(const char *path);
+/* What an older host passes: the first `size` bytes of an ABI struct `full`
+ * in a block of exactly that size (a read past it shows under the
+ * sanitizers), its struct_size set to `size`. free() it. */
+void *harness_sized_copy(const void *full, uint32_t size);
 /* mock plugin path "<g_mock_dir>/<name>.so" into buf; 0 when it exists. */
 int harness_mock_path(const char *name, char *buf, size_t size);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "test_config.h"
 #include "reference.h"
 
 #define H 16
@@ -25,10 +26,6 @@ typedef struct fx {
   pmla_decode_batch batch;
   pmla_decode_args args;
 } fx;
-
-static int64_t row_width(uint32_t kv_dtype) {
-  return kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? 656 : 576;
-}
 
 /* A built one-request step over a cache of kv_dtype (uint8 for FP8, with
  * finite e4m3 bytes; scale 1 for DS_MLA tiles); args ready to decode. */
@@ -46,7 +43,7 @@ static void fx_setup(fx *f, uint32_t kv_dtype) {
   for (int i = 0; i < H * 576; i++)
     q[i] = ref_float_to_bf16((float)((i % 13) - 6) / 8.f);
   tt_make3(&f->q, TT_BF16, q, 1, H, 576);
-  const int64_t w = row_width(kv_dtype);
+  const int64_t w = test_kv_width(kv_dtype);
   const size_t bytes = (size_t)PAGES * PS * (size_t)w * (kv_dtype == PMLA_DTYPE_BF16 ? 2 : 1);
   uint8_t *kv = malloc(bytes);
   ck_assert(kv);
@@ -107,18 +104,9 @@ static int fx_out_intact(const fx *f) {
   return 1;
 }
 
-/* What an older host passes: the first `size` bytes of args in a block of
- * exactly that size (a read past it shows under the sanitizers). 48 is the
- * 1.0 struct; 52 holds half of kv_scale, which is then absent. */
-static void *args_sized(const pmla_decode_args *args, uint32_t size) {
-  unsigned char *p = malloc(size);
-  ck_assert(p);
-  memcpy(p, args, size);
-  memcpy(p, &size, sizeof size);
-  return p;
-}
+/* A 1.0 host's args (48 bytes; harness_sized_copy) */
 static void *args_1_0(const pmla_decode_args *args) {
-  return args_sized(args, PMLA_DECODE_ARGS_SIZE_1_0);
+  return harness_sized_copy(args, PMLA_DECODE_ARGS_SIZE_1_0);
 }
 
 /* decode(args) fails with `want`, a message naming `what`, out untouched */
@@ -181,7 +169,7 @@ START_TEST(test_a_cache_of_another_kv_dtype_is_refused) {
       if (j == i)
         continue;
       test_tensor other;
-      const int64_t w = row_width(dts[j]);
+      const int64_t w = test_kv_width(dts[j]);
       if (dts[j] == PMLA_DTYPE_BF16)
         tt_make3(&other, TT_BF16, NULL, PAGES, PS, 576);
       else
@@ -196,7 +184,7 @@ START_TEST(test_a_cache_of_another_kv_dtype_is_refused) {
     /* signed int8 is not a byte cache */
     if (dts[i] != PMLA_DTYPE_BF16) {
       test_tensor s8;
-      tt_make3(&s8, kDLInt, 8, NULL, PAGES, PS, row_width(dts[i]));
+      tt_make3(&s8, kDLInt, 8, NULL, PAGES, PS, test_kv_width(dts[i]));
       pmla_decode_args a = f.args;
       a.kv_cache = &s8.t;
       expect_refused(&f, &a, PMLA_ERR_INVALID_ARGUMENT, "kv_cache", "int8 cache");
@@ -221,7 +209,7 @@ START_TEST(test_fp8_e4m3_requires_a_kv_scale_tensor) {
   void *small = args_1_0(&f.args);
   expect_refused(&f, small, PMLA_ERR_INVALID_ARGUMENT, "kv_scale", "1.0-sized args");
   free(small);
-  small = args_sized(&f.args, PMLA_DECODE_ARGS_SIZE_1_0 + 4);
+  small = harness_sized_copy(&f.args, PMLA_DECODE_ARGS_SIZE_1_0 + 4); /* half a kv_scale */
   expect_refused(&f, small, PMLA_ERR_INVALID_ARGUMENT, "kv_scale", "half a kv_scale");
   free(small);
   test_tensor two, f64;

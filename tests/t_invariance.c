@@ -61,6 +61,38 @@ static void req_random(req *r, uint64_t *rng, int32_t max_len) {
     r->q[i] = ref_float_to_bf16((float)(rng_uniform(rng) * 4.0 - 2.0));
 }
 
+/* Decodes the step built on b (q of T tokens) and copies `rows` rows of out
+ * and lse from row `first` (a row is a (token, head) pair) to the host. */
+static void decode_rows(pmla_builder *b, const cache *c, const uint16_t *q, int64_t T,
+                        size_t first, size_t rows, uint16_t *got_out, float *got_lse) {
+  test_tensor t_q, t_out, t_lse;
+  tt_make3(&t_q, TT_BF16, q, T, H, 576);
+  tt_make3(&t_out, TT_BF16, NULL, T, H, 512);
+  tt_make2(&t_lse, TT_F32, NULL, T, H);
+  pmla_decode_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.q = &t_q.t;
+  args.kv_cache = &c->kv.t;
+  args.out = &t_out.t;
+  args.lse = &t_lse.t;
+  args.stream = harness_stream();
+  pmla_status st = g_be->decode(b, &args);
+  ck_assert_msg(st == PMLA_OK, "decode: %s", g_be->last_error(b));
+  uint16_t *out = malloc(t_out.bytes + 2);
+  float *lse = malloc(t_lse.bytes + 4);
+  ck_assert(out && lse);
+  tt_download(&t_out, out);
+  tt_download(&t_lse, lse);
+  memcpy(got_out, out + first * 512, rows * 512 * 2);
+  memcpy(got_lse, lse + first, rows * 4);
+  tt_free(&t_q);
+  tt_free(&t_out);
+  tt_free(&t_lse);
+  free(out);
+  free(lse);
+}
+
 /* Decodes the batch `reqs` (block table or CSR) with `cu` units and copies
  * request `probe`'s out rows and lse into got_out / got_lse. */
 static void decode_batch(const cache *c, req *const *reqs, int32_t n, int32_t probe,
@@ -87,16 +119,13 @@ static void decode_batch(const cache *c, req *const *reqs, int32_t n, int32_t pr
     memcpy(idx + kvp[i], reqs[i]->pages, sizeof(int32_t) * (size_t)reqs[i]->npages);
     memcpy(q + (size_t)qo[i] * H * 576, reqs[i]->q, (size_t)reqs[i]->q_len * H * 576 * 2);
   }
-  test_tensor t_qo, t_lens, t_bt, t_kvp, t_idx, t_last, t_q, t_out, t_lse;
+  test_tensor t_qo, t_lens, t_bt, t_kvp, t_idx, t_last;
   tt_make1(&t_qo, TT_I32, qo, n + 1);
   tt_make1(&t_lens, TT_I32, lens, n);
   tt_make2(&t_bt, TT_I32, bt, n, width);
   tt_make1(&t_kvp, TT_I32, kvp, n + 1);
   tt_make1(&t_idx, TT_I32, idx, kvp[n]);
   tt_make1(&t_last, TT_I32, last, n);
-  tt_make3(&t_q, TT_BF16, q, T, H, 576);
-  tt_make3(&t_out, TT_BF16, NULL, T, H, 512);
-  tt_make2(&t_lse, TT_F32, NULL, T, H);
   pmla_decode_batch batch;
   memset(&batch, 0, sizeof batch);
   batch.struct_size = sizeof batch;
@@ -110,33 +139,15 @@ static void decode_batch(const cache *c, req *const *reqs, int32_t n, int32_t pr
   batch.stream = harness_stream();
   pmla_status st = g_be->build_decode(b, &batch);
   ck_assert_msg(st == PMLA_OK, "build_decode: %s", g_be->last_error(b));
-  pmla_decode_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.q = &t_q.t;
-  args.kv_cache = &c->kv.t;
-  args.out = &t_out.t;
-  args.lse = &t_lse.t;
-  args.stream = harness_stream();
-  st = g_be->decode(b, &args);
-  ck_assert_msg(st == PMLA_OK, "decode: %s", g_be->last_error(b));
-  uint16_t *out = malloc((size_t)T * H * 512 * 2 + 2);
-  float *lse = malloc((size_t)T * H * 4 + 4);
-  ck_assert(out && lse);
-  tt_download(&t_out, out);
-  tt_download(&t_lse, lse);
-  const size_t rows = (size_t)reqs[probe]->q_len * H;
-  memcpy(got_out, out + (size_t)qo[probe] * H * 512, rows * 512 * 2);
-  memcpy(got_lse, lse + (size_t)qo[probe] * H, rows * 4);
-  test_tensor *all[] = {&t_qo, &t_lens, &t_bt, &t_kvp, &t_idx, &t_last, &t_q, &t_out, &t_lse};
+  decode_rows(b, c, q, T, (size_t)qo[probe] * H, (size_t)reqs[probe]->q_len * H, got_out,
+              got_lse);
+  test_tensor *all[] = {&t_qo, &t_lens, &t_bt, &t_kvp, &t_idx, &t_last};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     tt_free(all[i]);
   g_be->destroy_builder(b);
   free(bt);
   free(idx);
   free(q);
-  free(out);
-  free(lse);
 }
 
 /* The probe alone (one unit) against the fp64 reference. */
@@ -228,11 +239,8 @@ static void decode_sparse(const cache *c, const int32_t *lists, const uint16_t *
   pmla_builder_config cfg = harness_config(H, PS, MAXB, 1, SPARSE_TOPK, cu);
   cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
   pmla_builder *b = harness_init(&cfg);
-  test_tensor t_idx, t_q, t_out, t_lse;
+  test_tensor t_idx;
   tt_make2(&t_idx, TT_I32, lists, n, SPARSE_TOPK);
-  tt_make3(&t_q, TT_BF16, q, n, H, 576);
-  tt_make3(&t_out, TT_BF16, NULL, n, H, 512);
-  tt_make2(&t_lse, TT_F32, NULL, n, H);
   pmla_sparse_batch sb;
   memset(&sb, 0, sizeof sb);
   sb.struct_size = sizeof sb;
@@ -240,28 +248,9 @@ static void decode_sparse(const cache *c, const int32_t *lists, const uint16_t *
   sb.max_seq_len = PAGES * PS;
   sb.stream = harness_stream();
   ck_assert_msg(g_be->build_sparse(b, &sb) == PMLA_OK, "build_sparse: %s", g_be->last_error(b));
-  pmla_decode_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.q = &t_q.t;
-  args.kv_cache = &c->kv.t;
-  args.out = &t_out.t;
-  args.lse = &t_lse.t;
-  args.stream = harness_stream();
-  ck_assert_msg(g_be->decode(b, &args) == PMLA_OK, "decode: %s", g_be->last_error(b));
-  uint16_t *out = malloc((size_t)n * H * 512 * 2);
-  float *lse = malloc((size_t)n * H * 4);
-  ck_assert(out && lse);
-  tt_download(&t_out, out);
-  tt_download(&t_lse, lse);
-  memcpy(out1, out + (size_t)probe * H * 512, (size_t)H * 512 * 2);
-  memcpy(lse1, lse + (size_t)probe * H, (size_t)H * 4);
-  test_tensor *all[] = {&t_idx, &t_q, &t_out, &t_lse};
-  for (size_t i = 0; i < 4; i++)
-    tt_free(all[i]);
+  decode_rows(b, c, q, n, (size_t)probe * H, H, out1, lse1);
+  tt_free(&t_idx);
   g_be->destroy_builder(b);
-  free(out);
-  free(lse);
 }
 
 START_TEST(test_sparse_output_is_independent_of_the_batch) {
@@ -323,14 +312,10 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
   cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
   b = harness_init(&cfg);
   g_be->destroy_builder(b);
-  unsigned char *old = malloc(PMLA_BUILDER_CONFIG_SIZE_1_0);
-  ck_assert(old);
   cfg.flags = 0;
-  memcpy(old, &cfg, PMLA_BUILDER_CONFIG_SIZE_1_0);
-  const uint32_t size = PMLA_BUILDER_CONFIG_SIZE_1_0;
-  memcpy(old, &size, sizeof size);
+  void *old = harness_sized_copy(&cfg, PMLA_BUILDER_CONFIG_SIZE_1_0);
   b = NULL;
-  st = g_be->init_builder((const pmla_builder_config *)(const void *)old, &b);
+  st = g_be->init_builder(old, &b);
   ck_assert_msg(st == PMLA_OK, "1.0-sized config: %s", g_be->last_error(NULL));
   g_be->destroy_builder(b);
   free(old);
@@ -351,12 +336,9 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
   batch.stream = harness_stream();
   cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
   for (uint32_t n = PMLA_BUILDER_CONFIG_SIZE_1_0 + 1; n <= sizeof cfg; n++) {
-    unsigned char *p = malloc(n);
-    ck_assert(p);
-    memcpy(p, &cfg, n);
-    memcpy(p, &n, sizeof n);
+    void *p = harness_sized_copy(&cfg, n);
     b = NULL;
-    st = g_be->init_builder((const pmla_builder_config *)(const void *)p, &b);
+    st = g_be->init_builder(p, &b);
     ck_assert_msg(st == PMLA_OK, "%u-byte config: %s", n, g_be->last_error(NULL));
     ck_assert_int_eq(g_be->build_decode(b, &batch), PMLA_OK);
     const uint32_t want = n == sizeof cfg ? 1 : 0;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "test_config.h"
 #include "cases.h"
 #include "reference.h"
 #include "schedule.h"
@@ -49,8 +50,7 @@ typedef struct kv_store {
 
 static void kv_store_init(kv_store *kv, uint32_t dtype, int64_t slots, uint64_t *rng) {
   kv->dtype = dtype ? dtype : PMLA_DTYPE_BF16;
-  kv->row_bytes = kv->dtype == PMLA_DTYPE_FP8_E4M3 ? 576 : kv->dtype == PMLA_DTYPE_FP8_DS_MLA ? 656
-                                                                                          : 1152;
+  kv->row_bytes = (size_t)test_kv_row_bytes(kv->dtype);
   kv->slots = slots;
   kv->bytes = malloc((size_t)slots * kv->row_bytes + 1);
   ck_assert(kv->bytes);
@@ -103,7 +103,7 @@ static void kv_store_fill(kv_store *kv, int64_t slot, uint64_t *rng) {
  * 1-head axis), bf16 / uint8 / float8_e4m3fn */
 static void kv_store_tensor(const kv_store *kv, test_tensor *t, int64_t pages, int64_t ps,
                             int kv4d) {
-  const int64_t w = kv->dtype == PMLA_DTYPE_FP8_DS_MLA ? 656 : 576;
+  const int64_t w = test_kv_width(kv->dtype);
   const int64_t s3[3] = {pages, ps, w}, s4[4] = {pages, ps, 1, w};
   if (kv->dtype == PMLA_DTYPE_BF16)
     tt_make(t, TT_BF16, kv->bytes, kv4d ? 4 : 3, kv4d ? s4 : s3);
@@ -350,24 +350,38 @@ static void run_sparse(const sparse_case *c, uint64_t seed);
 static const uint32_t fp8_heads[] = {1, 3, 8, 9, 16, 63, 64, 126, 128};
 #define N_FP8_HEADS 9
 
+/* Case i's FP8 layout, head count and page size: i / 2 runs over every
+ * head count x page size, i % 2 over both layouts. */
+typedef struct fp8_shape {
+  uint32_t kv_dtype, heads, page_size;
+  const char *dtype_name;
+} fp8_shape;
+
+static fp8_shape fp8_shape_of(int i) {
+  static const uint32_t pages[] = {1, 16, 64};
+  fp8_shape f = {i % 2 ? PMLA_DTYPE_FP8_DS_MLA : PMLA_DTYPE_FP8_E4M3,
+                 fp8_heads[(i / 2) % N_FP8_HEADS], pages[(i / 2) / N_FP8_HEADS],
+                 i % 2 ? "ds_mla" : "e4m3"};
+  return f;
+}
+
 START_TEST(test_fp8_dense_decode_matches_reference) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ (0xf800u + (uint64_t)_i);
-  static const uint32_t pages[] = {1, 16, 64}, cus[] = {1, 2, 7};
+  static const uint32_t cus[] = {1, 2, 7};
+  const fp8_shape f = fp8_shape_of(_i);
   dense_case c;
   memset(&c, 0, sizeof c);
   char name[96];
-  /* _i / 2 runs over every head count x page size, _i % 2 over both dtypes */
-  c.kv_dtype = _i % 2 ? PMLA_DTYPE_FP8_DS_MLA : PMLA_DTYPE_FP8_E4M3;
-  c.heads = fp8_heads[(_i / 2) % N_FP8_HEADS];
-  c.page_size = pages[(_i / 2) / N_FP8_HEADS];
+  c.kv_dtype = f.kv_dtype;
+  c.heads = f.heads;
+  c.page_size = f.page_size;
   c.layout = (_i / 6) % 2 ? CSR : BT;
   c.cu = cus[rng_below(&rng, 3)];
   c.batch = 1 + (int32_t)rng_below(&rng, 3);
   c.kv4d = (_i / 4) % 2;
-  snprintf(name, sizeof name, "fp8 dense #%d (%s, heads %u, page %u, %s)", _i,
-           c.kv_dtype == PMLA_DTYPE_FP8_E4M3 ? "e4m3" : "ds_mla", c.heads, c.page_size,
-           c.layout == BT ? "block table" : "CSR");
+  snprintf(name, sizeof name, "fp8 dense #%d (%s, heads %u, page %u, %s)", _i, f.dtype_name,
+           c.heads, c.page_size, c.layout == BT ? "block table" : "CSR");
   c.name = name;
   int32_t budget = c.heads >= 64 ? 300 : 900;
   for (int32_t r = 0; r < c.batch; r++) {
@@ -381,13 +395,14 @@ END_TEST
 START_TEST(test_fp8_sparse_decode_matches_reference) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ (0xf900u + (uint64_t)_i);
-  static const uint32_t pages[] = {1, 16, 64}, topks[] = {64, 128, 512};
+  static const uint32_t topks[] = {64, 128, 512};
+  const fp8_shape f = fp8_shape_of(_i);
   sparse_case c;
   memset(&c, 0, sizeof c);
   char name[96];
-  c.kv_dtype = _i % 2 ? PMLA_DTYPE_FP8_DS_MLA : PMLA_DTYPE_FP8_E4M3;
-  c.heads = fp8_heads[(_i / 2) % N_FP8_HEADS];
-  c.page_size = pages[(_i / 2) / N_FP8_HEADS];
+  c.kv_dtype = f.kv_dtype;
+  c.heads = f.heads;
+  c.page_size = f.page_size;
   c.topk = topks[rng_below(&rng, 3)];
   c.cu = 1 + rng_below(&rng, 7);
   c.tokens = 1 + (int32_t)rng_below(&rng, 4);
@@ -396,7 +411,7 @@ START_TEST(test_fp8_sparse_decode_matches_reference) {
   c.hole_pct = 10;
   c.dup_pct = 5;
   snprintf(name, sizeof name, "fp8 sparse #%d (%s, heads %u, page %u, topk %u)", _i,
-           c.kv_dtype == PMLA_DTYPE_FP8_E4M3 ? "e4m3" : "ds_mla", c.heads, c.page_size, c.topk);
+           f.dtype_name, c.heads, c.page_size, c.topk);
   c.name = name;
   run_sparse(&c, rng);
 }

@@ -22,3 +22,13 @@ pmla_builder_config test_config(uint32_t heads, uint32_t page_size, uint32_t max
   c.cu_count = cu_count;
   return c;
 }
+
+int64_t test_kv_row_bytes(uint32_t kv_dtype) {
+  return kv_dtype == PMLA_DTYPE_FP8_E4M3    ? PMLA_KV_TOKEN_BYTES_FP8_E4M3
+         : kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? PMLA_KV_TOKEN_BYTES_FP8_DS_MLA
+                                             : PMLA_KV_TOKEN_BYTES_BF16;
+}
+
+int64_t test_kv_width(uint32_t kv_dtype) {
+  return kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? PMLA_KV_TOKEN_BYTES_FP8_DS_MLA : 576;
+}

@@ -9,4 +9,9 @@
 pmla_builder_config test_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
                                 uint32_t max_q_len, uint32_t topk, uint32_t cu_count);
 
+/* A KV cache of this pmla_dtype: bytes per token (1152, 576, 656) and the
+ * width of its last dimension (576 values; 656 bytes for fp8_ds_mla). */
+int64_t test_kv_row_bytes(uint32_t kv_dtype);
+int64_t test_kv_width(uint32_t kv_dtype);
+
 #endif

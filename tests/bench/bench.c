@@ -136,10 +136,6 @@ typedef struct problem {
   int64_t max_seq_len;
 } problem;
 
-static int64_t kv_row_bytes(int kv_dtype) {
-  return kv_dtype == PMLA_DTYPE_FP8_E4M3 ? 576 : kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? 656 : 1152;
-}
-
 /* one KV row of random values in [-1, 1] as stored: bf16; e4m3 bytes of
  * magnitude <= 1.875 (with kv_scale 0.5); DS_MLA: e4m3 with tile scales
  * 2^-1, bf16 rope */
@@ -171,7 +167,7 @@ static void poison_kv_row(uint8_t *row, int kv_dtype) {
     for (int d = 0; d < QK; d++)
       memcpy(row + 2 * d, &(uint16_t){REF_BF16_NAN}, 2);
   else
-    memset(row, 0xff, (size_t)kv_row_bytes(kv_dtype));
+    memset(row, 0xff, (size_t)test_kv_row_bytes((uint32_t)kv_dtype));
 }
 
 #define BENCH_KV_SCALE 0.5f /* fp8_e4m3's kv_scale */
@@ -181,7 +177,7 @@ static void make_problem(const bench_shape *s, int kv_dtype, int page_size, int 
   memset(p, 0, sizeof *p);
   p->heads = s->h;
   p->kv_dtype = kv_dtype;
-  p->row_bytes = kv_row_bytes(kv_dtype);
+  p->row_bytes = test_kv_row_bytes((uint32_t)kv_dtype);
   p->page_size = page_size;
   if (s->sparse_topk) {
     p->tokens = s->b * s->sq;
@@ -315,7 +311,7 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   void *d_scale = upload(m, &kv_scale, sizeof kv_scale);
   void *d_out = upload(m, NULL, out_bytes), *d_lse = upload(m, NULL, (size_t)p.tokens * (size_t)p.heads * 4);
   int64_t q_shape[3] = {p.tokens, p.heads, QK},
-          kv_shape[3] = {p.num_pages, p.page_size, kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? 656 : QK},
+          kv_shape[3] = {p.num_pages, p.page_size, test_kv_width((uint32_t)kv_dtype)},
           one[1] = {1};
   int64_t out_shape[3] = {p.tokens, p.heads, DV}, lse_shape[2] = {p.tokens, p.heads};
   DLDataType bf16 = {kDLBfloat, 16, 1}, i32 = {kDLInt, 32, 1}, f32 = {kDLFloat, 32, 1};
