@@ -52,4 +52,17 @@ has "$out" "\"plugin\": \"$plugin\"" '"max_abs_err": ' '"cosine": ' '"lse_ok": t
 out=$($bench --plugin "$(dirname "$plugin")" --shape b=1,L=64,h=16 --iters 1 --warmup 0 --json) ||
   fail "pmla-bench --plugin DIR exited $?: $out"
 has "$out" "\"plugin\": \"$(dirname "$plugin")/pmla.so\""
+# bench: a 1.1 feature on a backend that agreed 1.0 is refused by name
+# (a 1.0 plugin would ignore config.flags); the mock plugin speaks 1.0 only
+old=${PMLA_TEST_MOCK_DIR:-tests/.libs}/mock_old_minor.so
+if [ -f "$old" ]; then
+  out=$($bench --plugin "$old" --backend mock-old-minor --shape b=1,L=64,h=16 \
+    --batch-invariant 2>&1) && fail "pmla-bench --batch-invariant on a 1.0 backend exited 0"
+  has "$out" "--batch-invariant needs ABI 1.1; backend 'mock-old-minor'" "agreed 1.0"
+  out=$($bench --plugin "$old" --backend mock-old-minor --shape b=1,L=64,h=16,kv=fp8 2>&1) &&
+    fail "pmla-bench kv=fp8 on a 1.0 backend exited 0"
+  has "$out" "an FP8 cache needs ABI 1.1" "agreed 1.0"
+else
+  echo "SKIP: the 1.0 mock plugin $old is not built"
+fi
 echo "PASS: pmla-info and pmla-bench"
