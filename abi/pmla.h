@@ -145,7 +145,11 @@ enum pmla_device_error_bits {
  *   partial_out  fp32  2 * N * max_q_len * heads * 512
  *   partial_lse  fp32  2 * N * max_q_len * heads
  * A request split into k pieces uses k partial slots; the planner proves at
- * most 2N slots and R + N work items exist for any batch within the limits. */
+ * most 2N slots and R + N work items exist for any batch within the limits.
+ * A PMLA_BUILDER_BATCH_INVARIANT builder has R * 64 + N work items (a
+ * request has at most 64 chunks) and 5N partial slots (4N for split
+ * requests, then one accumulator per unit); its partial buffers and
+ * reduce_partial_map are sized by that slot count (query_builder). */
 typedef enum pmla_buffer {
   PMLA_BUF_WORK_META_DATA = 0,
   PMLA_BUF_WORK_INDPTR = 1,
@@ -191,8 +195,10 @@ enum pmla_builder_flags {
    * step (the other requests, their order, the batch size) and whatever
    * cu_count is: they depend only on its own q, KV and length and the
    * builder's fixed configuration. Bitwise equality holds per backend and
-   * device model. Today every request runs as one piece (no split), so a
-   * long request alone in a step uses one unit per head tile. */
+   * device model. A request is read in chunks whose boundaries depend on
+   * its length alone and their results are merged in one fixed order, by
+   * the unit that ran them or by the reduce; the schedule still balances
+   * the step over the units. */
   PMLA_BUILDER_BATCH_INVARIANT = 1u << 0
 };
 
@@ -310,7 +316,9 @@ typedef pmla_status (*pmla_entry_fn)(pmla_negotiation *negotiation);
  * 7 the piece's index within its request. Unit n runs items
  * work_indptr[n] .. work_indptr[n + 1] in order. work_meta_data words:
  * 0 items, 1 reduce entries, 2 partial slots used, 3 schedule mode (0 units
- * filled in order, 1 capped pieces), 4 most pieces of one request, 5 requests,
+ * filled in order, 1 capped pieces, 2 batch-invariant chunks: word 7 of an
+ * item then also carries flags above bit 16, and an item may fold into its
+ * slot instead of overwriting it), 4 most pieces of one request, 5 requests,
  * 6 the device error word, 7 query rows. Reduce entry k merges partial
  * slots reduce_partial_map[reduce_indptr[k] .. reduce_indptr[k + 1]] into
  * request reduce_final_map[k]. */

@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "fold.h"
+#include "plan_invariant.h"
 #include "planner.h"
 
 /* Inlined so the AVX2 clone of run_item vectorises them too. */
@@ -314,11 +316,28 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
                score + (size_t)(i + 1) * PMLA_CPU_CHUNK, kf, n);
   }
 
+  const int32_t flags = w[PMLA_WI_PIECE];
   for (int32_t i = 0; i < rows; i++) {
     float *o = acc + (size_t)i * PMLA_V_DIM;
     float inv = sum[i] > 0.f ? 1.f / sum[i] : 0.f;
-    float lse = sum[i] > 0.f ? (mx[i] + log2f(sum[i])) * LN2 : -INFINITY;
-    if (slot < 0) {
+    float lse = sum[i] > 0.f ? pmla_fold_lse(mx[i] + log2f(sum[i]), LN2) : -INFINITY;
+    if (pb->fold && (flags & PMLA_WI_FOLD)) {
+      /* this chunk into the accumulator in `slot`, as the reduce folds */
+      size_t base = (size_t)slot * pb->max_q_len * H + i;
+      float *a = pb->partial_out + base * PMLA_V_DIM;
+      const pmla_fold_w fw = pmla_fold_weights(pb->partial_lse[base], lse);
+      if (flags & PMLA_WI_FINAL) {
+        uint16_t *dst = pb->out + ((size_t)qb * H + i) * PMLA_V_DIM;
+        for (int d = 0; d < PMLA_V_DIM; d++)
+          dst[d] = pmla_float_to_bf16(pmla_fold(a[d], o[d] * inv, fw));
+        if (pb->lse)
+          pb->lse[(size_t)qb * H + i] = fw.lse;
+      } else {
+        for (int d = 0; d < PMLA_V_DIM; d++)
+          a[d] = pmla_fold(a[d], o[d] * inv, fw);
+        pb->partial_lse[base] = fw.lse;
+      }
+    } else if (slot < 0) {
       uint16_t *dst = pb->out + ((size_t)qb * H + i) * PMLA_V_DIM;
       for (int d = 0; d < PMLA_V_DIM; d++)
         dst[d] = pmla_float_to_bf16(o[d] * inv);
@@ -356,6 +375,28 @@ void pmla_cpu_reduce(const pmla_cpu_problem *pb, const int32_t *reduce_indptr,
     int32_t qb = pb->qo_indptr ? pb->qo_indptr[r] : r;
     int32_t qe = pb->qo_indptr ? pb->qo_indptr[r + 1] : r + 1;
     int32_t p0 = reduce_indptr[k], p1 = reduce_indptr[k + 1];
+    if (pb->fold) { /* the left fold of the pieces, as the decode items fold */
+      for (int32_t i = 0; i < (qe - qb) * H; i++) {
+        float o[PMLA_V_DIM];
+        size_t base = (size_t)reduce_partial_map[p0] * pb->max_q_len * H + i;
+        memcpy(o, pb->partial_out + base * PMLA_V_DIM, sizeof o);
+        float lse = pb->partial_lse[base];
+        for (int32_t p = p0 + 1; p < p1; p++) {
+          base = (size_t)reduce_partial_map[p] * pb->max_q_len * H + i;
+          const pmla_fold_w fw = pmla_fold_weights(lse, pb->partial_lse[base]);
+          const float *c = pb->partial_out + base * PMLA_V_DIM;
+          for (int d = 0; d < PMLA_V_DIM; d++)
+            o[d] = pmla_fold(o[d], c[d], fw);
+          lse = fw.lse;
+        }
+        uint16_t *dst = pb->out + ((size_t)qb * H + i) * PMLA_V_DIM;
+        for (int d = 0; d < PMLA_V_DIM; d++)
+          dst[d] = pmla_float_to_bf16(o[d]);
+        if (pb->lse)
+          pb->lse[(size_t)qb * H + i] = lse;
+      }
+      continue;
+    }
     for (int32_t i = 0; i < (qe - qb) * H; i++) {
       float best = -INFINITY;
       for (int32_t p = p0; p < p1; p++) {

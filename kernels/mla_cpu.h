@@ -27,6 +27,8 @@ typedef struct pmla_cpu_problem {
   float *lse;                   /* fp32 [tokens, heads] or NULL */
   float *partial_out;           /* [slots, max_q_len, heads, 512] */
   float *partial_lse;           /* [slots, max_q_len, heads] */
+  int32_t fold;                 /* batch-invariant schedule (plan_invariant.h):
+                                   fold flags on items, the reduce folds */
 } pmla_cpu_problem;
 
 /* Scratch floats one worker needs for a builder's shape. */

@@ -40,6 +40,9 @@ typedef struct pmla_gpu_problem {
   const int32_t *reduce_indptr;
   const int32_t *reduce_final_map;
   const int32_t *reduce_partial_map;
+  int32_t max_slots;          /* partial slots (pmla_builder_info.max_partial_slots) */
+  int32_t fold;               /* batch-invariant schedule (plan_invariant.h): items may
+                                 fold into their slot, the reduce folds left to right */
 } pmla_gpu_problem;
 
 /* The most planner units the metadata kernel takes (its per-chunk piece

@@ -108,6 +108,7 @@ typedef struct pmla_plan_input {
   /* capacities of the output buffers */
   int32_t max_items;
   int32_t max_partials;
+  int32_t invariant;        /* plan with pmla_plan_invariant (plan_invariant.h) */
 } pmla_plan_input;
 
 typedef struct pmla_plan_output {

@@ -11,6 +11,7 @@
 #include "backends.h"
 #include "builder.h"
 #include "mla_cpu.h"
+#include "plan_invariant.h"
 #include "planner.h"
 #include "workers.h"
 
@@ -145,7 +146,7 @@ static pmla_status cpu_plan(pmla_builder *b, int32_t cap, void *stream, const ch
   pmla_plan_output o;
   pmla_step_plan_input(b, cap, &in);
   pmla_plan_buffers(b, &o);
-  if (pmla_plan(&in, &o))
+  if (in.invariant ? pmla_plan_invariant(&in, &o) : pmla_plan(&in, &o))
     return pmla_fail(b, PMLA_ERR_INTERNAL, "%s: the planner rejected a validated batch", what);
   return PMLA_OK;
 }
@@ -250,6 +251,7 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   pb->lse = a.lse ? pmla_tensor_data(a.lse) : NULL;
   pb->partial_out = b->buf[PMLA_BUF_PARTIAL_OUT];
   pb->partial_lse = b->buf[PMLA_BUF_PARTIAL_LSE];
+  pb->fold = (b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
   pmla_workers_run(s->workers, run_unit, b);
   pmla_workers_run(s->workers, reduce_unit, b);
   int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];

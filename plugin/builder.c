@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "mla_types.h"
+#include "plan_invariant.h"
 #include "planner.h"
 
 _Static_assert(PMLA_WI_WORDS == PMLA_WORK_INFO_WORDS, "work item layout matches the ABI");
@@ -166,16 +167,21 @@ void pmla_size_buffers(pmla_builder *b, uint32_t cu_count, uint32_t sched_units)
   in->cu_count = cu_count;
   in->sched_units = sched_units;
   in->max_requests = (uint32_t)R;
-  in->max_work_items = (uint32_t)(R + N);
-  in->max_partial_slots = (uint32_t)(2 * N);
+  /* batch-invariant: a work item per chunk (at most PMLA_INV_MAX_CHUNKS a
+   * request), a split budget and one accumulator slot per unit */
+  const int inv = (b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
+  in->max_work_items = (uint32_t)(inv ? R * PMLA_INV_MAX_CHUNKS + N : R + N);
+  in->max_partial_slots = (uint32_t)(inv ? (PMLA_INV_SLOT_UNITS + 1) * N : 2 * N);
   in->buffer_bytes[PMLA_BUF_WORK_META_DATA] = PMLA_META_WORDS * 4;
   in->buffer_bytes[PMLA_BUF_WORK_INDPTR] = (N + 1) * 4;
-  in->buffer_bytes[PMLA_BUF_WORK_INFO_SET] = (R + N) * PMLA_WORK_INFO_WORDS * 4;
+  in->buffer_bytes[PMLA_BUF_WORK_INFO_SET] =
+      (uint64_t)in->max_work_items * PMLA_WORK_INFO_WORDS * 4;
   in->buffer_bytes[PMLA_BUF_REDUCE_INDPTR] = (R + 1) * 4;
   in->buffer_bytes[PMLA_BUF_REDUCE_FINAL_MAP] = R * 4;
-  in->buffer_bytes[PMLA_BUF_REDUCE_PARTIAL_MAP] = 2 * N * 4;
-  in->buffer_bytes[PMLA_BUF_PARTIAL_OUT] = 2 * N * rows * PMLA_V_DIM * 4;
-  in->buffer_bytes[PMLA_BUF_PARTIAL_LSE] = 2 * N * rows * 4;
+  const uint64_t slots = in->max_partial_slots;
+  in->buffer_bytes[PMLA_BUF_REDUCE_PARTIAL_MAP] = slots * 4;
+  in->buffer_bytes[PMLA_BUF_PARTIAL_OUT] = slots * rows * PMLA_V_DIM * 4;
+  in->buffer_bytes[PMLA_BUF_PARTIAL_LSE] = slots * rows * 4;
   for (int i = 0; i < PMLA_BUF_COUNT; i++)
     in->total_bytes += in->buffer_bytes[i];
 }
@@ -190,6 +196,7 @@ void pmla_step_plan_input(const pmla_builder *b, int32_t split_cap, pmla_plan_in
   in->page_size = (int32_t)b->cfg.page_size;
   in->max_items = (int32_t)b->info.max_work_items;
   in->max_partials = (int32_t)b->info.max_partial_slots;
+  in->invariant = (b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
   if (s->topk_stride > 0) { /* sparse: each token its own request over its top-k list */
     in->uniform_len = s->topk_stride;
     return;
@@ -604,13 +611,10 @@ pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, in
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_decode: builder is NULL");
   pmla_clear_error(b);
   b->step.kind = PLAN_NONE;
-  /* batch-invariant: every request one piece, so its arithmetic is the
-   * same wherever the schedule puts it */
-  const int32_t cap = b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT ? 1 : 0;
   if ((st = pmla_check_decode_batch(b, batch, device_type, &copy)) ||
-      (st = plan(b, cap, copy.stream, "build_decode")))
+      (st = plan(b, 0, copy.stream, "build_decode")))
     return st;
-  b->info.split_cap = (uint32_t)cap;
+  b->info.split_cap = 0;
   b->step.kind = PLAN_DENSE;
   return PMLA_OK;
 }
@@ -625,7 +629,8 @@ pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, i
   b->step.kind = PLAN_NONE;
   if ((st = pmla_check_sparse_batch(b, batch, device_type, &copy)))
     return st;
-  int32_t cap = b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT ? 1
+  /* batch-invariant steps split at fixed chunks, not by a cap */
+  int32_t cap = b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT ? 0
                 : copy.flags & PMLA_SPARSE_NO_SPLIT_CAP
                     ? 0
                     : pmla_sparse_split_cap(copy.max_seq_len, b->cfg.topk, b->info.cu_count);

@@ -131,5 +131,6 @@ Suite *suite_gpu(void);
 /* ---- suites of pmla-unit (white box: this plugin's planner) ---- */
 Suite *suite_planner(void);
 Suite *suite_plan_exact(void);
+Suite *suite_plan_invariant(void);
 
 #endif

@@ -34,7 +34,7 @@ tests_pmla_conformance_LDADD = $(TEST_LDADD)
 # directly, and this plugin's schedules against its exact output.
 check_PROGRAMS += tests/pmla-unit
 tests_pmla_unit_SOURCES = tests/unit.c $(TEST_HARNESS_SOURCES) \
-	tests/t_planner.c tests/t_plan_exact.c
+	tests/t_planner.c tests/t_plan_exact.c tests/t_plan_invariant.c
 tests_pmla_unit_CPPFLAGS = $(AM_CPPFLAGS) $(GPU_CPPFLAGS) -I$(top_srcdir)/kernels \
 	-I$(top_srcdir)/tests
 tests_pmla_unit_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)

@@ -18,7 +18,7 @@
 #define MAXQ 4
 #define PAGES 2048 /* a shared cache of random pages: 32768 slots */
 #define TRIALS 12
-#define SPARSE_TOPK 512
+#define SPARSE_TOPK 2112 /* three chunks of a batch-invariant sparse step */
 
 static const uint32_t cus[] = {1, 2, 7, 0};
 
@@ -39,6 +39,16 @@ static void cache_make(cache *c, uint64_t *rng) {
 static void cache_free(cache *c) {
   tt_free(&c->kv);
   free(c->host);
+}
+
+/* builds in which some request was split (several pieces, merged by the
+ * reduce): the invariance must hold across split and whole */
+static int g_split_builds;
+
+static void count_split(pmla_builder *b) {
+  int32_t meta[PMLA_META_WORDS];
+  ck_assert_int_eq(g_be->copy_buffer(b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta), PMLA_OK);
+  g_split_builds += meta[4] > 1; /* most pieces of one request */
 }
 
 /* One dense request: its query rows and pages. */
@@ -139,6 +149,7 @@ static void decode_batch(const cache *c, req *const *reqs, int32_t n, int32_t pr
   batch.stream = harness_stream();
   pmla_status st = g_be->build_decode(b, &batch);
   ck_assert_msg(st == PMLA_OK, "build_decode: %s", g_be->last_error(b));
+  count_split(b);
   decode_rows(b, c, q, T, (size_t)qo[probe] * H, (size_t)reqs[probe]->q_len * H, got_out,
               got_lse);
   test_tensor *all[] = {&t_qo, &t_lens, &t_bt, &t_kvp, &t_idx, &t_last};
@@ -180,8 +191,9 @@ static void run_dense(uint32_t layout, uint64_t seed) {
   cache_make(&c, &rng);
   req probe;
   req_random(&probe, &rng, 3000);
-  if (probe.kv_len < 700) /* long enough that a default build would split it */
-    probe.kv_len = 700 + probe.kv_len, probe.npages = (probe.kv_len + PS - 1) / PS;
+  /* more than one chunk (2048 tokens), so that alone it is split */
+  probe.kv_len = 2100 + (int32_t)rng_below(&rng, 1900);
+  probe.npages = (probe.kv_len + PS - 1) / PS;
   for (int32_t p = 0; p < probe.npages; p++)
     probe.pages[p] = (int32_t)rng_below(&rng, PAGES);
   const size_t rows = (size_t)probe.q_len * H;
@@ -193,6 +205,7 @@ static void run_dense(uint32_t layout, uint64_t seed) {
   check_reference(&c, &probe, alone, alone_lse);
   static req pool[MAXB];
   req *batch[MAXB];
+  g_split_builds = 0;
   for (int t = 0; t < TRIALS; t++) {
     static const int32_t sizes[] = {1, 2, 5, 17, 64, 131, 256};
     const int32_t n = sizes[rng_below(&rng, 7)];
@@ -217,8 +230,11 @@ static void run_dense(uint32_t layout, uint64_t seed) {
       if (i != at)
         free(pool[i].q);
   }
-  printf("invariance %s: %d batches (sizes 1..256, cu_count 1/2/7/all), q_len %d, kv_len %d\n",
-         layout == PMLA_KV_CSR ? "CSR" : "block table", TRIALS, probe.q_len, probe.kv_len);
+  printf("invariance %s: %d batches (sizes 1..256, cu_count 1/2/7/all), q_len %d, kv_len %d, "
+         "%d builds split a request\n",
+         layout == PMLA_KV_CSR ? "CSR" : "block table", TRIALS, probe.q_len, probe.kv_len,
+         g_split_builds);
+  ck_assert_msg(g_split_builds > 0, "no build split a request: the test proves too little");
   free(probe.q);
   free(alone);
   free(got);
@@ -248,6 +264,7 @@ static void decode_sparse(const cache *c, const int32_t *lists, const uint16_t *
   sb.max_seq_len = PAGES * PS;
   sb.stream = harness_stream();
   ck_assert_msg(g_be->build_sparse(b, &sb) == PMLA_OK, "build_sparse: %s", g_be->last_error(b));
+  count_split(b);
   decode_rows(b, c, q, n, (size_t)probe * H, H, out1, lse1);
   tt_free(&t_idx);
   g_be->destroy_builder(b);
@@ -269,6 +286,7 @@ START_TEST(test_sparse_output_is_independent_of_the_batch) {
     probe_q[i] = ref_float_to_bf16((float)(rng_uniform(&rng) * 4.0 - 2.0));
   uint16_t alone[H * 512], got[H * 512];
   float alone_lse[H], got_lse[H];
+  g_split_builds = 0;
   decode_sparse(&c, probe_list, probe_q, 1, 0, 1, alone, alone_lse);
   for (int t = 0; t < TRIALS; t++) {
     static const int32_t sizes[] = {1, 3, 40, 128, 256};
@@ -292,7 +310,9 @@ START_TEST(test_sparse_output_is_independent_of_the_batch) {
                   "sparse: token at %d of %d, cu_count %u: out or lse differs from alone", at, n,
                   cus[t % 4]);
   }
-  printf("invariance sparse: %d batches (1..256 tokens, cu_count 1/2/7/all)\n", TRIALS);
+  printf("invariance sparse: %d batches (1..256 tokens, cu_count 1/2/7/all), %d builds split "
+         "a token\n", TRIALS, g_split_builds);
+  ck_assert_msg(g_split_builds > 0, "no build split a token: the test proves too little");
   free(lists);
   free(q);
   cache_free(&c);
@@ -319,8 +339,8 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
   ck_assert_msg(st == PMLA_OK, "1.0-sized config: %s", g_be->last_error(NULL));
   g_be->destroy_builder(b);
   free(old);
-  /* 57..59 bytes hold part of flags: absent, so a default builder (it
-   * reports split_cap 0 for a dense step; an invariant one reports 1) */
+  /* 57..59 bytes hold part of flags: absent, so a default builder (its
+   * schedule mode, work_meta_data word 3, is 0 or 1; an invariant one's 2) */
   const int32_t qo[2] = {0, 1}, bt[1] = {0}, lens[1] = {5};
   test_tensor t_qo, t_bt, t_lens;
   tt_make1(&t_qo, TT_I32, qo, 2);
@@ -341,10 +361,11 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
     st = g_be->init_builder(p, &b);
     ck_assert_msg(st == PMLA_OK, "%u-byte config: %s", n, g_be->last_error(NULL));
     ck_assert_int_eq(g_be->build_decode(b, &batch), PMLA_OK);
-    const uint32_t want = n == sizeof cfg ? 1 : 0;
-    ck_assert_msg(harness_query(b).split_cap == want,
-                  "%u-byte config: split_cap %u, want %u (flags %s)", n,
-                  harness_query(b).split_cap, want, want ? "present" : "absent");
+    int32_t meta[PMLA_META_WORDS];
+    ck_assert_int_eq(g_be->copy_buffer(b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta), PMLA_OK);
+    const int invariant = meta[3] == 2;
+    ck_assert_msg(invariant == (n == sizeof cfg), "%u-byte config: schedule mode %d (flags %s)",
+                  n, meta[3], n == sizeof cfg ? "present" : "absent");
     g_be->destroy_builder(b);
     free(p);
   }

@@ -13,6 +13,7 @@
 
 #include "cases.h"
 #include "harness.h"
+#include "plan_invariant.h"
 #include "planner.h"
 
 /* Reads the builder's six schedule buffers back and compares them with the
@@ -33,7 +34,7 @@ static void expect_host_schedule(pmla_builder *b, const pmla_plan_input *host_in
   in.max_items = (int32_t)info.max_work_items;
   in.max_partials = (int32_t)info.max_partial_slots;
   pmla_plan_output out = {host[0], host[1], host[2], host[3], host[4], host[5]};
-  ck_assert_int_eq(pmla_plan(&in, &out), 0);
+  ck_assert_int_eq(in.invariant ? pmla_plan_invariant(&in, &out) : pmla_plan(&in, &out), 0);
   const int32_t *meta = host[0];
   size_t used[6] = {PMLA_META_WORDS, info.sched_units + 1,
                     (size_t)meta[PMLA_META_NUM_ITEMS] * PMLA_WORK_INFO_WORDS,
@@ -67,8 +68,11 @@ START_TEST(test_schedule_equals_host_planner) {
       qo[r + 1] = qo[r] + 1 + (int32_t)rng_below(&rng, 2);
       lens[r] = round % 3 == 0 ? (int32_t)rng_below(&rng, 65) : (int32_t)rng_below(&rng, WIDTH * ps + 1);
     }
+    /* every fifth round batch-invariant: its own planner (plan_invariant.h) */
+    const int inv = round % 5 == 4;
     pmla_builder_config cfg = harness_config(round % 2 ? 128 : 16, (uint32_t)ps, MAXB, 2, 0,
                                              (uint32_t)cu);
+    cfg.flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
     pmla_builder *b = harness_init(&cfg);
     test_tensor t_qo, t_bt, t_lens;
     tt_make1(&t_qo, TT_I32, qo, B + 1);
@@ -86,8 +90,10 @@ START_TEST(test_schedule_equals_host_planner) {
     in.kv_lens = lens;
     in.max_kv_len = WIDTH * ps;
     in.page_size = ps;
+    in.invariant = inv;
     char what[64];
-    snprintf(what, sizeof what, "dense round %d (B=%d, cu=%d)", round, B, cu);
+    snprintf(what, sizeof what, "dense round %d (B=%d, cu=%d%s)", round, B, cu,
+             inv ? ", invariant" : "");
     expect_host_schedule(b, &in, what);
     tt_free(&t_qo);
     tt_free(&t_bt);
@@ -98,6 +104,7 @@ START_TEST(test_schedule_equals_host_planner) {
     int32_t tokens = 1 + (int32_t)rng_below(&rng, 256), topk = round % 2 ? 2048 : 512;
     int64_t max_seq = (int64_t)rng_below(&rng, 8192);
     cfg = harness_config(16, (uint32_t)ps, 256, 1, (uint32_t)topk, (uint32_t)cu);
+    cfg.flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
     b = harness_init(&cfg);
     int32_t *idx = calloc((size_t)tokens * (size_t)topk, sizeof(int32_t));
     test_tensor t_idx;
@@ -110,6 +117,7 @@ START_TEST(test_schedule_equals_host_planner) {
     in.max_q_len = 1;
     in.uniform_len = topk;
     in.split_cap = (int32_t)harness_query(b).split_cap;
+    in.invariant = inv;
     snprintf(what, sizeof what, "sparse round %d (tokens=%d, cap=%d)", round, tokens, in.split_cap);
     expect_host_schedule(b, &in, what);
     tt_free(&t_idx);

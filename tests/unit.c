@@ -21,7 +21,7 @@
 #endif
 
 int main(int argc, char **argv) {
-  static const harness_suite_fn suites[] = {suite_planner, suite_plan_exact};
+  static const harness_suite_fn suites[] = {suite_planner, suite_plan_exact, suite_plan_invariant};
   return harness_main(argc, argv, "pmla-unit", "PMLA_UNIT", PMLA_TEST_DEFAULT_PLUGIN, NULL,
                       suites, sizeof suites / sizeof suites[0]);
 }

@@ -36,12 +36,14 @@
 #include <stdint.h>
 
 #include "hip_compat.h"
+#include "fold.h"
 #include "kv_load.h"
 #include "kv_map.h"
 #include "launch.h"
 #include "mla_gpu.h"
 #include "mma.h"
 #include "pdl.h"
+#include "plan_invariant.h"
 #include "traits.h"
 
 namespace {
@@ -81,7 +83,7 @@ template <int MT> struct Cfg {
   static_assert(BN / 8 <= 8, "P row fits the rope chunks");
 };
 
-template <int MT, int F>
+template <int MT, int F, bool FOLD>
 __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float scale_log2) {
   using C = Cfg<MT>;
   constexpr bool FP8 = F != PMLA_KV_BF16;
@@ -387,10 +389,15 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
     cp_wait<0>();
     __syncthreads();
 
-    /* ---- epilogue */
+    /* ---- epilogue (a batch-invariant item with PMLA_WI_FOLD folds into
+     * the accumulator in its slot, fold.h; with PMLA_WI_FINAL it writes
+     * the fold to out and lse) */
     const int mfin = (nblk & 1) * ROWS;
     const int64_t obase =
         pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
+    const int32_t wflags = FOLD ? w[PMLA_WI_PIECE] : 0;
+    const bool fold = FOLD && pslot >= 0 && (wflags & PMLA_WI_FOLD), final = wflags & PMLA_WI_FINAL;
+    const int64_t fbase = (int64_t)qb * H + row0;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -400,6 +407,22 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
           continue;
         float l = sL[rl], inv = l > 0.f ? out_scale / l : 0.f;
         int64_t ro = (obase + rl) * PMLA_V_DIM;
+        const int64_t fo = (fbase + rl) * PMLA_V_DIM;
+        pmla_fold_w fw = {1.f, 0.f, 0.f};
+        /* a folding item's accumulator values, all loaded before any store
+         * (the stores may alias them: loads interleaved with stores would
+         * each wait out a latency) */
+        float acc_in[NTV][ACC];
+        if (fold) {
+          fw = pmla_fold_weights(p.partial_lse[obase + rl],
+                                 l > 0.f ? __fmul_rn(sM[mfin + rl] + log2f(l), LN2_F) : -INFINITY);
+#pragma unroll
+          for (int nt = 0; nt < NTV; nt++)
+#pragma unroll
+            for (int e = 0; e < ACC; e++)
+              if (slot_of(e) == sl)
+                acc_in[nt][e] = p.partial_out[ro + warp * DW + nt * MMA_N + acc_col(lane, e)];
+        }
 #pragma unroll
         for (int nt = 0; nt < NTV; nt++) {
           if (PAIRED) {
@@ -409,7 +432,14 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
                 continue;
               int col = warp * DW + nt * MMA_N + acc_col(lane, e);
               float v0 = o[mt][nt].x[e] * inv, v1 = o[mt][nt].x[e + 1] * inv;
-              if (pslot >= 0) {
+              if (fold) {
+                const float f0 = pmla_fold(acc_in[nt][e], v0, fw),
+                            f1 = pmla_fold(acc_in[nt][e + 1], v1, fw);
+                if (final)
+                  *(uint32_t *)(p.out + fo + col) = pack_bf16x2(f0, f1);
+                else
+                  *(float2 *)(p.partial_out + ro + col) = make_float2(f0, f1);
+              } else if (pslot >= 0) {
                 *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
               } else {
                 *(uint32_t *)(p.out + ro + col) =
@@ -423,52 +453,76 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
                 continue;
               int col = warp * DW + nt * MMA_N + acc_col(lane, e);
               float v0 = o[mt][nt].x[e] * inv;
-              if (pslot >= 0)
+              if (fold) {
+                const float f0 = pmla_fold(acc_in[nt][e], v0, fw);
+                if (final)
+                  p.out[fo + col] = f_to_bf16(f0);
+                else
+                  p.partial_out[ro + col] = f0;
+              } else if (pslot >= 0) {
                 p.partial_out[ro + col] = v0;
-              else
+              } else {
                 p.out[ro + col] = f_to_bf16(v0);
+              }
             }
           }
         }
       }
+    if (fold) /* every thread has read the accumulator's lse */
+      __syncthreads();
     if (tid < nrows) {
       float l = sL[tid];
-      float lse = l > 0.f ? (sM[mfin + tid] + log2f(l)) * LN2_F : -INFINITY;
-      if (pslot >= 0)
+      float lse = l > 0.f ? __fmul_rn(sM[mfin + tid] + log2f(l), LN2_F) : -INFINITY;
+      if (fold) {
+        const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
+        if (!final)
+          p.partial_lse[obase + tid] = fw.lse;
+        else if (p.lse)
+          p.lse[fbase + tid] = fw.lse;
+      } else if (pslot >= 0) {
         p.partial_lse[obase + tid] = lse;
-      else if (p.lse)
+      } else if (p.lse) {
         p.lse[obase + tid] = lse;
+      }
     }
     __syncthreads();
   }
 }
 
-template <int MT, int F>
+template <int MT, int F, bool FOLD>
 __global__ void __launch_bounds__(Cfg<MT>::NT, Shape<MT>::OCC)
     pmla_decode_kernel(pmla_gpu_problem p, float scale_log2) {
   pdl_wait();
   pdl_trigger();
-  decode_body<MT, F>(p, scale_log2);
+  decode_body<MT, F, FOLD>(p, scale_log2);
 }
-template <int MT, int F>
+template <int MT, int F, bool FOLD>
 hipError_t launch_decode(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
   const size_t smem = Cfg<MT>::SMEM;
-  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_kernel<MT, F>, smem, &opted_in);
+  hipError_t e =
+      pmla_opt_in_smem((const void *)pmla_decode_kernel<MT, F, FOLD>, smem, &opted_in);
   if (e != hipSuccess)
     return e;
   dim3 grid((unsigned)p.num_units, (unsigned)tiles);
-  return pdl_launch(pmla_decode_kernel<MT, F>, grid, dim3(Cfg<MT>::NT), smem, st, p,
+  return pdl_launch(pmla_decode_kernel<MT, F, FOLD>, grid, dim3(Cfg<MT>::NT), smem, st, p,
                     p.softmax_scale * LOG2E_F);
+}
+/* the batch-invariant epilogue is a variant of its own (its registers would
+ * otherwise count against the default one) */
+template <int MT, int F>
+hipError_t launch_fold(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+  return p.fold ? launch_decode<MT, F, true>(p, tiles, st)
+                : launch_decode<MT, F, false>(p, tiles, st);
 }
 template <int MT> hipError_t launch_format(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   switch (p.kv_format) {
   case PMLA_KV_E4M3:
-    return launch_decode<MT, PMLA_KV_E4M3>(p, tiles, st);
+    return launch_fold<MT, PMLA_KV_E4M3>(p, tiles, st);
   case PMLA_KV_DS_MLA:
-    return launch_decode<MT, PMLA_KV_DS_MLA>(p, tiles, st);
+    return launch_fold<MT, PMLA_KV_DS_MLA>(p, tiles, st);
   default:
-    return launch_decode<MT, PMLA_KV_BF16>(p, tiles, st);
+    return launch_fold<MT, PMLA_KV_BF16>(p, tiles, st);
   }
 }
 

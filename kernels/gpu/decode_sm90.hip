@@ -57,12 +57,14 @@
 
 #include "config.h"
 #include "hip_compat.h"
+#include "fold.h"
 #include "kv_load.h"
 #include "kv_map.h"
 #include "launch.h"
 #include "mla_gpu.h"
 #include "mma.h"
 #include "pdl.h"
+#include "plan_invariant.h"
 #include "sm90.h"
 #include <cudaTypedefs.h> /* CUtensorMap, PFN_cuTensorMapEncodeTiled */
 
@@ -174,15 +176,20 @@ __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) 
 }
 /* The epilogue of an item: normalised O (columns 256g.. of this
  * warpgroup) as bf16 out or as the fp32 partial of its slot, and the lse of
- * each row (row maxima sM, row sums sL) */
+ * each row (row maxima sM, row sums sL). A batch-invariant item with
+ * PMLA_WI_FOLD (`flags`) folds its result into the accumulator in its slot
+ * instead (fold.h), and with PMLA_WI_FINAL writes the fold to out and lse. */
+template <bool FOLD>
 __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const float (&o)[128],
                                            const float *sM, const float *sL,
                                            int g, int lane, const int (&myrow)[2], int nrows,
                                            int32_t pslot, int32_t qb, int row0, int tid,
-                                           float out_scale) {
+                                           float out_scale, int32_t flags) {
   const int H = p.num_heads;
   const int64_t obase =
       pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
+  const int64_t fbase = (int64_t)qb * H + row0; /* a folding item's final rows */
+  const bool fold = FOLD && pslot >= 0 && (flags & PMLA_WI_FOLD), final = flags & PMLA_WI_FINAL;
 #pragma unroll
   for (int sl = 0; sl < 2; sl++) {
     int rl = myrow[sl];
@@ -190,6 +197,33 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
       continue;
     float l = sL[rl], inv = l > 0.f ? out_scale / l : 0.f;
     int64_t ro = (obase + rl) * PMLA_V_DIM;
+    if (fold) {
+      const float lse = l > 0.f ? __fmul_rn(sM[rl] + log2f(l), LN2_F) : -INFINITY;
+      const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + rl], lse);
+      const int64_t fo = (fbase + rl) * PMLA_V_DIM;
+      /* the accumulator's values in batches of 16 loads before any store
+       * (the stores may alias them, so the compiler would otherwise wait
+       * out one load latency per pair) */
+#pragma unroll
+      for (int jb = 0; jb < 32; jb += 16) {
+        float2 a[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+          a[j] = *(const float2 *)(p.partial_out + ro + g * 256 + (jb + j) * 8 +
+                                   ((lane & 3) << 1));
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+          const int col = g * 256 + (jb + j) * 8 + ((lane & 3) << 1);
+          const float f0 = pmla_fold(a[j].x, o[4 * (jb + j) + 2 * sl] * inv, fw);
+          const float f1 = pmla_fold(a[j].y, o[4 * (jb + j) + 2 * sl + 1] * inv, fw);
+          if (final)
+            *(uint32_t *)(p.out + fo + col) = pack_bf16x2(f0, f1);
+          else
+            *(float2 *)(p.partial_out + ro + col) = make_float2(f0, f1);
+        }
+      }
+      continue;
+    }
 #pragma unroll
     for (int j = 0; j < 32; j++) {
       int col = g * 256 + j * 8 + ((lane & 3) << 1);
@@ -200,16 +234,25 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
         *(uint32_t *)(p.out + ro + col) = pack_bf16x2(v0, v1);
     }
   }
+  if (fold) /* every thread has read the accumulator's lse */
+    __syncthreads();
   if (tid < nrows) {
     float l = sL[tid];
-    float lse = l > 0.f ? (sM[tid] + log2f(l)) * LN2_F : -INFINITY;
-    if (pslot >= 0)
+    float lse = l > 0.f ? __fmul_rn(sM[tid] + log2f(l), LN2_F) : -INFINITY;
+    if (fold) {
+      const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
+      if (!final)
+        p.partial_lse[obase + tid] = fw.lse;
+      else if (p.lse)
+        p.lse[fbase + tid] = fw.lse;
+    } else if (pslot >= 0) {
       p.partial_lse[obase + tid] = lse;
-    else if (p.lse)
+    } else if (p.lse) {
       p.lse[obase + tid] = lse;
+    }
   }
 }
-template <int F>
+template <int F, bool FOLD>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
@@ -253,6 +296,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   myrow[1] = myrow[0] + 8;
   enum { EMPTY = 5 }; /* named barrier ids 5, 6 */
 
+  int32_t q_rows[2] = {-1, -1}; /* warpgroup 1: the rows of Q in sQ */
   const int it_end = p.work_indptr[u + 1];
   for (int it = p.work_indptr[u]; it < it_end; it++) {
     const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
@@ -277,7 +321,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     if (g == 1) {
       /* ---------------- warpgroup 1: loader + PV columns 256.. */
       const int t = tid - 128;
-      {
+      /* consecutive items of one request (a batch-invariant request's
+       * chunks) find its Q in shared memory already */
+      if (qb != q_rows[0] || qe != q_rows[1]) {
+        q_rows[0] = qb;
+        q_rows[1] = qe;
         const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
         for (int c = t; c < ROWS * PMLA_TILE_CHUNKS; c += 128) {
           int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
@@ -468,7 +516,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     __syncthreads();
 
-    store_tile(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, tid, out_scale);
+    store_tile<FOLD>(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, tid, out_scale,
+                     FOLD ? w[PMLA_WI_PIECE] : 0);
     __syncthreads();
   }
 }
@@ -476,14 +525,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
  * boxes, 128B swizzle), valid when use_tma */
-template <int F>
+template <int F, bool FOLD>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F>(p, scale_log2, &kv_tmap, use_tma);
+  body_pp<F, FOLD>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -522,30 +571,38 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-template <int F>
+template <int F, bool FOLD>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
-  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F>, SMEM, &opted_in);
+  hipError_t e =
+      pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD>, SMEM, &opted_in);
   if (e != hipSuccess)
     return e;
   const dim3 grid((unsigned)p.num_units, (unsigned)tiles);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
   const int use_tma = kv_tensor_map(&tmap, p);
-  return pdl_launch(pmla_decode_sm90_kernel<F>, grid, dim3(NT), SMEM, st, p,
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD>, grid, dim3(NT), SMEM, st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
 } /* namespace */
 
 hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
-  switch (p.kv_format) {
-  case PMLA_KV_E4M3:
-    return launch_decode_wg<PMLA_KV_E4M3>(p, tiles, st);
-  case PMLA_KV_DS_MLA:
-    return launch_decode_wg<PMLA_KV_DS_MLA>(p, tiles, st);
+  /* the batch-invariant epilogue is a variant of its own: its registers
+   * would otherwise spill in the default one */
+  switch (p.kv_format * 2 + (p.fold != 0)) {
+  case PMLA_KV_E4M3 * 2:
+    return launch_decode_wg<PMLA_KV_E4M3, false>(p, tiles, st);
+  case PMLA_KV_E4M3 * 2 + 1:
+    return launch_decode_wg<PMLA_KV_E4M3, true>(p, tiles, st);
+  case PMLA_KV_DS_MLA * 2:
+    return launch_decode_wg<PMLA_KV_DS_MLA, false>(p, tiles, st);
+  case PMLA_KV_DS_MLA * 2 + 1:
+    return launch_decode_wg<PMLA_KV_DS_MLA, true>(p, tiles, st);
   default:
-    return launch_decode_wg<PMLA_KV_BF16>(p, tiles, st);
+    return p.fold ? launch_decode_wg<PMLA_KV_BF16, true>(p, tiles, st)
+                  : launch_decode_wg<PMLA_KV_BF16, false>(p, tiles, st);
   }
 }
 
@@ -554,7 +611,7 @@ void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
 bool pmla_sm90_image_runs() {
   /* binaryVersion 90: the sm_90a image (the one with the body) runs here */
   cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16>) !=
+  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false>) !=
       cudaSuccess) {
     cudaGetLastError(); /* no image for this device: no error left behind */
     return false;

@@ -13,6 +13,7 @@
 #include "hip_compat.h"
 #include "mla_gpu.h"
 #include "pdl.h"
+#include "plan_invariant.h"
 
 #define PLAN_THREADS 256
 #define FIELD_BITS 21 /* per-chunk sums of pieces stay below 2^21 (256 requests * 2048 units) */
@@ -156,6 +157,28 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   pdl_wait();
   pdl_trigger();
   const int t = threadIdx.x;
+  if (in.invariant) { /* the batch-invariant schedule is serial */
+    /* the block reads the request arrays first, so the thread that plans
+     * finds them in L1 instead of waiting out a memory latency per request */
+    int32_t sink = 0;
+    for (int32_t r = t; r <= in.num_requests; r += PLAN_THREADS) {
+      if (in.qo_indptr)
+        sink += in.qo_indptr[r];
+      if (in.kv_indptr)
+        sink += in.kv_indptr[r];
+      if (r < in.num_requests) {
+        if (in.kv_lens)
+          sink += in.kv_lens[r];
+        if (in.kv_last_page_len)
+          sink += in.kv_last_page_len[r];
+      }
+    }
+    __syncthreads();
+    asm volatile("" ::"r"(sink)); /* the loads are kept: their values are "used" */
+    if (t == 0)
+      pmla_plan_invariant(&in, &out);
+    return;
+  }
   const int32_t R = in.num_requests, N = in.num_units;
   const int64_t OH = PMLA_SPLIT_OVERHEAD;
   if (t == 0) {

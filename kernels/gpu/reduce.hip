@@ -13,6 +13,7 @@
 #include "mla_gpu.h"
 #include "mma.h"
 #include "pdl.h"
+#include "fold.h"
 
 namespace {
 
@@ -21,6 +22,7 @@ using namespace pmla_mma;
 /* Small blocks: a b=4 long-context step has only entries x heads = 512
  * (entry, row) pairs, and 256-thread blocks would leave half the SMs idle. */
 constexpr int REDUCE_THREADS = 128;
+constexpr int64_t REDUCE_MAX_BLOCKS = 2048; /* 16 resident blocks x 128 SMs */
 
 /* Pieces whose partial rows a warp loads before it adds any of them, so
  * AHEAD * PMLA_V_DIM * 4 bytes per warp are in flight, not one row. */
@@ -47,7 +49,7 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int k, int
   constexpr int V4 = PMLA_V_DIM / 4 / WARP; /* float4 per lane */
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
-  const int64_t max_slots = 2LL * p.num_units;
+  const int64_t max_slots = p.max_slots;
   const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
   float best = -INFINITY;
   for (int q = p0 + lane; q < p1; q += WARP) {
@@ -112,6 +114,88 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int k, int
     p.lse[(int64_t)qb * H + i] = total > 0.f ? best + logf(total) : -INFINITY;
 }
 
+/* Batch-invariant: the left fold of the pieces in order (fold.h), the same
+ * fold the decode items of a whole request perform, so a split request
+ * gets the bits it would get whole. Every lane computes the weights. A warp
+ * folds one quarter of the row's columns (FOLD_PARTS warps a row): a long
+ * request's pieces are folded one after another, so the row's work is
+ * spread over more warps instead. */
+constexpr int FOLD_PARTS = 4;
+__device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int k, int i, int qb,
+                                               int part, int lane) {
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP / FOLD_PARTS;
+  lane += part * WARP * V4; /* this warp's float4 columns start there */
+  const int H = p.num_heads;
+  const int64_t rows_max = (int64_t)p.max_q_len * H;
+  const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
+  constexpr int D = 8; /* pieces in flight */
+  float4 acc[V4], buf[D][V4];
+  float lse = -INFINITY, bl[D];
+  /* D pieces' rows are in flight while one is folded, so the fold does not
+   * wait out a memory latency per piece along the request */
+  auto load = [&](int q, float4 (&x)[V4], float &l) {
+    const int s = p.reduce_partial_map[q];
+    if (s < 0 || s >= p.max_slots) { /* never planned: flagged, folded as empty */
+      if (lane == 0)
+        atomicOr(p.work_meta_data + PMLA_META_ERROR, (int)PMLA_PLAN_ERR_OVERFLOW);
+      l = -INFINITY;
+#pragma unroll
+      for (int v = 0; v < V4; v++)
+        x[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+      return;
+    }
+    const int64_t row = (int64_t)s * rows_max + i;
+    l = ld_past_l1(p.partial_lse + row);
+    const float4 *src = (const float4 *)(p.partial_out + row * PMLA_V_DIM);
+#pragma unroll
+    for (int v = 0; v < V4; v++)
+      x[v] = ld_past_l1(src + lane + v * WARP);
+  };
+#pragma unroll
+  for (int d = 0; d < D; d++)
+    if (p0 + d < p1)
+      load(p0 + d, buf[d], bl[d]);
+#pragma unroll
+  for (int v = 0; v < V4; v++)
+    acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int base = p0; base < p1; base += D) {
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+      const int q = base + d;
+      if (q >= p1)
+        break;
+      if (q == p0) { /* the fold starts from the first piece as it is */
+#pragma unroll
+        for (int v = 0; v < V4; v++)
+          acc[v] = buf[d][v];
+        lse = bl[d];
+      } else {
+        const pmla_fold_w fw = pmla_fold_weights(lse, bl[d]);
+#pragma unroll
+        for (int v = 0; v < V4; v++) {
+          acc[v].x = pmla_fold(acc[v].x, buf[d][v].x, fw);
+          acc[v].y = pmla_fold(acc[v].y, buf[d][v].y, fw);
+          acc[v].z = pmla_fold(acc[v].z, buf[d][v].z, fw);
+          acc[v].w = pmla_fold(acc[v].w, buf[d][v].w, fw);
+        }
+        lse = fw.lse;
+      }
+      if (q + D < p1)
+        load(q + D, buf[d], bl[d]);
+    }
+  }
+  uint16_t *dst = p.out + ((int64_t)qb * H + i) * PMLA_V_DIM;
+#pragma unroll
+  for (int v = 0; v < V4; v++) {
+    uint2 pk;
+    pk.x = pack_bf16x2(acc[v].x, acc[v].y);
+    pk.y = pack_bf16x2(acc[v].z, acc[v].w);
+    *(uint2 *)(dst + (lane + v * WARP) * 4) = pk;
+  }
+  if (lane == 0 && p.lse) /* the first part's lane 0 */
+    p.lse[(int64_t)qb * H + i] = lse;
+}
+
 /* One warp per (reduce entry, row). */
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
   pdl_wait();
@@ -122,31 +206,39 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
   const int lane = threadIdx.x % WARP;
   const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP);
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  const int parts = p.fold ? FOLD_PARTS : 1;
   for (int64_t pair = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-       pair < nred * rows_max; pair += nw) {
-    const int k = (int)(pair / rows_max), i = (int)(pair % rows_max);
+       pair < nred * rows_max * parts; pair += nw) {
+    const int part = (int)(pair % parts);
+    const int k = (int)(pair / parts / rows_max), i = (int)(pair / parts % rows_max);
     const int r = p.reduce_final_map[k];
     const int qb = p.qo_indptr ? p.qo_indptr[r] : r;
     const int qe = p.qo_indptr ? p.qo_indptr[r + 1] : r + 1;
     if (qb < 0 || qe < qb || qe > p.num_tokens || qe - qb > mq) {
-      if (lane == 0 && i == 0)
+      if (lane == 0 && i == 0 && part == 0)
         atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
       continue;
     }
     if (i >= (qe - qb) * H)
       continue;
-    reduce_row(p, k, i, qb, lane);
+    if (p.fold)
+      reduce_row_fold(p, k, i, qb, part, lane);
+    else
+      reduce_row(p, k, i, qb, lane);
   }
 }
 
 } /* namespace */
 
 hipError_t pmla_launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
-  /* entries <= num_units, rows per entry <= max_q_len * heads */
-  int64_t pairs = (int64_t)p.num_units * p.max_q_len * p.num_heads;
+  /* entries < num_units (a split request spans a boundary between units,
+   * in both planners), rows per entry <= max_q_len * heads */
+  int64_t pairs = (int64_t)p.num_units * p.max_q_len * p.num_heads * (p.fold ? FOLD_PARTS : 1);
   int64_t blocks = (pairs + REDUCE_THREADS / WARP - 1) / (REDUCE_THREADS / WARP);
-  if (blocks > 65535)
-    blocks = 65535;
+  /* the loop strides over the pairs: a grid that fills the GPU once is
+   * enough, and blocks past the entries of the step would only exit */
+  if (blocks > REDUCE_MAX_BLOCKS)
+    blocks = REDUCE_MAX_BLOCKS;
   return pdl_launch(pmla_reduce_kernel, dim3((unsigned)blocks), dim3(REDUCE_THREADS), 0, stream,
                     p);
 }

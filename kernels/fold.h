@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: MIT */
+/* fold.h - the one merge of two softmax partial results (o, lse) that the
+ * batch-invariant mode uses everywhere it merges: the decode epilogues that
+ * fold a request's chunks on one unit and the reduce that folds the pieces
+ * of a split request. Merging is not associative in floating point, so the
+ * same left fold over a request's chunks must give the same bits whoever
+ * performs each step: both sites call these functions, with fmaf spelled
+ * out so no compiler contracts one site and not the other. */
+#ifndef PMLA_FOLD_H
+#define PMLA_FOLD_H
+
+#include <math.h>
+
+#include "planner.h" /* PMLA_HD */
+
+typedef struct pmla_fold_w {
+  float wa, wc; /* weights of the accumulator and the new chunk */
+  float lse;    /* the merged log-sum-exp (natural log) */
+} pmla_fold_w;
+
+/* Weights for merging a chunk of log-sum-exp c into an accumulator of a.
+ * Callers round c before it gets here (the GPU bodies with __fmul_rn, the
+ * CPU one through pmla_fold_lse), so no compiler fuses the multiply that
+ * made it into `c - m` at one site and not at the other. */
+PMLA_HD static inline pmla_fold_w pmla_fold_weights(float a, float c) {
+  pmla_fold_w w;
+  if (c == -INFINITY) { /* the chunk saw nothing: the accumulator stays */
+    w.wa = 1.f;
+    w.wc = 0.f;
+    w.lse = a;
+  } else if (a == -INFINITY) {
+    w.wa = 0.f;
+    w.wc = 1.f;
+    w.lse = c;
+  } else {
+    const float m = a > c ? a : c, ea = expf(a - m), ec = expf(c - m), s = ea + ec;
+    w.wa = ea / s;
+    w.wc = ec / s;
+    w.lse = m + logf(s);
+  }
+  return w;
+}
+
+/* A chunk's lse as the fold reads it: (m + log2 l) ln 2, rounded to fp32
+ * before any later use (a volatile store keeps -ffp-contract from fusing
+ * the multiply into the caller's arithmetic). */
+static inline float pmla_fold_lse(float m_log2, float ln2) {
+  volatile float v = m_log2 * ln2;
+  return v;
+}
+
+/* One merged output element. */
+PMLA_HD static inline float pmla_fold(float oa, float oc, pmla_fold_w w) {
+  return fmaf(oa, w.wa, oc * w.wc);
+}
+
+#endif

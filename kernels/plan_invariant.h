@@ -1,0 +1,185 @@
+/* SPDX-License-Identifier: MIT */
+/* plan_invariant.h - the batch-invariant schedule (builders made with
+ * PMLA_BUILDER_BATCH_INVARIANT). A request of length L is read in chunks
+ * whose boundaries depend on L alone: chunk size pmla_inv_chunk(L), at most
+ * PMLA_INV_MAX_CHUNKS chunks. Every chunk is one work item computed from a
+ * fresh softmax state, and the request's result is the left fold of its
+ * chunks (fold.h) - the same fold whether the request runs on one unit or
+ * is split:
+ *   on one unit   chunk 0 writes its result to an accumulator slot (the
+ *                 unit's own, after the budget), each later chunk folds
+ *                 into it (PMLA_WI_FOLD), the last one then writes out and
+ *                 lse (PMLA_WI_FOLD | PMLA_WI_FINAL); one chunk: out directly
+ *   split         the first piece (chunks 0..a-1, one unit) folds into a
+ *                 slot of its own; every later chunk leaves its own partial;
+ *                 the reduce folds [first piece, chunk a, ..., chunk n-1]
+ * Each chunk goes to the unit whose equal share of all the step's work
+ * holds the chunk's midpoint; a request whose chunks land on several units
+ * is split. Where a request goes depends on the batch and changes the
+ * balance, never the arithmetic. Splits spend a
+ * slot budget fixed at init: max_partials - N slots (the last N are the
+ * units' accumulators); a request whose split would not fit the budget
+ * stays whole on its unit.
+ *
+ * Work item word PMLA_WI_PIECE holds the chunk index and the flags below.
+ * Serial (the GPU metadata kernel runs it on one thread). */
+#ifndef PMLA_PLAN_INVARIANT_H
+#define PMLA_PLAN_INVARIANT_H
+
+#include "planner.h"
+
+#define PMLA_INV_MIN_CHUNK 2048        /* tokens, dense steps */
+#define PMLA_INV_MIN_CHUNK_SPARSE 1024 /* top-k positions, sparse steps */
+#define PMLA_INV_MAX_CHUNKS 64  /* per request */
+#define PMLA_INV_SLOT_UNITS 4   /* the split budget: 4 slots per unit */
+
+enum {
+  PMLA_WI_CHUNK_MASK = 0xffff,
+  PMLA_WI_FINAL = 1 << 29, /* after folding, write out and lse (not the slot) */
+  PMLA_WI_FOLD = 1 << 30   /* fold into the slot's accumulator, don't overwrite it */
+};
+
+/* Chunk size (positions, a multiple of PMLA_BLOCK_TOKENS, at least `least`)
+ * of a request of len. */
+PMLA_HD static inline int32_t pmla_inv_chunk(int32_t len, int32_t least) {
+  int64_t c = ((int64_t)len + PMLA_INV_MAX_CHUNKS - 1) / PMLA_INV_MAX_CHUNKS;
+  c = (c + PMLA_BLOCK_TOKENS - 1) / PMLA_BLOCK_TOKENS * PMLA_BLOCK_TOKENS;
+  return c < least ? least : (int32_t)c;
+}
+
+/* Chunks of a request of len (a request of length 0 is one empty chunk). */
+PMLA_HD static inline int32_t pmla_inv_chunks(int32_t len, int32_t chunk) {
+  return len <= 0 ? 1 : (int32_t)(((int64_t)len + chunk - 1) / chunk);
+}
+
+/* Blocks of chunk j. */
+PMLA_HD static inline int64_t pmla_inv_chunk_blocks(int32_t len, int32_t chunk, int32_t j) {
+  const int64_t b = (int64_t)j * chunk, e = b + chunk < len ? b + chunk : len;
+  return e > b ? pmla_plan_blocks((int32_t)(e - b)) : 0;
+}
+
+/* Fills every output buffer for one batch-invariant step. Returns the error
+ * bits it found (also ORed into work_meta_data[PMLA_META_ERROR]). */
+PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
+                                                  const pmla_plan_output *out) {
+  const int32_t R = in->num_requests, N = in->num_units;
+  const int64_t OH = PMLA_SPLIT_OVERHEAD;
+  const int32_t budget = in->max_partials - N; /* slots for splits */
+  const int32_t least = in->uniform_len ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
+  int32_t err = 0, scratch = 0;
+  int64_t total = 0;
+  for (int32_t r = 0; r < R; r++) {
+    const pmla_plan_req q = pmla_plan_describe(in, r, &err);
+    total += OH * pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, least)) + q.blocks;
+  }
+  if (total < 1)
+    total = 1;
+  int32_t items = 0, slots = 0, reduces = 0, rows = 0, max_pieces = 0, prev = 0;
+  int64_t cum = 0; /* work before the chunk being placed */
+  int over = 0;
+  out->work_indptr[0] = 0;
+  /* A chunk goes to the unit whose equal share of the line of all work
+   * (total) holds the chunk's midpoint: a unit's load stays within one chunk
+   * of total / N, and no rounding drifts onto the last unit (chunks are
+   * indivisible, so filling each unit up to a capacity would). */
+#define PMLA_INV_UNIT_AT(CUM, COST)                                                            \
+  ((int32_t)(((CUM) * 2 + (COST)) * N / (2 * total) < N - 1 ? ((CUM) * 2 + (COST)) * N / (2 * total) \
+                                                            : N - 1))
+  /* one work item on unit pu */
+#define PMLA_INV_ITEM(PU, SLOT, J, FLAGS)                                                      \
+  do {                                                                                     \
+    if (items >= in->max_items) {                                                          \
+      over = 1;                                                                            \
+      goto done;                                                                           \
+    }                                                                                      \
+    for (int32_t uu = prev + 1; uu <= (PU); uu++)                                          \
+      out->work_indptr[uu] = items;                                                        \
+    if ((PU) > prev)                                                                       \
+      prev = (PU);                                                                         \
+    int32_t *w = out->work_info_set + (int64_t)items * PMLA_WI_WORDS;                     \
+    const int64_t kb = (int64_t)(J) * chunk, ke = kb + chunk;                              \
+    w[PMLA_WI_REQUEST] = r;                                                                \
+    w[PMLA_WI_PARTIAL] = (SLOT);                                                           \
+    w[PMLA_WI_Q_BEGIN] = q.qb;                                                             \
+    w[PMLA_WI_Q_END] = q.qe;                                                               \
+    w[PMLA_WI_KV_BEGIN] = (int32_t)(kb < q.len ? kb : q.len);                              \
+    w[PMLA_WI_KV_END] = (int32_t)(ke < q.len ? ke : q.len);                                \
+    w[PMLA_WI_KV_LEN] = q.len;                                                             \
+    w[PMLA_WI_PIECE] = (J) | (FLAGS);                                                      \
+    items++;                                                                               \
+  } while (0)
+  for (int32_t r = 0; r < R; r++) {
+    const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
+    const int32_t chunk = pmla_inv_chunk(q.len, least), n = pmla_inv_chunks(q.len, chunk);
+    rows += q.qe - q.qb;
+    /* the first piece: the chunks on the unit of chunk 0 (units only grow
+     * along the line, so they are a prefix) */
+    const int32_t u0 = PMLA_INV_UNIT_AT(cum, OH + pmla_inv_chunk_blocks(q.len, chunk, 0));
+    int32_t a = 0;
+    int64_t c = cum;
+    for (; a < n; a++) {
+      const int64_t cost = OH + pmla_inv_chunk_blocks(q.len, chunk, a);
+      if (PMLA_INV_UNIT_AT(c, cost) != u0)
+        break;
+      c += cost;
+    }
+    const int split = a < n && slots + 1 + (n - a) <= budget && reduces < R;
+    if (!split) { /* whole on unit u0, folding in its accumulator */
+      const int32_t acc = budget + u0;
+      for (int32_t j = 0; j < n; j++) {
+        const int32_t flags = j == 0 ? 0 : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL
+                                                      : PMLA_WI_FOLD;
+        PMLA_INV_ITEM(u0, n == 1 ? -1 : acc, j, n == 1 ? 0 : flags);
+        cum += OH + pmla_inv_chunk_blocks(q.len, chunk, j);
+      }
+      max_pieces = max_pieces > 1 ? max_pieces : 1;
+      continue;
+    }
+    /* split: chunks 0..a-1 fold into slot `first` on unit u0, the rest
+     * leave a partial each on the units their midpoints fall in */
+    const int32_t first = slots;
+    out->reduce_indptr[reduces] = first;
+    out->reduce_final_map[reduces] = r;
+    reduces++;
+    for (int32_t j = 0; j < a; j++) {
+      PMLA_INV_ITEM(u0, first, j, j == 0 ? 0 : PMLA_WI_FOLD);
+      cum += OH + pmla_inv_chunk_blocks(q.len, chunk, j);
+    }
+    out->reduce_partial_map[first] = first;
+    slots = first + 1;
+    int32_t pieces = 1, on = -1;
+    for (int32_t j = a; j < n; j++) {
+      const int64_t cost = OH + pmla_inv_chunk_blocks(q.len, chunk, j);
+      const int32_t u = PMLA_INV_UNIT_AT(cum, cost);
+      cum += cost;
+      if (u != on) {
+        pieces++;
+        on = u;
+      }
+      out->reduce_partial_map[slots] = slots;
+      PMLA_INV_ITEM(u, slots, j, 0);
+      slots++;
+    }
+    max_pieces = pieces > max_pieces ? pieces : max_pieces;
+  }
+#undef PMLA_INV_UNIT_AT
+#undef PMLA_INV_ITEM
+done:
+  if (over)
+    err |= PMLA_PLAN_ERR_OVERFLOW;
+  for (int32_t uu = prev + 1; uu <= N; uu++)
+    out->work_indptr[uu] = items;
+  out->reduce_indptr[reduces] = slots;
+  int32_t *meta = out->work_meta_data;
+  meta[PMLA_META_NUM_ITEMS] = items;
+  meta[PMLA_META_NUM_REDUCE] = reduces;
+  meta[PMLA_META_NUM_PARTIALS] = slots;
+  meta[PMLA_META_MODE] = 2;
+  meta[PMLA_META_MAX_PIECES] = max_pieces;
+  meta[PMLA_META_NUM_REQUESTS] = R;
+  meta[PMLA_META_ERROR] |= err;
+  meta[PMLA_META_NUM_ROWS] = rows;
+  return err;
+}
+
+#endif

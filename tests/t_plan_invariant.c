@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: MIT */
+/* t_plan_invariant.c - white-box: the batch-invariant schedule
+ * (kernels/plan_invariant.h) on random batches. Each request's items are its
+ * chunks, in order, with boundaries fixed by its length alone; a request
+ * kept whole runs on one unit and folds into that unit's accumulator; a
+ * split one folds its first piece into its own slot and leaves one partial
+ * per later chunk, listed in chunk order for the reduce; slots stay within
+ * the budget, items and reduce entries within their buffers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "plan_invariant.h"
+
+typedef struct inv_buffers {
+  int32_t meta[PMLA_META_WORDS_], *indptr, *wi, *rindptr, *rfinal, *rmap;
+} inv_buffers;
+
+static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const inv_buffers *b,
+                           const char *what) {
+  const int32_t R = in->num_requests, N = in->num_units, budget = in->max_partials - N;
+  const int32_t least = in->uniform_len ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
+  const int32_t items = b->meta[PMLA_META_NUM_ITEMS], reduces = b->meta[PMLA_META_NUM_REDUCE];
+  EXPECT(b->meta[PMLA_META_MODE] == 2, "%s: mode %d", what, b->meta[PMLA_META_MODE]);
+  EXPECT(b->meta[PMLA_META_NUM_PARTIALS] <= budget, "%s: %d slots over the budget %d", what,
+         b->meta[PMLA_META_NUM_PARTIALS], budget);
+  EXPECT(b->indptr[0] == 0 && b->indptr[N] == items, "%s: work_indptr ends", what);
+  int32_t *unit_of = malloc(sizeof(int32_t) * (size_t)(items + 1));
+  ck_assert(unit_of);
+  for (int32_t u = 0; u < N; u++) {
+    EXPECT(b->indptr[u] <= b->indptr[u + 1], "%s: work_indptr not monotone at %d", what, u);
+    for (int32_t k = b->indptr[u]; k < b->indptr[u + 1]; k++)
+      unit_of[k] = u;
+  }
+  int32_t k = 0, red = 0;
+  for (int32_t r = 0; r < R; r++) {
+    const int32_t L = lens[r], C = pmla_inv_chunk(L, least), n = pmla_inv_chunks(L, C);
+    EXPECT(n <= PMLA_INV_MAX_CHUNKS && C % PMLA_BLOCK_TOKENS == 0 && C >= least,
+           "%s: request %d (len %d): chunk %d, %d chunks", what, r, L, C, n);
+    const int split = red < reduces && b->rfinal[red] == r;
+    const int32_t first_unit = k < items ? unit_of[k] : -1;
+    int32_t a = 0; /* chunks of the first piece */
+    for (int32_t j = 0; j < n; j++, k++) {
+      EXPECT(k < items, "%s: request %d has %d of its %d chunks", what, r, j, n);
+      const int32_t *w = b->wi + (int64_t)k * PMLA_WI_WORDS;
+      const int32_t kb = (int32_t)((int64_t)j * C < L ? (int64_t)j * C : L);
+      const int32_t ke = (int32_t)((int64_t)(j + 1) * C < L ? (int64_t)(j + 1) * C : L);
+      EXPECT(w[PMLA_WI_REQUEST] == r && w[PMLA_WI_KV_BEGIN] == kb && w[PMLA_WI_KV_END] == ke &&
+                 w[PMLA_WI_KV_LEN] == L && (w[PMLA_WI_PIECE] & PMLA_WI_CHUNK_MASK) == j,
+             "%s: item %d is not chunk %d [%d, %d) of request %d", what, k, j, kb, ke, r);
+      const int32_t flags = w[PMLA_WI_PIECE] & ~PMLA_WI_CHUNK_MASK, slot = w[PMLA_WI_PARTIAL];
+      if (!split) {
+        EXPECT(unit_of[k] == first_unit, "%s: whole request %d on two units", what, r);
+        const int32_t want = n == 1 ? 0 : j == 0 ? 0 : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL
+                                                                   : PMLA_WI_FOLD;
+        EXPECT(flags == want && slot == (n == 1 ? -1 : budget + first_unit),
+               "%s: whole request %d chunk %d: flags 0x%x slot %d", what, r, j, flags, slot);
+        continue;
+      }
+      const int32_t p0 = b->rindptr[red];
+      if (unit_of[k] == first_unit && a == j) { /* still the first piece */
+        EXPECT(slot == b->rmap[p0] && flags == (j ? PMLA_WI_FOLD : 0),
+               "%s: split request %d first-piece chunk %d: flags 0x%x slot %d", what, r, j,
+               flags, slot);
+        a++;
+      } else {
+        EXPECT(flags == 0 && slot == b->rmap[p0 + 1 + (j - a)] && unit_of[k] > first_unit,
+               "%s: split request %d chunk %d: flags 0x%x slot %d unit %d", what, r, j, flags,
+               slot, unit_of[k]);
+      }
+    }
+    if (split) {
+      EXPECT(a >= 1 && a < n && b->rindptr[red + 1] - b->rindptr[red] == 1 + (n - a),
+             "%s: split request %d: first piece %d of %d chunks, %d partials", what, r, a, n,
+             b->rindptr[red + 1] - b->rindptr[red]);
+      for (int32_t q = b->rindptr[red]; q < b->rindptr[red + 1]; q++)
+        EXPECT(b->rmap[q] >= 0 && b->rmap[q] < budget, "%s: slot %d outside the budget", what,
+               b->rmap[q]);
+      red++;
+    }
+  }
+  EXPECT(k == items && red == reduces, "%s: %d items / %d reduces left over", what, items - k,
+         reduces - red);
+  /* balance: while the split budget never ran short (a request that would
+   * overrun it stays whole, wherever its chunks fall), no unit holds more
+   * than an equal share of all the work plus one chunk */
+  if (b->meta[PMLA_META_NUM_PARTIALS] + 1 + PMLA_INV_MAX_CHUNKS <= budget) {
+    int64_t total = 0, worst = 0, chunk_max = 0;
+    for (int32_t i = 0; i < items; i++) {
+      const int32_t *w = b->wi + (int64_t)i * PMLA_WI_WORDS;
+      const int64_t cost = PMLA_SPLIT_OVERHEAD +
+                           pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
+      total += cost;
+      chunk_max = cost > chunk_max ? cost : chunk_max;
+    }
+    for (int32_t u = 0; u < N; u++) {
+      int64_t load = 0;
+      for (int32_t i = b->indptr[u]; i < b->indptr[u + 1]; i++) {
+        const int32_t *w = b->wi + (int64_t)i * PMLA_WI_WORDS;
+        load += PMLA_SPLIT_OVERHEAD + pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
+      }
+      worst = load > worst ? load : worst;
+    }
+    EXPECT(worst <= (total + N - 1) / N + chunk_max,
+           "%s: a unit holds %lld blocks of work, over the share %lld plus a chunk %lld", what,
+           (long long)worst, (long long)((total + N - 1) / N), (long long)chunk_max);
+  }
+  free(unit_of);
+}
+
+/* Plans one random batch and checks it; returns how many requests split. */
+static int run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, const char *what) {
+  int32_t *lens = malloc(sizeof(int32_t) * (size_t)(R + 1));
+  int32_t *qo = malloc(sizeof(int32_t) * (size_t)(R + 1));
+  ck_assert(lens && qo);
+  const int32_t topk = sparse ? 64 * (1 + (int32_t)rng_below(rng, 64)) : 0;
+  qo[0] = 0;
+  for (int32_t r = 0; r < R; r++) {
+    const uint32_t kind = rng_below(rng, 10);
+    lens[r] = sparse ? topk
+              : kind == 0 ? 0
+              : kind < 5  ? (int32_t)rng_below(rng, 3000)
+              : kind < 9  ? (int32_t)rng_below(rng, 40000)
+                          : 100000 + (int32_t)rng_below(rng, 200000);
+    qo[r + 1] = qo[r] + (sparse ? 1 : 1 + (int32_t)rng_below(rng, 2));
+  }
+  pmla_plan_input in;
+  memset(&in, 0, sizeof in);
+  in.num_requests = R;
+  in.num_units = N;
+  in.max_q_len = 2;
+  in.qo_indptr = sparse ? NULL : qo;
+  in.kv_lens = sparse ? NULL : lens;
+  in.max_kv_len = INT32_MAX;
+  in.uniform_len = topk;
+  in.page_size = 16;
+  in.max_items = R * PMLA_INV_MAX_CHUNKS + N;
+  in.max_partials = (PMLA_INV_SLOT_UNITS + 1) * N;
+  in.invariant = 1;
+  inv_buffers b;
+  memset(&b, 0, sizeof b);
+  b.indptr = calloc((size_t)N + 1, sizeof(int32_t));
+  b.wi = calloc((size_t)in.max_items * PMLA_WI_WORDS, sizeof(int32_t));
+  b.rindptr = calloc((size_t)R + 1, sizeof(int32_t));
+  b.rfinal = calloc((size_t)R + 1, sizeof(int32_t));
+  b.rmap = calloc((size_t)in.max_partials, sizeof(int32_t));
+  ck_assert(b.indptr && b.wi && b.rindptr && b.rfinal && b.rmap);
+  pmla_plan_output out = {b.meta, b.indptr, b.wi, b.rindptr, b.rfinal, b.rmap};
+  const int32_t err = pmla_plan_invariant(&in, &out);
+  EXPECT(err == 0, "%s: planner error bits 0x%x", what, err);
+  check_schedule(&in, lens, &b, what);
+  const int split = b.meta[PMLA_META_NUM_REDUCE];
+  free(b.indptr);
+  free(b.wi);
+  free(b.rindptr);
+  free(b.rfinal);
+  free(b.rmap);
+  free(lens);
+  free(qo);
+  return split;
+}
+
+START_TEST(test_invariant_schedule_holds_its_layout_on_random_batches) {
+  uint64_t rng = harness_seed() ^ 0x1a7u;
+  static const int32_t units[] = {1, 2, 7, 66, 132};
+  int splits = 0;
+  for (int i = 0; i < 300; i++) {
+    char what[64];
+    const int32_t R = i % 5 == 0 ? 1 : 1 + (int32_t)rng_below(&rng, i % 3 ? 16 : 300);
+    const int32_t N = units[rng_below(&rng, 5)];
+    const int sparse = i % 4 == 3;
+    snprintf(what, sizeof what, "case %d (%d requests, %d units%s)", i, R, N,
+             sparse ? ", sparse" : "");
+    splits += run_case(&rng, R, N, sparse, what);
+  }
+  ck_assert_msg(splits > 0, "no request was split in 300 batches: the test proves too little");
+}
+END_TEST
+
+/* The chunk boundaries: a function of the length (and dense / sparse)
+ * alone, at most PMLA_INV_MAX_CHUNKS, whole blocks, covering the request */
+START_TEST(test_chunk_size_is_a_function_of_the_length) {
+  for (int32_t L = 0; L < 5000000; L = L * 3 / 2 + 1) {
+    for (int sparse = 0; sparse < 2; sparse++) {
+      const int32_t least = sparse ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
+      const int32_t C = pmla_inv_chunk(L, least), n = pmla_inv_chunks(L, C);
+      EXPECT(C >= least && C % PMLA_BLOCK_TOKENS == 0, "len %d: chunk %d", L, C);
+      EXPECT(n >= 1 && n <= PMLA_INV_MAX_CHUNKS, "len %d: %d chunks", L, n);
+      EXPECT(L == 0 || ((int64_t)(n - 1) * C < L && (int64_t)n * C >= L),
+             "len %d: %d chunks of %d do not cover it exactly", L, n, C);
+    }
+  }
+}
+END_TEST
+
+Suite *suite_plan_invariant(void) {
+  Suite *s = suite_create("plan_invariant");
+  TCase *tc = tcase_create("layout");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_chunk_size_is_a_function_of_the_length);
+  tcase_add_test(tc, test_invariant_schedule_holds_its_layout_on_random_batches);
+  suite_add_tcase(s, tc);
+  return s;
+}
