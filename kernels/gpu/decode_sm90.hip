@@ -385,20 +385,24 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         return true;
       };
       uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
+      /* block blk's cp.async data has landed (an FP8 block is converted
+       * into the stage now): make it visible to wgmma and publish it */
+      auto publish = [&](int blk) {
+        cp_wait<0>();
+        if (FP8) {
+          char *dst = sKV + (blk & 1) * TILE;
+          fp8.store(ld_sub, [&](int c) { return dst + off(ld_t, c); });
+        }
+        proxy_fence();
+        mbar_arrive(aFull + 8 * (blk & 1));
+        pending &= ~(1u << (blk & 1));
+      };
       if (nblk > 0 && load_block(0, 0))
         pending = 1;
       cp_commit();
       for (int b = 0; b < nblk; b++) {
-        if (pending & (1u << (b & 1))) {
-          cp_wait<0>();
-          if (FP8) {
-            char *dst = sKV + (b & 1) * TILE;
-            fp8.store(ld_sub, [&](int c) { return dst + off(ld_t, c); });
-          }
-          proxy_fence();
-          mbar_arrive(aFull + 8 * (b & 1));
-          pending &= ~(1u << (b & 1));
-        }
+        if (pending & (1u << (b & 1)))
+          publish(b);
         if (b + 1 < nblk) {
           if (b >= 1)
             nb_sync(EMPTY + ((b - 1) & 1));
@@ -417,6 +421,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           mma_n256_tb(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
                       desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
         wg_commit();
+        /* block b + 1 is published while this P V runs, not after it: its
+         * conversion (FP8) and landing wait are off warpgroup 0's path */
+        if (pending & (1u << ((b + 1) & 1)))
+          publish(b + 1);
         wg_wait0();
         reg_fence<128>(o);
       }
@@ -436,13 +444,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
       }
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-      for (int b = 0; b < nblk; b++) {
+      /* S(b) of block b: waits for the block, issues its 36 wgmma and
+       * commits them as one group (not waited for here) */
+      float s[32];
+      auto issue_qk = [&](int b) {
         mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
         wait_phase ^= 1u << (b & 1);
-        char *sK = sKV + (b & 1) * TILE;
-        const uint32_t aK = smem_u32(sK);
-        const int pos0 = kb + b * BN;
-        float s[32];
+        const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
 #pragma unroll
         for (int e = 0; e < 32; e++)
           s[e] = 0.f;
@@ -454,8 +462,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           mma_n64(s, desc_at(dQ, ko), desc_at(desc(aK, 16, 1024), ko));
         }
         wg_commit();
-        wg_wait0();
-        reg_fence<32>(s);
+      };
+      /* softmax of S(b), then this warpgroup's P V of block b, issued and
+       * committed (not waited for) */
+      auto softmax_pv = [&](int b) {
+        char *sK = sKV + (b & 1) * TILE;
+        const uint32_t aK = smem_u32(sK);
+        const int pos0 = kb + b * BN;
         /* every warp's QK has read the rope block before P overwrites it */
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
@@ -471,7 +484,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           if (row_leader(lane))
             sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
         }
+        /* P(b) as bf16 pairs: this warpgroup's P V reads them from
+         * registers (pair e / 2 of S is A-fragment register e / 2 of its
+         * k-step e / 8), warpgroup 1 from the stage's rope block */
         char *sP = sK + 8 * BLK;
+        uint32_t pr[16];
 #pragma unroll
         for (int e = 0; e < 32; e += 2) {
           int sl = (e >> 1) & 1, row = myrow[sl];
@@ -479,13 +496,12 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           float p0 = fast_exp2(fmaf(s[e], scale_log2, -muse[sl]));
           float p1 = fast_exp2(fmaf(s[e + 1], scale_log2, -muse[sl]));
           sum[sl] += p0 + p1;
-          uint32_t pk = pack_bf16x2(p0, p1);
-          *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) = pk;
+          pr[e >> 1] = pack_bf16x2(p0, p1);
+          *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
+              pr[e >> 1];
         }
         proxy_fence();
         mbar_arrive(aPready + 8 * (b & 1));
-        /* our PV reads every warp's rows of P */
-        asm volatile("bar.sync 7, 128;\n" ::: "memory");
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
           l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
@@ -494,9 +510,16 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-          mma_n256_tb(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
-                      desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
+          mma_n256_rs(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
         wg_commit();
+      };
+      /* the stage is released as soon as this warpgroup's P V is done, so
+       * the loader can refill it while S(b + 1) is computed */
+      for (int b = 0; b < nblk; b++) {
+        issue_qk(b);
+        wg_wait0();
+        reg_fence<32>(s);
+        softmax_pv(b);
         wg_wait0();
         reg_fence<128>(o);
         if (b + 2 < nblk)
