@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "fastdiv.h"
+
 #define PMLA_QK_DIM 576 /* 512 latent + 64 rope */
 #define PMLA_V_DIM 512
 
@@ -36,6 +38,7 @@ static inline int32_t pmla_kv_row_bytes(int32_t format) {
  * skipped and flagged (PAGE_INDEX for pages, SLOT_INDEX for sparse). */
 typedef struct pmla_kv_map {
   int32_t page_size;
+  pmla_fastdiv page_div; /* page_size, for the GPU loaders' divisions */
   int64_t num_slots;
   const int32_t *block_table;
   int32_t block_table_stride;

@@ -222,6 +222,7 @@ void pmla_step_kv_map(const pmla_builder *b, int64_t num_slots, pmla_kv_map *map
   const pmla_step *s = &b->step;
   memset(map, 0, sizeof *map);
   map->page_size = (int32_t)b->cfg.page_size;
+  map->page_div = pmla_fastdiv_make(b->cfg.page_size);
   map->num_slots = num_slots;
   map->block_table = s->block_table;
   map->block_table_stride = s->block_table_stride;

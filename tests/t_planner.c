@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fastdiv.h"
 #include "harness.h"
 #include "planner.h"
 
@@ -661,6 +662,28 @@ START_TEST(test_sparse_split_cap_matches_its_table_and_an_independent_formula) {
 }
 END_TEST
 
+/* The loaders' page-size division (kernels/fastdiv.h) equals integer
+ * division for every divisor a page size can be and numerators across the
+ * whole non-negative int32 range, the ends included */
+START_TEST(test_fastdiv_equals_integer_division) {
+  uint64_t rng = harness_seed() ^ 0xd1fu;
+  static const uint32_t big[] = {65535, 65536, 65537, 1u << 20, 12345678, 1u << 30,
+                                 (1u << 31) - 1, 1u << 31};
+  for (int k = 0; k < 4096 + 8; k++) {
+    const uint32_t d = k < 4096 ? (uint32_t)k + 1 : big[k - 4096];
+    const pmla_fastdiv f = pmla_fastdiv_make(d);
+    const uint32_t edge[] = {0, 1, d - 1, d, d + 1, 2 * d - 1, 0x7ffffffeu, 0x7fffffffu};
+    for (int i = 0; i < 8 + 64; i++) {
+      uint32_t n = i < 8 ? edge[i] : (uint32_t)(rng_next(&rng) >> 33);
+      if (n > 0x7fffffffu)
+        continue;
+      EXPECT(pmla_fastdiv_q(f, n) == n / d && pmla_fastdiv_r(f, n) == n % d,
+             "%u / %u: got %u rem %u", n, d, pmla_fastdiv_q(f, n), pmla_fastdiv_r(f, n));
+    }
+  }
+}
+END_TEST
+
 Suite *suite_planner(void) {
   Suite *s = suite_create("planner");
   TCase *tc = tcase_create("invariants");
@@ -673,6 +696,7 @@ Suite *suite_planner(void) {
   tcase_add_test(tc, test_planner_invariants_hold_for_huge_lengths_without_overflow);
   tcase_add_test(tc, test_planner_flags_bad_input_and_writes_within_its_buffers);
   tcase_add_test(tc, test_sparse_split_cap_matches_its_table_and_an_independent_formula);
+  tcase_add_test(tc, test_fastdiv_equals_integer_division);
   suite_add_tcase(s, tc);
   return s;
 }

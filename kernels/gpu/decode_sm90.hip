@@ -97,7 +97,7 @@ __device__ __forceinline__ int64_t whole_page_slot(const pmla_kv_map &m, int32_t
                                                    int ke) {
   if (m.topk || m.page_size % BN != 0 || pos_blk % BN != 0 || pos_blk + BN > ke || raw < 0)
     return -1;
-  const int64_t slot = (int64_t)raw * m.page_size + pos_blk % m.page_size;
+  const int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)pos_blk);
   return slot + BN <= m.num_slots ? slot : -1;
 }
 /* a whole 64-token block (nine 64-column boxes) into the stage at dst */
@@ -348,28 +348,29 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
        * in registers until that arrival stores it */
       auto load_block = [&](int blk, int st) -> bool {
         const int pos = kb + blk * BN + ld_t;
-        int64_t slot =
-            pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
-        bool v = slot >= 0;
-        store_token_bits<TPT>(sVm, st, wi, lane, v);
         const uint32_t bar = aFull + 8 * st;
 #if PMLA_WG_TMA
         const int64_t first =
             !FP8 && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
+          /* the copy first; then every token is valid (one whole page),
+           * and the bits are written before this thread's arrival */
           if (t == 0) {
-            if (blk == 0)
-              mbar_expect_tx(bar, TILE);
-            else
-              mbar_arrive_tx(bar, TILE);
+            mbar_expect_tx(bar, TILE);
             tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar);
-          } else if (blk != 0) {
-            mbar_arrive(bar);
           }
+          if (lane == 0)
+            ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
+          if (blk != 0)
+            mbar_arrive(bar);
           raw_next = raw_at(blk + 1);
           return blk == 0;
         }
 #endif
+        int64_t slot =
+            pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
+        bool v = slot >= 0;
+        store_token_bits<TPT>(sVm, st, wi, lane, v);
         const char *src = v ? kvbase + slot * ROWB : kvbase;
         if (FP8) {
           fp8.issue(src, v, ld_sub);

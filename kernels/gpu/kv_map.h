@@ -41,7 +41,7 @@ __device__ __forceinline__ int32_t kv_raw(const pmla_kv_map &m, int32_t r, int32
                                           int32_t csr_first) {
   if (m.topk)
     return m.topk[(int64_t)r * m.topk_stride + p];
-  int32_t pg = p / m.page_size;
+  int32_t pg = (int32_t)pmla_fastdiv_q(m.page_div, (uint32_t)p);
   return m.block_table ? m.block_table[(int64_t)r * m.block_table_stride + pg]
                        : m.kv_indices[csr_first + pg];
 }
@@ -58,7 +58,7 @@ __device__ __forceinline__ int64_t kv_slot(const pmla_kv_map &m, int32_t raw, in
     }
     return raw;
   }
-  int64_t slot = (int64_t)raw * m.page_size + p % m.page_size;
+  int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)p);
   if (raw < 0 || slot >= m.num_slots) {
     if (flag)
       atomicOr(err, (int)PMLA_PLAN_ERR_PAGE_INDEX);
