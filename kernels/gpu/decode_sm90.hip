@@ -84,6 +84,7 @@ using namespace pmla_kv;
 using namespace pmla_sm90;
 
 constexpr int KSTEPS = PMLA_QK_DIM / 16;
+constexpr float RESCALE_SLACK = 8.f;
 
 /* byte offset of 16-byte chunk c (0..71) of row r (0..63) */
 __device__ __forceinline__ uint32_t off(int r, int c) {
@@ -479,6 +480,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
           float m = fmaxf(m_run[sl], mx[sl]);
+          /* the running maximum moves only when a block exceeds it by more
+           * than RESCALE_SLACK (log2 units): P then stays below
+           * 2^RESCALE_SLACK, which bf16 and the fp32 sums hold with the same
+           * relative precision, and O is rescaled far less often (a row
+           * starting at -inf always moves: the difference is +inf) */
+          if (m - m_run[sl] <= RESCALE_SLACK)
+            m = m_run[sl];
           muse[sl] = m == -INFINITY ? 0.f : m;
           corr[sl] = fast_exp2(m_run[sl] - muse[sl]);
           m_run[sl] = m;
