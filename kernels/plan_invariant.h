@@ -58,6 +58,16 @@ PMLA_HD static inline int64_t pmla_inv_chunk_blocks(int32_t len, int32_t chunk, 
   return e > b ? pmla_plan_blocks((int32_t)(e - b)) : 0;
 }
 
+/* The smallest unit u >= from with (u + 1) * 2 total > x2 * N, at most
+ * N - 1 (x2: twice a chunk's midpoint on the line of all work) */
+PMLA_HD static inline int32_t pmla_inv_unit_from(int32_t from, int64_t x2, int32_t N,
+                                                 int64_t total) {
+  int32_t u = from;
+  while (u < N - 1 && (int64_t)(u + 1) * 2 * total <= x2 * N)
+    u++;
+  return u;
+}
+
 /* Fills every output buffer for one batch-invariant step. Returns the error
  * bits it found (also ORed into work_meta_data[PMLA_META_ERROR]). */
 PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
@@ -82,9 +92,14 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
    * (total) holds the chunk's midpoint: a unit's load stays within one chunk
    * of total / N, and no rounding drifts onto the last unit (chunks are
    * indivisible, so filling each unit up to a capacity would). */
+  /* The unit whose share holds the midpoint of a chunk of COST starting at
+   * CUM: floor((2 CUM + COST) N / (2 total)), at most N - 1. Midpoints only
+   * grow along the line, so the search starts at the last unit found and
+   * steps forward (no division: the GPU plans invariant steps on one
+   * thread, where a 64-bit division costs a hundred instructions). */
 #define PMLA_INV_UNIT_AT(CUM, COST)                                                            \
-  ((int32_t)(((CUM) * 2 + (COST)) * N / (2 * total) < N - 1 ? ((CUM) * 2 + (COST)) * N / (2 * total) \
-                                                            : N - 1))
+  (pmla_inv_unit_from(ucur, (CUM) * 2 + (COST), N, total))
+  int32_t ucur = 0; /* the unit of the last chunk placed */
   /* one work item on unit pu */
 #define PMLA_INV_ITEM(PU, SLOT, J, FLAGS)                                                      \
   do {                                                                                     \
@@ -115,6 +130,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     /* the first piece: the chunks on the unit of chunk 0 (units only grow
      * along the line, so they are a prefix) */
     const int32_t u0 = PMLA_INV_UNIT_AT(cum, OH + pmla_inv_chunk_blocks(q.len, chunk, 0));
+    ucur = u0;
     int32_t a = 0;
     int64_t c = cum;
     for (; a < n; a++) {
@@ -151,6 +167,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     for (int32_t j = a; j < n; j++) {
       const int64_t cost = OH + pmla_inv_chunk_blocks(q.len, chunk, j);
       const int32_t u = PMLA_INV_UNIT_AT(cum, cost);
+      ucur = u;
       cum += cost;
       if (u != on) {
         pieces++;
