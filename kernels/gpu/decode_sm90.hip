@@ -11,16 +11,22 @@
  * 64-token block:
  *   QK  warpgroup 0: S[64 x 64] = 36 wgmma m64n64k16, A = Q and B = K
  *       straight from shared memory through descriptors
- *   P   exp2(S - m) as bf16 into the stage's rope block (block 8: 64 rows x
- *       64 tokens, the same swizzled layout, free once QK is done)
+ *   P   exp2(S - m) as bf16, kept in warpgroup 0's registers and stored
+ *       into the stage's rope block (block 8: 64 rows x 64 tokens, the same
+ *       swizzled layout, free once QK is done) for warpgroup 1; m, the
+ *       running row maximum, moves only when a block exceeds it by more
+ *       than RESCALE_SLACK, so O is rarely rescaled
  *   PV  warpgroup g: O[64 x 256] (columns 256g..) += P V, 4 wgmma
- *       m64n256k16 with V read MN-major (transposed B) from the stage
+ *       m64n256k16 with V read MN-major (transposed B) from the stage; P
+ *       from registers (warpgroup 0) or the rope block (warpgroup 1)
  * Warpgroup 1 also loads: a block that is one whole valid page-aligned run
  * of 64 slots (page sizes that are multiples of 64) as nine TMA boxes from
- * one thread, any other block (partial, invalid slots, page sizes 1 / 16,
- * top-k gathers) by per-token cp.async with zero fill; an FP8 cache's rows
- * reach registers a block ahead and are dequantised into the stage just
- * before it is published (kv_load.h). Generic-proxy writes
+ * one thread, issued before the per-token bookkeeping, any other block
+ * (partial, invalid slots, page sizes 1 / 16, top-k gathers) by per-token
+ * cp.async with zero fill; an FP8 cache's rows reach registers a block
+ * ahead and are dequantised into the stage while the loader's own P V of
+ * the block before runs (kv_load.h); a cp.async block is published then
+ * too. Generic-proxy writes
  * (cp.async, P stores) are made visible to the wgmma async proxy with
  * fence.proxy.async before the barrier that publishes them.
  *
