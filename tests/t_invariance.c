@@ -19,6 +19,7 @@
 #define PAGES 2048 /* a shared cache of random pages: 32768 slots */
 #define TRIALS 12
 #define SPARSE_TOPK 2112 /* three chunks of a batch-invariant sparse step */
+#define MAXPAGES 2816    /* the long request: 45056 tokens */
 
 static const uint32_t cus[] = {1, 2, 7, 0};
 
@@ -43,18 +44,20 @@ static void cache_free(cache *c) {
 
 /* builds in which some request was split (several pieces, merged by the
  * reduce): the invariance must hold across split and whole */
-static int g_split_builds;
+static int g_split_builds, g_max_pieces;
 
 static void count_split(pmla_builder *b) {
   int32_t meta[PMLA_META_WORDS];
   ck_assert_int_eq(g_be->copy_buffer(b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta), PMLA_OK);
   g_split_builds += meta[4] > 1; /* most pieces of one request */
+  if (meta[4] > g_max_pieces)
+    g_max_pieces = meta[4];
 }
 
 /* One dense request: its query rows and pages. */
 typedef struct req {
   int32_t q_len, kv_len, npages;
-  int32_t pages[256];
+  int32_t pages[MAXPAGES];
   uint16_t *q; /* [q_len, H, 576] */
 } req;
 
@@ -319,6 +322,67 @@ START_TEST(test_sparse_output_is_independent_of_the_batch) {
 }
 END_TEST
 
+/* A request of 20+ chunks: whole on one unit (every fold in the unit's
+ * accumulator), split over 2, 7 and 64 units (the reduce folding up to 21
+ * pieces, more than it keeps in flight at once) and beside neighbours: the
+ * same bits every way, and the whole one matches the fp64 reference. */
+START_TEST(test_a_long_request_folds_alike_in_many_pieces) {
+  REQUIRE_BACKEND();
+  uint64_t rng = harness_seed() ^ 0x10a6u;
+  cache c;
+  cache_make(&c, &rng);
+  static req probe, pool[3];
+  req_random(&probe, &rng, 100);
+  probe.q_len = 1; /* its first query row only: the fp64 reference stays quick */
+  probe.kv_len = 40960 + (int32_t)rng_below(&rng, 4000);
+  probe.npages = (probe.kv_len + PS - 1) / PS;
+  for (int32_t p = 0; p < probe.npages; p++)
+    probe.pages[p] = (int32_t)rng_below(&rng, PAGES);
+  const size_t rows = (size_t)probe.q_len * H;
+  uint16_t *whole = malloc(rows * 512 * 2), *got = malloc(rows * 512 * 2);
+  float *whole_lse = malloc(rows * 4), *got_lse = malloc(rows * 4);
+  ck_assert(whole && got && whole_lse && got_lse);
+  req *one[1] = {&probe};
+  decode_batch(&c, one, 1, 0, PMLA_KV_BLOCK_TABLE, 1, whole, whole_lse);
+  check_reference(&c, &probe, whole, whole_lse);
+  static const uint32_t units[] = {2, 7, 64};
+  g_split_builds = g_max_pieces = 0;
+  for (int k = 0; k < 4; k++) {
+    req *batch[4];
+    int32_t n = 1, at = 0;
+    if (k == 3) { /* beside three short neighbours, the probe second */
+      for (int i = 0; i < 3; i++)
+        req_random(&pool[i], &rng, 3000);
+      batch[0] = &pool[0];
+      batch[1] = &probe;
+      batch[2] = &pool[1];
+      batch[3] = &pool[2];
+      n = 4;
+      at = 1;
+    } else {
+      batch[0] = &probe;
+    }
+    const uint32_t cu = k == 3 ? 64 : units[k];
+    decode_batch(&c, batch, n, at, PMLA_KV_BLOCK_TABLE, cu, got, got_lse);
+    ck_assert_msg(memcmp(whole, got, rows * 512 * 2) == 0 &&
+                      memcmp(whole_lse, got_lse, rows * 4) == 0,
+                  "kv_len %d over %u units%s: out or lse differs from the request on one unit",
+                  probe.kv_len, cu, k == 3 ? " beside neighbours" : "");
+    if (k == 3)
+      for (int i = 0; i < 3; i++)
+        free(pool[i].q);
+  }
+  ck_assert_msg(g_max_pieces > 8, "the most pieces of the request were %d: the reduce's "
+                "pieces in flight were never refilled", g_max_pieces);
+  free(probe.q);
+  free(whole);
+  free(got);
+  free(whole_lse);
+  free(got_lse);
+  cache_free(&c);
+}
+END_TEST
+
 /* flags: unknown bits are refused by name; a 1.0 host's 56-byte config
  * (no flags member) makes a default builder */
 START_TEST(test_builder_flags_and_a_1_0_config) {
@@ -382,6 +446,7 @@ Suite *suite_invariance(void) {
   tcase_add_test(tc, test_builder_flags_and_a_1_0_config);
   tcase_add_loop_test(tc, test_dense_output_is_independent_of_the_batch, 0, 4);
   tcase_add_test(tc, test_sparse_output_is_independent_of_the_batch);
+  tcase_add_test(tc, test_a_long_request_folds_alike_in_many_pieces);
   suite_add_tcase(s, tc);
   return s;
 }
