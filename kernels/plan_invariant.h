@@ -91,14 +91,10 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   /* A chunk goes to the unit whose equal share of the line of all work
    * (total) holds the chunk's midpoint: a unit's load stays within one chunk
    * of total / N, and no rounding drifts onto the last unit (chunks are
-   * indivisible, so filling each unit up to a capacity would). */
-  /* The unit whose share holds the midpoint of a chunk of COST starting at
-   * CUM: floor((2 CUM + COST) N / (2 total)), at most N - 1. Midpoints only
-   * grow along the line, so the search starts at the last unit found and
-   * steps forward (no division: the GPU plans invariant steps on one
-   * thread, where a 64-bit division costs a hundred instructions). */
-#define PMLA_INV_UNIT_AT(CUM, COST)                                                            \
-  (pmla_inv_unit_from(ucur, (CUM) * 2 + (COST), N, total))
+   * indivisible, so filling each unit up to a capacity would). Midpoints
+   * only grow along the line, so each search starts at the unit of the last
+   * chunk placed (pmla_inv_unit_from: no division, which costs a hundred
+   * instructions on the one GPU thread that plans invariant steps). */
   int32_t ucur = 0; /* the unit of the last chunk placed */
   /* one work item on unit pu */
 #define PMLA_INV_ITEM(PU, SLOT, J, FLAGS)                                                      \
@@ -129,13 +125,13 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     rows += q.qe - q.qb;
     /* the first piece: the chunks on the unit of chunk 0 (units only grow
      * along the line, so they are a prefix) */
-    const int32_t u0 = PMLA_INV_UNIT_AT(cum, OH + pmla_inv_chunk_blocks(q.len, chunk, 0));
-    ucur = u0;
-    int32_t a = 0;
-    int64_t c = cum;
-    for (; a < n; a++) {
+    const int64_t cost0 = OH + pmla_inv_chunk_blocks(q.len, chunk, 0);
+    ucur = pmla_inv_unit_from(ucur, 2 * cum + cost0, N, total);
+    const int32_t u0 = ucur;
+    int32_t a = 1;
+    for (int64_t c = cum + cost0; a < n; a++) {
       const int64_t cost = OH + pmla_inv_chunk_blocks(q.len, chunk, a);
-      if (PMLA_INV_UNIT_AT(c, cost) != u0)
+      if (pmla_inv_unit_from(u0, 2 * c + cost, N, total) != u0)
         break;
       c += cost;
     }
@@ -166,8 +162,8 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     int32_t pieces = 1, on = -1;
     for (int32_t j = a; j < n; j++) {
       const int64_t cost = OH + pmla_inv_chunk_blocks(q.len, chunk, j);
-      const int32_t u = PMLA_INV_UNIT_AT(cum, cost);
-      ucur = u;
+      ucur = pmla_inv_unit_from(ucur, 2 * cum + cost, N, total);
+      const int32_t u = ucur;
       cum += cost;
       if (u != on) {
         pieces++;
@@ -179,7 +175,6 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     }
     max_pieces = pieces > max_pieces ? pieces : max_pieces;
   }
-#undef PMLA_INV_UNIT_AT
 #undef PMLA_INV_ITEM
 done:
   if (over)
