@@ -42,7 +42,7 @@ tests_pmla_unit_LDADD = $(TEST_LDADD)
 
 # ---- noalloc: interposes malloc & co, so it is its own program (no Check)
 check_PROGRAMS += tests/noalloc
-tests_noalloc_SOURCES = tests/noalloc.c tests/test_config.c tests/test_config.h
+tests_noalloc_SOURCES = tests/noalloc.c tests/interpose.h tests/test_config.c tests/test_config.h
 tests_noalloc_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi -I$(top_srcdir)/tests \
 	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so"'
 tests_noalloc_LDADD = abi/libpmla-registry.la $(LIBM)

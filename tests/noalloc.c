@@ -23,29 +23,14 @@
 
 #include "test_config.h"
 #include "pmla.h"
+#include "interpose.h"
 #include "pmla_registry.h"
 
 #ifndef PMLA_TEST_DEFAULT_PLUGIN
 #define PMLA_TEST_DEFAULT_PLUGIN "plugin/.libs/pmla.so"
 #endif
 
-/* AddressSanitizer and ThreadSanitizer own malloc: interposing it as well
- * breaks both (compile-time only: a build that only links a sanitizer is
- * not detected) */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define PMLA_NOALLOC_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PMLA_NOALLOC_UNDER_ASAN 1
-#endif
-#endif
-
 /* ---- interposition ---- */
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void __libc_free(void *);
-extern void *__libc_memalign(size_t, size_t);
 
 static atomic_int counting;
 static atomic_long n_alloc, n_free;
@@ -55,7 +40,7 @@ static inline void count(atomic_long *c) {
     atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
 }
 
-#ifndef PMLA_NOALLOC_UNDER_ASAN
+#ifndef PMLA_TEST_UNDER_SANITIZER
 void *malloc(size_t n) {
   count(&n_alloc);
   return __libc_malloc(n);
@@ -140,7 +125,7 @@ static void tensor(DLTensor *t, int64_t *shape, void *data, uint8_t code, uint8_
   } while (0)
 
 int main(int argc, char **argv) {
-#ifdef PMLA_NOALLOC_UNDER_ASAN
+#ifdef PMLA_TEST_UNDER_SANITIZER
   (void)argc;
   (void)argv;
   fprintf(stderr, "SKIP: noalloc: built with a sanitizer that owns malloc\n");

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "pmla.h"
+#include "interpose.h"
 #include "pmla_registry.h"
 #include "test_config.h"
 
@@ -43,24 +44,10 @@
 #define PMLA_TEST_DEFAULT_PLUGIN "plugin/.libs/pmla.so"
 #endif
 
-/* AddressSanitizer and ThreadSanitizer own malloc (see tests/noalloc.c) */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define PMLA_INJECT_UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PMLA_INJECT_UNDER_SANITIZER 1
-#endif
-#endif
-
 /* ---- interposition ----
  * While `watching`, every allocation is numbered (any thread) and the one
  * numbered fail_alloc_at fails; what it returns is remembered in `live`
  * until freed. pthread_create calls are numbered the same way. */
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void __libc_free(void *);
-extern void *__libc_memalign(size_t, size_t);
 
 enum { LIVE_SLOTS = 1 << 12 };
 static atomic_int watching;
@@ -112,7 +99,7 @@ static void forget(void *p) {
   unlock();
 }
 
-#ifndef PMLA_INJECT_UNDER_SANITIZER
+#ifndef PMLA_TEST_UNDER_SANITIZER
 void *malloc(size_t n) { return fail_this_alloc() ? NULL : remember(__libc_malloc(n)); }
 void *calloc(size_t a, size_t b) {
   return fail_this_alloc() ? NULL : remember(__libc_calloc(a, b));
@@ -343,7 +330,7 @@ static void sweep(scenario what, int kind, const result *clean, int threads) {
 }
 
 int main(int argc, char **argv) {
-#ifdef PMLA_INJECT_UNDER_SANITIZER
+#ifdef PMLA_TEST_UNDER_SANITIZER
   (void)argc;
   (void)argv;
   printf("SKIP: inject: built with a sanitizer that owns malloc\n");
