@@ -61,12 +61,17 @@ typedef struct req {
   uint16_t *q; /* [q_len, H, 576] */
 } req;
 
-static void req_random(req *r, uint64_t *rng, int32_t max_len) {
-  r->q_len = 1 + (int32_t)rng_below(rng, MAXQ);
-  r->kv_len = (int32_t)rng_below(rng, (uint32_t)max_len + 1);
-  r->npages = (r->kv_len + PS - 1) / PS;
+/* Gives r a new length and random pages for it (its q is kept). */
+static void req_set_len(req *r, uint64_t *rng, int32_t kv_len) {
+  r->kv_len = kv_len;
+  r->npages = (kv_len + PS - 1) / PS;
   for (int32_t p = 0; p < r->npages; p++)
     r->pages[p] = (int32_t)rng_below(rng, PAGES);
+}
+
+static void req_random(req *r, uint64_t *rng, int32_t max_len) {
+  r->q_len = 1 + (int32_t)rng_below(rng, MAXQ);
+  req_set_len(r, rng, (int32_t)rng_below(rng, (uint32_t)max_len + 1));
   size_t n = (size_t)r->q_len * H * 576;
   r->q = malloc(n * 2);
   ck_assert(r->q);
@@ -195,10 +200,7 @@ static void run_dense(uint32_t layout, uint64_t seed) {
   req probe;
   req_random(&probe, &rng, 3000);
   /* more than one chunk (2048 tokens), so that alone it is split */
-  probe.kv_len = 2100 + (int32_t)rng_below(&rng, 1900);
-  probe.npages = (probe.kv_len + PS - 1) / PS;
-  for (int32_t p = 0; p < probe.npages; p++)
-    probe.pages[p] = (int32_t)rng_below(&rng, PAGES);
+  req_set_len(&probe, &rng, 2100 + (int32_t)rng_below(&rng, 1900));
   const size_t rows = (size_t)probe.q_len * H;
   uint16_t *alone = malloc(rows * 512 * 2), *got = malloc(rows * 512 * 2);
   float *alone_lse = malloc(rows * 4), *got_lse = malloc(rows * 4);
@@ -334,10 +336,7 @@ START_TEST(test_a_long_request_folds_alike_in_many_pieces) {
   static req probe, pool[3];
   req_random(&probe, &rng, 100);
   probe.q_len = 1; /* its first query row only: the fp64 reference stays quick */
-  probe.kv_len = 40960 + (int32_t)rng_below(&rng, 4000);
-  probe.npages = (probe.kv_len + PS - 1) / PS;
-  for (int32_t p = 0; p < probe.npages; p++)
-    probe.pages[p] = (int32_t)rng_below(&rng, PAGES);
+  req_set_len(&probe, &rng, 40960 + (int32_t)rng_below(&rng, 4000));
   const size_t rows = (size_t)probe.q_len * H;
   uint16_t *whole = malloc(rows * 512 * 2), *got = malloc(rows * 512 * 2);
   float *whole_lse = malloc(rows * 4), *got_lse = malloc(rows * 4);
