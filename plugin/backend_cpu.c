@@ -251,7 +251,7 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   pb->lse = a.lse ? pmla_tensor_data(a.lse) : NULL;
   pb->partial_out = b->buf[PMLA_BUF_PARTIAL_OUT];
   pb->partial_lse = b->buf[PMLA_BUF_PARTIAL_LSE];
-  pb->fold = (b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
+  pb->fold = pmla_batch_invariant(b);
   pmla_workers_run(s->workers, run_unit, b);
   pmla_workers_run(s->workers, reduce_unit, b);
   int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];

@@ -182,7 +182,7 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   p.reduce_final_map = b->buf[PMLA_BUF_REDUCE_FINAL_MAP];
   p.reduce_partial_map = b->buf[PMLA_BUF_REDUCE_PARTIAL_MAP];
   p.max_slots = (int32_t)b->info.max_partial_slots;
-  p.fold = (b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
+  p.fold = pmla_batch_invariant(b);
   device_scope d = enter_device(b->cfg.device);
   int rc = pmla_gpu_decode(&p, a.stream);
   leave_device(d);

@@ -169,7 +169,7 @@ void pmla_size_buffers(pmla_builder *b, uint32_t cu_count, uint32_t sched_units)
   in->max_requests = (uint32_t)R;
   /* batch-invariant: a work item per chunk (at most PMLA_INV_MAX_CHUNKS a
    * request), a split budget and one accumulator slot per unit */
-  const int inv = (b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
+  const int inv = pmla_batch_invariant(b);
   in->max_work_items = (uint32_t)(inv ? R * PMLA_INV_MAX_CHUNKS + N : R + N);
   in->max_partial_slots = (uint32_t)(inv ? (PMLA_INV_SLOT_UNITS + 1) * N : 2 * N);
   in->buffer_bytes[PMLA_BUF_WORK_META_DATA] = PMLA_META_WORDS * 4;
@@ -196,7 +196,7 @@ void pmla_step_plan_input(const pmla_builder *b, int32_t split_cap, pmla_plan_in
   in->page_size = (int32_t)b->cfg.page_size;
   in->max_items = (int32_t)b->info.max_work_items;
   in->max_partials = (int32_t)b->info.max_partial_slots;
-  in->invariant = (b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
+  in->invariant = pmla_batch_invariant(b);
   if (s->topk_stride > 0) { /* sparse: each token its own request over its top-k list */
     in->uniform_len = s->topk_stride;
     return;
@@ -631,7 +631,7 @@ pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, i
   if ((st = pmla_check_sparse_batch(b, batch, device_type, &copy)))
     return st;
   /* batch-invariant steps split at fixed chunks, not by a cap */
-  int32_t cap = b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT ? 0
+  int32_t cap = pmla_batch_invariant(b) ? 0
                 : copy.flags & PMLA_SPARSE_NO_SPLIT_CAP
                     ? 0
                     : pmla_sparse_split_cap(copy.max_seq_len, b->cfg.topk, b->info.cu_count);

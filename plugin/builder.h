@@ -87,6 +87,12 @@ extern const DLDataType pmla_dl_bf16, pmla_dl_int32, pmla_dl_fp32, pmla_dl_uint8
 /* The kernels' pmla_kv_format of a config.kv_dtype. */
 int32_t pmla_kv_format_of(uint32_t kv_dtype);
 
+/* Whether b was made with PMLA_BUILDER_BATCH_INVARIANT (its schedules are
+ * plan_invariant.h's, its kernels fold). */
+static inline int pmla_batch_invariant(const pmla_builder *b) {
+  return (b->cfg.flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
+}
+
 /* Validates a batch / args struct's size and the host-side shape of the
  * step; on success fills b->step (not its device-side values). */
 pmla_status pmla_check_decode_batch(pmla_builder *b, const pmla_decode_batch *batch,
