@@ -210,14 +210,16 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
       const int64_t fo = (fbase + rl) * PMLA_V_DIM;
       /* the accumulator's values in batches of 16 loads before any store
        * (the stores may alias them, so the compiler would otherwise wait
-       * out one load latency per pair) */
+       * out one load latency per pair); it stays in L2 between chunks
+       * (evict_last: the KV stream would evict it), and is let go once the
+       * final fold has read it */
+      const uint64_t pol = final ? l2_evict_first() : l2_evict_last();
 #pragma unroll
       for (int jb = 0; jb < 32; jb += 16) {
         float2 a[16];
 #pragma unroll
         for (int j = 0; j < 16; j++)
-          a[j] = *(const float2 *)(p.partial_out + ro + g * 256 + (jb + j) * 8 +
-                                   ((lane & 3) << 1));
+          a[j] = ld_f2_hint(p.partial_out + ro + g * 256 + (jb + j) * 8 + ((lane & 3) << 1), pol);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
           const int col = g * 256 + (jb + j) * 8 + ((lane & 3) << 1);
@@ -226,17 +228,19 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
           if (final)
             *(uint32_t *)(p.out + fo + col) = pack_bf16x2(f0, f1);
           else
-            *(float2 *)(p.partial_out + ro + col) = make_float2(f0, f1);
+            st_f2_hint(p.partial_out + ro + col, f0, f1, pol);
         }
       }
       continue;
     }
+    /* a partial is read back by the reduce or the next chunk's fold */
+    const uint64_t keep = l2_evict_last();
 #pragma unroll
     for (int j = 0; j < 32; j++) {
       int col = g * 256 + j * 8 + ((lane & 3) << 1);
       float v0 = o[4 * j + 2 * sl] * inv, v1 = o[4 * j + 2 * sl + 1] * inv;
       if (pslot >= 0)
-        *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
+        st_f2_hint(p.partial_out + ro + col, v0, v1, keep);
       else
         *(uint32_t *)(p.out + ro + col) = pack_bf16x2(v0, v1);
     }

@@ -152,6 +152,31 @@ __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, in
                "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar)
                : "memory");
 }
+/* L2 eviction policies (createpolicy) and global accesses that carry one:
+ * the fp32 partials are kept in L2 for the reader that follows */
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void st_f2_hint(float *p, float a, float b, uint64_t pol) {
+  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(p), "f"(a), "f"(b),
+               "l"(pol)
+               : "memory");
+}
+__device__ __forceinline__ float2 ld_f2_hint(const float *p, uint64_t pol) {
+  float2 v;
+  asm volatile("ld.global.L2::cache_hint.v2.f32 {%0, %1}, [%2], %3;\n"
+               : "=f"(v.x), "=f"(v.y)
+               : "l"(p), "l"(pol)
+               : "memory");
+  return v;
+}
 } /* namespace pmla_sm90 */
 #endif /* PMLA_SM90_DEVICE */
 #endif
