@@ -45,6 +45,11 @@
  *                b + 2 exists; wg1 syncs before loading b + 2 into the stage
  *   DONE         mbarrier: wg0's 128 threads arrive once an item's row sums
  *                are written; wg1 waits before the epilogue reads them
+ * An item's epilogue (bf16 out or an fp32 partial; not a batch-invariant
+ * fold, which reads the accumulator back) stages the normalised O in the two
+ * stages, row for row as in global memory, and one loader warp sends the
+ * rows with bulk copies; the loader waits for them to be read before the
+ * next item's first block enters the stages.
  * The data hand-offs are mbarriers (release / acquire) rather than bar.arrive
  * + bar.sync, which racecheck does not see as ordering the sCorr read. A
  * side reaches a stage's barrier again only after a hand-off from the other
@@ -187,11 +192,10 @@ __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) 
  * PMLA_WI_FOLD (`flags`) folds its result into the accumulator in its slot
  * instead (fold.h), and with PMLA_WI_FINAL writes the fold to out and lse. */
 template <bool FOLD>
-__device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const float (&o)[128],
-                                           const float *sM, const float *sL,
-                                           int g, int lane, const int (&myrow)[2], int nrows,
-                                           int32_t pslot, int32_t qb, int row0, int tid,
-                                           float out_scale, int32_t flags) {
+__device__ __forceinline__ void store_o(const pmla_gpu_problem &p, const float (&o)[128],
+                                        const float *sM, const float *sL, int g, int lane,
+                                        const int (&myrow)[2], int nrows, int32_t pslot,
+                                        int32_t qb, int row0, float out_scale, int32_t flags) {
   const int H = p.num_heads;
   const int64_t obase =
       pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
@@ -245,8 +249,18 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
         *(uint32_t *)(p.out + ro + col) = pack_bf16x2(v0, v1);
     }
   }
-  if (fold) /* every thread has read the accumulator's lse */
-    __syncthreads();
+}
+/* the lse of row tid of the tile (tid < nrows); in a folding item it
+ * replaces the accumulator's, which every store_o of the item reads first */
+template <bool FOLD>
+__device__ __forceinline__ void store_lse(const pmla_gpu_problem &p, const float *sM,
+                                          const float *sL, int tid, int nrows, int32_t pslot,
+                                          int32_t qb, int row0, int32_t flags) {
+  const int H = p.num_heads;
+  const int64_t obase =
+      pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
+  const int64_t fbase = (int64_t)qb * H + row0;
+  const bool fold = FOLD && pslot >= 0 && (flags & PMLA_WI_FOLD), final = flags & PMLA_WI_FINAL;
   if (tid < nrows) {
     float l = sL[tid];
     float lse = l > 0.f ? __fmul_rn(sM[tid] + log2f(l), LN2_F) : -INFINITY;
@@ -260,6 +274,51 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
       p.partial_lse[obase + tid] = lse;
     } else if (p.lse) {
       p.lse[obase + tid] = lse;
+    }
+  }
+}
+/* an item's O and lse (see store_o) */
+template <bool FOLD>
+__device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const float (&o)[128],
+                                           const float *sM, const float *sL, int g, int lane,
+                                           const int (&myrow)[2], int nrows, int32_t pslot,
+                                           int32_t qb, int row0, int tid, float out_scale,
+                                           int32_t flags) {
+  store_o<FOLD>(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, out_scale, flags);
+  if (FOLD && pslot >= 0 && (flags & PMLA_WI_FOLD)) /* every thread has read the accumulator's lse */
+    __syncthreads();
+  store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, flags);
+}
+/* The epilogue of an item that writes rows outright (bf16 out, or an fp32
+ * partial): this warpgroup's normalised O into shared memory, each row as
+ * it is in global memory, rows STRIDE bytes apart (the padding puts the
+ * eight rows of one store on distinct banks), for bulk copies that leave
+ * while the next item starts. Stored from registers, the rows held both
+ * warpgroups ~6 us per item at h=128 (docs/performance.md). */
+template <bool PARTIAL> struct Staged {
+  static constexpr int ROW = PARTIAL ? PMLA_V_DIM * 4 : PMLA_V_DIM * 2;
+  static constexpr int STRIDE = ROW + (PARTIAL ? 32 : 16);
+};
+static_assert(ROWS * Staged<true>::STRIDE <= 2 * TILE, "staged O fits the two stages");
+template <bool PARTIAL>
+__device__ __forceinline__ void stage_o(char *sO, const float (&o)[128], const float *sL, int g,
+                                        int lane, const int (&myrow)[2], int nrows,
+                                        float out_scale) {
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++) {
+    const int rl = myrow[sl];
+    if (rl >= nrows)
+      continue;
+    const float l = sL[rl], inv = l > 0.f ? out_scale / l : 0.f;
+    char *row = sO + rl * Staged<PARTIAL>::STRIDE;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+      const int col = g * 256 + j * 8 + ((lane & 3) << 1);
+      const float v0 = o[4 * j + 2 * sl] * inv, v1 = o[4 * j + 2 * sl + 1] * inv;
+      if (PARTIAL)
+        *(float2 *)(row + col * 4) = make_float2(v0, v1);
+      else
+        *(uint32_t *)(row + col * 2) = pack_bf16x2(v0, v1);
     }
   }
 }
@@ -308,6 +367,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   enum { EMPTY = 5 }; /* named barrier ids 5, 6 */
 
   int32_t q_rows[2] = {-1, -1}; /* warpgroup 1: the rows of Q in sQ */
+  bool staged = false; /* warpgroup 1: the last item's O may still be leaving the stages */
   const int it_end = p.work_indptr[u + 1];
   for (int it = p.work_indptr[u]; it < it_end; it++) {
     const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
@@ -351,6 +411,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         int pos = kb + blk * BN + ld_t;
         return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
       };
+      if (staged) {
+        /* the stages held the last item's O: its bulk copies have read it */
+        if (wi == 0)
+          bulk_wait_read();
+        asm volatile("bar.sync 4, 128;\n" ::: "memory");
+        staged = false;
+      }
       int32_t raw_next = raw_at(0);
       RowLoad<F, TPT> fp8; /* FP8: the pending block's row pieces, in flight */
       /* issues block blk into stage st; returns whether the loader still has
@@ -558,10 +625,37 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     __syncthreads();
 
-    store_tile<FOLD>(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, tid, out_scale,
-                     FOLD ? w[PMLA_WI_PIECE] : 0);
+    if (!FOLD && (pslot >= 0 || ((uintptr_t)p.out & 15) == 0)) {
+      if (pslot >= 0)
+        stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
+      else
+        stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
+      proxy_fence();
+      __syncthreads();
+      if (g == 1) {
+        staged = true;
+        if (wi == 0) {
+          const int rowb = pslot >= 0 ? Staged<true>::ROW : Staged<false>::ROW;
+          const int stride = pslot >= 0 ? Staged<true>::STRIDE : Staged<false>::STRIDE;
+          char *dst = pslot >= 0
+                          ? (char *)(p.partial_out +
+                                     ((int64_t)pslot * p.max_q_len * H + row0) * PMLA_V_DIM)
+                          : (char *)(p.out + ((int64_t)qb * H + row0) * PMLA_V_DIM);
+          for (int rr = lane; rr < nrows; rr += 32)
+            bulk_store(dst + (int64_t)rr * rowb, smem_u32(sKV) + rr * stride, rowb);
+          bulk_commit();
+        }
+      }
+      store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, 0);
+    } else {
+      store_tile<FOLD>(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, tid, out_scale,
+                       FOLD ? w[PMLA_WI_PIECE] : 0);
+    }
     __syncthreads();
   }
+  /* the bulk copies are complete before the work-group leaves */
+  if (staged && wi == 0)
+    bulk_wait();
 }
 #endif /* PMLA_SM90_DEVICE */
 

@@ -177,6 +177,24 @@ __device__ __forceinline__ float2 ld_f2_hint(const float *p, uint64_t pol) {
                : "memory");
   return v;
 }
+/* bulk copies shared -> global (no tensor map: contiguous bytes, 16-byte
+ * aligned, a multiple of 16), tracked per thread in bulk groups */
+__device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/* the sources of this thread's bulk copies have been read */
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+/* this thread's bulk copies are complete */
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
 } /* namespace pmla_sm90 */
 #endif /* PMLA_SM90_DEVICE */
 #endif
