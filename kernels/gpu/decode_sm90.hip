@@ -653,9 +653,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     __syncthreads();
   }
-  /* the bulk copies are complete before the work-group leaves */
+  /* the bulk copies have read shared memory before the work-group leaves
+   * (the kernel's end makes their writes visible to the next kernel) */
   if (staged && wi == 0)
-    bulk_wait();
+    bulk_wait_read();
 }
 #endif /* PMLA_SM90_DEVICE */
 

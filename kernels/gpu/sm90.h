@@ -191,10 +191,6 @@ __device__ __forceinline__ void bulk_commit() {
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
-/* this thread's bulk copies are complete */
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
 } /* namespace pmla_sm90 */
 #endif /* PMLA_SM90_DEVICE */
 #endif
