@@ -94,6 +94,35 @@ void tt_free(test_tensor *x) {
   x->t.data = NULL;
 }
 
+void harness_dense_step_make(harness_dense_step *s, uint32_t layout, int32_t n,
+                             const int32_t *qo, const int32_t *lens, const int32_t *bt,
+                             int32_t width, const int32_t *kvp, const int32_t *kvi,
+                             const int32_t *last) {
+  tt_make1(&s->qo, TT_I32, qo, n + 1);
+  tt_make1(&s->lens, TT_I32, lens, n);
+  tt_make2(&s->bt, TT_I32, bt, n, width);
+  tt_make1(&s->kvp, TT_I32, kvp, n + 1);
+  tt_make1(&s->kvi, TT_I32, kvi, kvp[n]);
+  tt_make1(&s->last, TT_I32, last, n);
+  pmla_decode_batch *b = &s->batch;
+  memset(b, 0, sizeof *b);
+  b->struct_size = sizeof *b;
+  b->kv_layout = layout;
+  b->qo_indptr = &s->qo.t;
+  b->block_table = &s->bt.t;
+  b->kv_lens = &s->lens.t;
+  b->kv_indptr = &s->kvp.t;
+  b->kv_indices = &s->kvi.t;
+  b->kv_last_page_len = &s->last.t;
+  b->stream = harness_stream();
+}
+
+void harness_dense_step_free(harness_dense_step *s) {
+  test_tensor *all[] = {&s->qo, &s->lens, &s->bt, &s->kvp, &s->kvi, &s->last};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    tt_free(all[i]);
+}
+
 /* ---- configs ---- */
 pmla_builder_config harness_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
                                    uint32_t max_q_len, uint32_t topk, uint32_t cu_count) {

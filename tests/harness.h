@@ -79,6 +79,20 @@ void tt_upload(test_tensor *x, const void *host);
 void tt_download(const test_tensor *x, void *host);
 void tt_free(test_tensor *x);
 
+/* A dense step's index tensors uploaded from host arrays (n requests; bt is
+ * n x width, kvi has kvp[n] entries), and the decode batch naming all of
+ * them: kv_layout picks the ones the backend reads. The batch points into
+ * the struct, which stays where it was made until harness_dense_step_free. */
+typedef struct harness_dense_step {
+  test_tensor qo, lens, bt, kvp, kvi, last;
+  pmla_decode_batch batch;
+} harness_dense_step;
+void harness_dense_step_make(harness_dense_step *s, uint32_t layout, int32_t n,
+                             const int32_t *qo, const int32_t *lens, const int32_t *bt,
+                             int32_t width, const int32_t *kvp, const int32_t *kvi,
+                             const int32_t *last);
+void harness_dense_step_free(harness_dense_step *s);
+
 /* ---- configs and builders ---- */
 /* test_config with .device = g_mem->device_id: the run's GPU ($<PREFIX>_DEVICE,
  * default 0), 0 on the CPU. */

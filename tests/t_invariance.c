@@ -137,32 +137,14 @@ static void decode_batch(const cache *c, req *const *reqs, int32_t n, int32_t pr
     memcpy(idx + kvp[i], reqs[i]->pages, sizeof(int32_t) * (size_t)reqs[i]->npages);
     memcpy(q + (size_t)qo[i] * H * 576, reqs[i]->q, (size_t)reqs[i]->q_len * H * 576 * 2);
   }
-  test_tensor t_qo, t_lens, t_bt, t_kvp, t_idx, t_last;
-  tt_make1(&t_qo, TT_I32, qo, n + 1);
-  tt_make1(&t_lens, TT_I32, lens, n);
-  tt_make2(&t_bt, TT_I32, bt, n, width);
-  tt_make1(&t_kvp, TT_I32, kvp, n + 1);
-  tt_make1(&t_idx, TT_I32, idx, kvp[n]);
-  tt_make1(&t_last, TT_I32, last, n);
-  pmla_decode_batch batch;
-  memset(&batch, 0, sizeof batch);
-  batch.struct_size = sizeof batch;
-  batch.kv_layout = layout;
-  batch.qo_indptr = &t_qo.t;
-  batch.block_table = &t_bt.t;
-  batch.kv_lens = &t_lens.t;
-  batch.kv_indptr = &t_kvp.t;
-  batch.kv_indices = &t_idx.t;
-  batch.kv_last_page_len = &t_last.t;
-  batch.stream = harness_stream();
-  pmla_status st = g_be->build_decode(b, &batch);
+  harness_dense_step ds;
+  harness_dense_step_make(&ds, layout, n, qo, lens, bt, width, kvp, idx, last);
+  pmla_status st = g_be->build_decode(b, &ds.batch);
   ck_assert_msg(st == PMLA_OK, "build_decode: %s", g_be->last_error(b));
   count_split(b);
   decode_rows(b, c, q, T, (size_t)qo[probe] * H, (size_t)reqs[probe]->q_len * H, got_out,
               got_lse);
-  test_tensor *all[] = {&t_qo, &t_lens, &t_bt, &t_kvp, &t_idx, &t_last};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    tt_free(all[i]);
+  harness_dense_step_free(&ds);
   g_be->destroy_builder(b);
   free(bt);
   free(idx);
@@ -193,6 +175,27 @@ static void check_reference(const cache *c, const req *r, const uint16_t *out, c
   free(of);
 }
 
+/* A request's out rows and lse as one decode gave them. */
+typedef struct result {
+  uint16_t *out;
+  float *lse;
+  size_t rows;
+} result;
+static result result_make(size_t rows) {
+  result r = {malloc(rows * 512 * 2), malloc(rows * 4), rows};
+  ck_assert(r.out && r.lse);
+  return r;
+}
+/* the same bits in out and lse */
+static int result_same(const result *a, const result *b) {
+  return memcmp(a->out, b->out, a->rows * 512 * 2) == 0 &&
+         memcmp(a->lse, b->lse, a->rows * 4) == 0;
+}
+static void result_free(result *r) {
+  free(r->out);
+  free(r->lse);
+}
+
 static void run_dense(uint32_t layout, uint64_t seed) {
   uint64_t rng = seed;
   cache c;
@@ -201,13 +204,10 @@ static void run_dense(uint32_t layout, uint64_t seed) {
   req_random(&probe, &rng, 3000);
   /* more than one chunk (2048 tokens), so that alone it is split */
   req_set_len(&probe, &rng, 2100 + (int32_t)rng_below(&rng, 1900));
-  const size_t rows = (size_t)probe.q_len * H;
-  uint16_t *alone = malloc(rows * 512 * 2), *got = malloc(rows * 512 * 2);
-  float *alone_lse = malloc(rows * 4), *got_lse = malloc(rows * 4);
-  ck_assert(alone && got && alone_lse && got_lse);
+  result alone = result_make((size_t)probe.q_len * H), got = result_make(alone.rows);
   req *one[1] = {&probe};
-  decode_batch(&c, one, 1, 0, layout, 1, alone, alone_lse);
-  check_reference(&c, &probe, alone, alone_lse);
+  decode_batch(&c, one, 1, 0, layout, 1, alone.out, alone.lse);
+  check_reference(&c, &probe, alone.out, alone.lse);
   static req pool[MAXB];
   req *batch[MAXB];
   g_split_builds = 0;
@@ -224,9 +224,8 @@ static void run_dense(uint32_t layout, uint64_t seed) {
       req_random(&pool[i], &rng, n > 64 ? 400 : 2500);
       batch[i] = &pool[i];
     }
-    decode_batch(&c, batch, n, at, layout, cu, got, got_lse);
-    ck_assert_msg(memcmp(alone, got, rows * 512 * 2) == 0 &&
-                      memcmp(alone_lse, got_lse, rows * 4) == 0,
+    decode_batch(&c, batch, n, at, layout, cu, got.out, got.lse);
+    ck_assert_msg(result_same(&alone, &got),
                   "%s: request (q_len %d, kv_len %d) at %d of a batch of %d, cu_count %u: out "
                   "or lse differs from the request decoded alone",
                   layout == PMLA_KV_CSR ? "CSR" : "block table", probe.q_len, probe.kv_len, at,
@@ -241,10 +240,8 @@ static void run_dense(uint32_t layout, uint64_t seed) {
          g_split_builds);
   ck_assert_msg(g_split_builds > 0, "no build split a request: the test proves too little");
   free(probe.q);
-  free(alone);
-  free(got);
-  free(alone_lse);
-  free(got_lse);
+  result_free(&alone);
+  result_free(&got);
   cache_free(&c);
 }
 
@@ -337,13 +334,10 @@ START_TEST(test_a_long_request_folds_alike_in_many_pieces) {
   req_random(&probe, &rng, 100);
   probe.q_len = 1; /* its first query row only: the fp64 reference stays quick */
   req_set_len(&probe, &rng, 40960 + (int32_t)rng_below(&rng, 4000));
-  const size_t rows = (size_t)probe.q_len * H;
-  uint16_t *whole = malloc(rows * 512 * 2), *got = malloc(rows * 512 * 2);
-  float *whole_lse = malloc(rows * 4), *got_lse = malloc(rows * 4);
-  ck_assert(whole && got && whole_lse && got_lse);
+  result whole = result_make((size_t)probe.q_len * H), got = result_make(whole.rows);
   req *one[1] = {&probe};
-  decode_batch(&c, one, 1, 0, PMLA_KV_BLOCK_TABLE, 1, whole, whole_lse);
-  check_reference(&c, &probe, whole, whole_lse);
+  decode_batch(&c, one, 1, 0, PMLA_KV_BLOCK_TABLE, 1, whole.out, whole.lse);
+  check_reference(&c, &probe, whole.out, whole.lse);
   static const uint32_t units[] = {2, 7, 64};
   g_split_builds = g_max_pieces = 0;
   for (int k = 0; k < 4; k++) {
@@ -362,9 +356,8 @@ START_TEST(test_a_long_request_folds_alike_in_many_pieces) {
       batch[0] = &probe;
     }
     const uint32_t cu = k == 3 ? 64 : units[k];
-    decode_batch(&c, batch, n, at, PMLA_KV_BLOCK_TABLE, cu, got, got_lse);
-    ck_assert_msg(memcmp(whole, got, rows * 512 * 2) == 0 &&
-                      memcmp(whole_lse, got_lse, rows * 4) == 0,
+    decode_batch(&c, batch, n, at, PMLA_KV_BLOCK_TABLE, cu, got.out, got.lse);
+    ck_assert_msg(result_same(&whole, &got),
                   "kv_len %d over %u units%s: out or lse differs from the request on one unit",
                   probe.kv_len, cu, k == 3 ? " beside neighbours" : "");
     if (k == 3)
@@ -374,10 +367,8 @@ START_TEST(test_a_long_request_folds_alike_in_many_pieces) {
   ck_assert_msg(g_max_pieces > 8, "the most pieces of the request were %d: the reduce's "
                 "pieces in flight were never refilled", g_max_pieces);
   free(probe.q);
-  free(whole);
-  free(got);
-  free(whole_lse);
-  free(got_lse);
+  result_free(&whole);
+  result_free(&got);
   cache_free(&c);
 }
 END_TEST

@@ -38,32 +38,15 @@ static sched_summary build_and_check_dense(pmla_builder *b, const dense_step *d,
   }
   int32_t *kvi = calloc((size_t)kvp[B] + 1, sizeof(int32_t));
   ck_assert(kvi != NULL);
-  test_tensor t_qo, t_bt, t_lens, t_kvp, t_kvi, t_last;
-  tt_make1(&t_qo, TT_I32, d->qo, B + 1);
-  tt_make2(&t_bt, TT_I32, bt, B, width);
-  tt_make1(&t_lens, TT_I32, d->lens, B);
-  tt_make1(&t_kvp, TT_I32, kvp, B + 1);
-  tt_make1(&t_kvi, TT_I32, kvi, kvp[B]);
-  tt_make1(&t_last, TT_I32, last, B);
-  pmla_decode_batch batch;
-  memset(&batch, 0, sizeof batch);
-  batch.struct_size = sizeof batch;
-  batch.kv_layout = d->csr ? PMLA_KV_CSR : PMLA_KV_BLOCK_TABLE;
-  batch.qo_indptr = &t_qo.t;
-  batch.block_table = &t_bt.t;
-  batch.kv_lens = &t_lens.t;
-  batch.kv_indptr = &t_kvp.t;
-  batch.kv_indices = &t_kvi.t;
-  batch.kv_last_page_len = &t_last.t;
-  batch.stream = harness_stream();
-  pmla_status s = g_be->build_decode(b, &batch);
+  harness_dense_step ds;
+  harness_dense_step_make(&ds, d->csr ? PMLA_KV_CSR : PMLA_KV_BLOCK_TABLE, B, d->qo, d->lens, bt,
+                          width, kvp, kvi, last);
+  pmla_status s = g_be->build_decode(b, &ds.batch);
   ck_assert_msg(s == PMLA_OK, "%s: build_decode returned %s: %s", what, harness_status_name(s),
                 g_be->last_error(b));
   sched_step step = {B, d->qo, d->lens, 0};
   sched_summary sum = sched_check(b, &step, what);
-  test_tensor *all[] = {&t_qo, &t_bt, &t_lens, &t_kvp, &t_kvi, &t_last};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    tt_free(all[i]);
+  harness_dense_step_free(&ds);
   free(bt);
   free(kvp);
   free(last);
