@@ -69,7 +69,7 @@ template <int MT> struct Cfg {
   static constexpr int NTV = DW / MMA_N;
   static constexpr int TPT = NT / BN;        /* loader threads per token */
   static constexpr size_t SMEM = (size_t)ROWS * PITCH + (size_t)STAGES * BN * PITCH +
-                                 sizeof(float) * (2 * TG * ROWS + 4 * ROWS) +
+                                 sizeof(float) * (2 * TG * ROWS + 5 * ROWS) +
                                  sizeof(int) * STAGES * BN;
 #ifdef PMLA_PLATFORM_NVIDIA
   static_assert((SMEM + 1024) * Shape<MT>::OCC <= 233472, "shared memory per SM (sm_90)");
@@ -87,6 +87,9 @@ template <int MT, int F, bool FOLD>
 __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float scale_log2) {
   using C = Cfg<MT>;
   constexpr bool FP8 = F != PMLA_KV_BF16;
+  /* an E4M3 cache's tiles, Q and P as f16 where the platform's MMA takes it
+   * (one conversion per e4m3 pair; Q rescaled by rows, q_row_to_f16) */
+  constexpr bool F16 = F16_TILES && F == PMLA_KV_E4M3;
   constexpr int ROWB = KvFmt<F>::ROW_BYTES;
   static_assert(!FP8 || C::STAGES <= 2, "FP8 rows wait in registers for the one free stage");
   constexpr int NT = C::NT, QKU = C::QKU, KACC = C::KACC, BN = C::BN, STAGES = C::STAGES;
@@ -101,6 +104,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
   float *sL = sM + 2 * ROWS;
   float *sCorr = sL + ROWS;
   int *sValid = (int *)(sCorr + ROWS);
+  float *sQf = (float *)(sValid + STAGES * BN); /* F16: [ROWS] Q's row factors */
 
   const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
   const int H = p.num_heads;
@@ -176,7 +180,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
     };
     auto fp8_store = [&](int st) {
       char *dst = sKV + st * BN * PITCH;
-      fp8.store(ld_sub, [&](int c) { return dst + tile_off(ld_t, c); });
+      fp8.template store<F16>(ld_sub, [&](int c) { return dst + tile_off(ld_t, c); });
     };
 
 #pragma unroll
@@ -198,6 +202,10 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
       lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
     }
 
+    float sc[ROWSLOTS]; /* the scores' scale by row (F16: times Q's row factor) */
+#pragma unroll
+    for (int sl = 0; sl < ROWSLOTS; sl++)
+      sc[sl] = scale_log2;
     Acc o[MT][NTV];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -220,6 +228,20 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
         if (b + STAGES - 1 < nblk)
           load_block(b + STAGES - 1, (b + STAGES - 1) % STAGES);
         cp_commit();
+      }
+      if (F16 && b == 0) {
+        /* Q has landed (the barrier above): as f16, and each row's factor */
+        constexpr int TPR = NT / ROWS < 32 ? NT / ROWS : 32;
+        if (tid < ROWS * TPR) {
+          const int qr = tid / TPR;
+          const float f = q_row_to_f16<TPR>(tid % TPR, [&](int c) { return sQ + tile_off(qr, c); });
+          if (tid % TPR == 0)
+            sQf[qr] = f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int sl = 0; sl < ROWSLOTS; sl++)
+          sc[sl] = scale_log2 * sQf[rg * 16 + slot_row(lane, sl)];
       }
       const int st = b % STAGES;
       char *sK = sKV + st * BN * PITCH;
@@ -246,8 +268,8 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
           ld_a(a0, sQ, rg * 16, ks * 2);
           ld_a(a1, sQ, rg * 16, ks * 2 + 2);
           ld_b_nk_k2(b0, b1, sK, n0, ks * 2);
-          mma(sacc(ks % KACC, 0), a0, b0);
-          mma(sacc((ks + 1) % KACC, 0), a1, b1);
+          mma<F16>(sacc(ks % KACC, 0), a0, b0);
+          mma<F16>(sacc((ks + 1) % KACC, 0), a1, b1);
         }
       } else {
 #pragma unroll QKU
@@ -258,8 +280,8 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
           for (int np = 0; np < NTQ / 2; np++) {
             FragB b0, b1;
             ld_b_nk2(b0, b1, sK, n0 + np * 2 * MMA_N, ks * 2);
-            mma(sacc(ks % KACC, 2 * np), a, b0);
-            mma(sacc(ks % KACC, 2 * np + 1), a, b1);
+            mma<F16>(sacc(ks % KACC, 2 * np), a, b0);
+            mma<F16>(sacc(ks % KACC, 2 * np + 1), a, b1);
           }
         }
       }
@@ -282,7 +304,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
         for (int e = 0; e < ACC; e++) {
           int col = n0 + nt * MMA_N + acc_col(lane, e);
           int sl = slot_of(e);
-          float v = s[nt].x[e] * scale_log2;
+          float v = s[nt].x[e] * sc[sl];
           if (!(pos0 + col < lim[sl] && vld[col]))
             v = -INFINITY;
           s[nt].x[e] = v;
@@ -320,7 +342,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
             int sl = slot_of(e);
             float p0 = fast_exp2(s[nt].x[e] - muse[sl]), p1 = fast_exp2(s[nt].x[e + 1] - muse[sl]);
             sum[sl] += p0 + p1;
-            uint32_t pk = pack_bf16x2(p0, p1);
+            uint32_t pk = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
             *(uint32_t *)(sK + elem_off(rg * 16 + acc_row(lane, e), 64,
                                         n0 + nt * MMA_N + acc_col(lane, e))) = pk;
           }
@@ -376,8 +398,8 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
           ld_b_kn2(b0, b1, sK, ks * 16, (warp * DW + np * 2 * MMA_N) / 8);
 #pragma unroll
           for (int mt = 0; mt < MT; mt++) {
-            mma(o[mt][2 * np], pa[mt], b0);
-            mma(o[mt][2 * np + 1], pa[mt], b1);
+            mma<F16>(o[mt][2 * np], pa[mt], b0);
+            mma<F16>(o[mt][2 * np + 1], pa[mt], b1);
           }
         }
       }

@@ -153,7 +153,7 @@ __device__ __forceinline__ uint64_t before64(int lim, int pos0) {
 /* masks S in place (raw scores; -inf where a token is invalid or causally
  * after the row) and returns the row maxima scaled to base 2 */
 __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
-                                            const int (&lim)[2], float scale_log2, int lane) {
+                                            const int (&lim)[2], const float (&sc)[2], int lane) {
   uint64_t rm[2];
 #pragma unroll
   for (int sl = 0; sl < 2; sl++)
@@ -175,7 +175,7 @@ __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint
   }
 #pragma unroll
   for (int sl = 0; sl < 2; sl++)
-    mx[sl] = row_max(mx[sl]) * scale_log2;
+    mx[sl] = row_max(mx[sl]) * sc[sl];
 }
 /* O *= corr by row; skipped when no row of the warp changed its maximum,
  * which after the first blocks is the common case */
@@ -326,6 +326,10 @@ template <int F, bool FOLD>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
+  /* an E4M3 cache's tiles, Q and P are f16 (one conversion per e4m3 pair;
+   * unscaled e4m3 values and P <= 2^RESCALE_SLACK are exact or rounded
+   * finer in f16 than in bf16); Q is rescaled by rows to fit (q_row_to_f16) */
+  constexpr bool F16 = F == PMLA_KV_E4M3;
   constexpr int ROWB = KvFmt<F>::ROW_BYTES;
   bool scale_ok;
   const float out_scale = kv_out_scale<F>(p, scale_ok);
@@ -341,6 +345,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aFull = smem_u32(sVm + 2);   /* [2] mbarriers: stage loaded */
   const uint32_t aPready = smem_u32(sVm + 4); /* [2] mbarriers: P(b) written */
   const uint32_t aDone = smem_u32(sVm + 6);   /* mbarrier: an item's row stats written */
+  float *sQf = (float *)(sVm + 8);             /* F16: [ROWS] Q's row factors (q_row_to_f16) */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -394,9 +399,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       const int t = tid - 128;
       /* consecutive items of one request (a batch-invariant request's
        * chunks) find its Q in shared memory already */
+      bool q_new = false; /* F16: Q is converted once it has landed */
       if (qb != q_rows[0] || qe != q_rows[1]) {
         q_rows[0] = qb;
         q_rows[1] = qe;
+        q_new = true;
         const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
         for (int c = t; c < ROWS * PMLA_TILE_CHUNKS; c += 128) {
           int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
@@ -420,16 +427,15 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       }
       int32_t raw_next = raw_at(0);
       RowLoad<F, TPT> fp8; /* FP8: the pending block's row pieces, in flight */
-      /* issues block blk into stage st; returns whether the loader still has
-       * to arrive on the stage's barrier after its cp.async wait (cp.async
-       * blocks, and block 0 whose wait also covers Q); an FP8 block is only
-       * in registers until that arrival stores it */
+      /* bf16: issues block blk into stage st; returns whether the loader
+       * still has to arrive on the stage's barrier after its cp.async wait
+       * (cp.async blocks, and block 0 whose wait also covers Q) */
       auto load_block = [&](int blk, int st) -> bool {
         const int pos = kb + blk * BN + ld_t;
         const uint32_t bar = aFull + 8 * st;
 #if PMLA_WG_TMA
         const int64_t first =
-            !FP8 && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+            use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
           /* the copy first; then every token is valid (one whole page),
            * and the bits are written before this thread's arrival */
@@ -450,45 +456,17 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         bool v = slot >= 0;
         store_token_bits<TPT>(sVm, st, wi, lane, v);
         const char *src = v ? kvbase + slot * ROWB : kvbase;
-        if (FP8) {
-          fp8.issue(src, v, ld_sub);
-        } else {
-          char *dst = sKV + st * TILE;
+        char *dst = sKV + st * TILE;
 #pragma unroll
-          for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
-            int c = ld_sub + k * TPT;
-            cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
-          }
+        for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
+          int c = ld_sub + k * TPT;
+          cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
         }
         raw_next = raw_at(blk + 1);
         return true;
       };
-      uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
-      /* block blk's cp.async data has landed (an FP8 block is converted
-       * into the stage now): make it visible to wgmma and publish it */
-      auto publish = [&](int blk) {
-        cp_wait<0>();
-        if (FP8) {
-          char *dst = sKV + (blk & 1) * TILE;
-          fp8.store(ld_sub, [&](int c) { return dst + off(ld_t, c); });
-        }
-        proxy_fence();
-        mbar_arrive(aFull + 8 * (blk & 1));
-        pending &= ~(1u << (blk & 1));
-      };
-      if (nblk > 0 && load_block(0, 0))
-        pending = 1;
-      cp_commit();
-      for (int b = 0; b < nblk; b++) {
-        if (pending & (1u << (b & 1)))
-          publish(b);
-        if (b + 1 < nblk) {
-          if (b >= 1)
-            nb_sync(EMPTY + ((b - 1) & 1));
-          if (load_block(b + 1, (b + 1) & 1))
-            pending |= 1u << ((b + 1) & 1);
-        }
-        cp_commit();
+      /* this warpgroup's P V of block b, issued and committed */
+      auto pv = [&](int b) {
         mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
         wait_phase ^= 1u << (b & 1);
         const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
@@ -497,15 +475,97 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-          mma_n256_tb(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
-                      desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
+          mma_n256_tb<F16>(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
+                           desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
         wg_commit();
-        /* block b + 1 is published while this P V runs, not after it: its
-         * conversion (FP8) and landing wait are off warpgroup 0's path */
-        if (pending & (1u << ((b + 1) & 1)))
-          publish(b + 1);
-        wg_wait0();
-        reg_fence<128>(o);
+      };
+      if (FP8) {
+        /* Block b + 1's rows reach registers while block b - 1 computes,
+         * and are converted into their stage as soon as it is free
+         * (EMPTY(b - 1)), while warpgroup 0 computes S(b): the conversion
+         * overlaps the QK and softmax instead of delaying S(b + 1). */
+        bool fp8_v = false; /* the pending rows' slot is valid */
+        auto fp8_issue = [&](int blk) {
+          const int pos = kb + blk * BN + ld_t;
+          const int64_t slot =
+              pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
+          fp8_v = slot >= 0;
+          fp8.issue(fp8_v ? kvbase + slot * ROWB : kvbase, fp8_v, ld_sub);
+          raw_next = raw_at(blk + 1);
+        };
+        auto fp8_publish = [&](int blk) {
+          const int st = blk & 1;
+          if (blk == 0) {
+            cp_wait<0>(); /* Q */
+            if (F16 && q_new) {
+              asm volatile("bar.sync 4, 128;\n" ::: "memory"); /* every thread's Q chunks */
+              const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
+              if ((t & 1) == 0)
+                sQf[t >> 1] = f;
+            }
+          }
+          store_token_bits<TPT>(sVm, st, wi, lane, fp8_v);
+          char *dst = sKV + st * TILE;
+          fp8.template store<F16>(ld_sub, [&](int c) { return dst + off(ld_t, c); });
+          proxy_fence();
+          mbar_arrive(aFull + 8 * st);
+        };
+        if (F16 && nblk == 0)
+          q_rows[0] = q_rows[1] = -1; /* Q stays bf16: the next item reloads it */
+        if (nblk > 0)
+          fp8_issue(0);
+        cp_commit();
+        for (int b = 0; b < nblk; b++) {
+          if (b == 0) {
+            fp8_publish(0);
+            if (nblk > 1)
+              fp8_issue(1);
+          } else if (b + 1 < nblk) {
+            nb_sync(EMPTY + ((b - 1) & 1));
+            fp8_publish(b + 1);
+            if (b + 2 < nblk)
+              fp8_issue(b + 2);
+          }
+          pv(b);
+          if (b == 0 && nblk > 1) { /* stage 1 has never been used */
+            fp8_publish(1);
+            if (nblk > 2)
+              fp8_issue(2);
+          }
+          wg_wait0();
+          reg_fence<128>(o);
+        }
+      } else {
+        uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
+        /* block blk's cp.async data has landed: make it visible to wgmma
+         * and publish it */
+        auto publish = [&](int blk) {
+          cp_wait<0>();
+          proxy_fence();
+          mbar_arrive(aFull + 8 * (blk & 1));
+          pending &= ~(1u << (blk & 1));
+        };
+        if (nblk > 0 && load_block(0, 0))
+          pending = 1;
+        cp_commit();
+        for (int b = 0; b < nblk; b++) {
+          if (pending & (1u << (b & 1)))
+            publish(b);
+          if (b + 1 < nblk) {
+            if (b >= 1)
+              nb_sync(EMPTY + ((b - 1) & 1));
+            if (load_block(b + 1, (b + 1) & 1))
+              pending |= 1u << ((b + 1) & 1);
+          }
+          cp_commit();
+          pv(b);
+          /* block b + 1 is published while this P V runs, not after it:
+           * its landing wait is off warpgroup 0's path */
+          if (pending & (1u << ((b + 1) & 1)))
+            publish(b + 1);
+          wg_wait0();
+          reg_fence<128>(o);
+        }
       }
       cp_wait<0>();
       /* warpgroup 0's row sums, read in the epilogue: an acquire of their
@@ -523,6 +583,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
       }
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+      float sc[2] = {scale_log2, scale_log2}; /* by row; F16: times Q's row factor */
       /* S(b) of block b: waits for the block, issues its 36 wgmma and
        * commits them as one group (not waited for here) */
       float s[32];
@@ -538,7 +599,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
           uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
-          mma_n64(s, desc_at(dQ, ko), desc_at(desc(aK, 16, 1024), ko));
+          mma_n64<F16>(s, desc_at(dQ, ko), desc_at(desc(aK, 16, 1024), ko));
         }
         wg_commit();
       };
@@ -552,7 +613,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
         float mx[2];
-        wg_mask_max(s, mx, sVm[b & 1], pos0, lim, scale_log2, lane);
+        wg_mask_max(s, mx, sVm[b & 1], pos0, lim, sc, lane);
         float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
@@ -570,7 +631,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           if (row_leader(lane))
             sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
         }
-        /* P(b) as bf16 pairs: this warpgroup's P V reads them from
+        /* P(b) as 16-bit pairs: this warpgroup's P V reads them from
          * registers (pair e / 2 of S is A-fragment register e / 2 of its
          * k-step e / 8), warpgroup 1 from the stage's rope block */
         char *sP = sK + 8 * BLK;
@@ -579,10 +640,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         for (int e = 0; e < 32; e += 2) {
           int sl = (e >> 1) & 1, row = myrow[sl];
           int col = (e >> 2) * 8 + ((lane & 3) << 1);
-          float p0 = fast_exp2(fmaf(s[e], scale_log2, -muse[sl]));
-          float p1 = fast_exp2(fmaf(s[e + 1], scale_log2, -muse[sl]));
+          float p0 = fast_exp2(fmaf(s[e], sc[sl], -muse[sl]));
+          float p1 = fast_exp2(fmaf(s[e + 1], sc[sl], -muse[sl]));
           sum[sl] += p0 + p1;
-          pr[e >> 1] = pack_bf16x2(p0, p1);
+          pr[e >> 1] = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
           *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
               pr[e >> 1];
         }
@@ -596,13 +657,17 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-          mma_n256_rs(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
+          mma_n256_rs<F16>(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
         wg_commit();
       };
       /* the stage is released as soon as this warpgroup's P V is done, so
        * the loader can refill it while S(b + 1) is computed */
       for (int b = 0; b < nblk; b++) {
         issue_qk(b);
+        if (F16 && b == 0) /* block 0's arrival published Q's row factors */
+#pragma unroll
+          for (int sl = 0; sl < 2; sl++)
+            sc[sl] = scale_log2 * sQf[myrow[sl]];
         wg_wait0();
         reg_fence<32>(s);
         softmax_pv(b);

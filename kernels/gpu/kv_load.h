@@ -1,14 +1,16 @@
 /* SPDX-License-Identifier: MIT */
-/* kv_load.h - FP8 KV rows into the bf16 shared-memory tiles both decode
- * bodies read, in two steps so the global loads can be issued a block ahead
- * and their latency hidden behind the current block's math:
+/* kv_load.h - FP8 KV rows into the 16-bit shared-memory tiles both decode
+ * bodies read (bf16, or f16 for an E4M3 cache in the sm_90a body), in two
+ * steps so the global loads can be issued a block ahead and their latency
+ * hidden behind the current block's math:
  *   issue  a loader thread's 16-byte pieces of one row into registers
- *   store  converted to bf16 into the row's 16-byte chunks of the tile
+ *   store  converted into the row's 16-byte chunks of the tile
  * A row is read in UNITS pieces of 16 source bytes; TPT threads share a row,
  * thread `sub` taking pieces sub, sub + TPT, ...:
- *   E4M3    36 pieces of 16 e4m3 (-> two bf16 chunks each), unscaled: the
+ *   E4M3    36 pieces of 16 e4m3 (-> two 16-bit chunks each), unscaled: the
  *           cache's one scale is folded into the softmax scale and the
- *           output by the bodies (exact: every e4m3 value is a bf16 value)
+ *           output by the bodies (exact: every e4m3 value is a bf16 and
+ *           an f16 value)
  *   DS_MLA  32 latent pieces of 16 e4m3 times their tile's scale (pieces
  *           8t .. 8t + 7 are tile t), then 8 rope pieces of 8 bf16, copied
  * A row that is not read (invalid slot, past the item) stores zeros, as the
@@ -78,6 +80,39 @@ __device__ __forceinline__ void e4m3x16_to_bf16(const uint4 &raw, float s, uint4
   hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+/* 16 e4m3 as two 16-byte f16 chunks, exactly (every e4m3 value is a
+ * normal f16 value): one conversion per pair where the bf16 chunks above
+ * take four instructions. The sm_90a body's E4M3 tiles are f16. */
+__device__ __forceinline__ void e4m3x16_to_f16(const uint4 &raw, uint4 &lo, uint4 &hi) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+#if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(o[2 * i]) : "h"((uint16_t)(w[i] & 0xffffu)));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(o[2 * i + 1]) : "h"((uint16_t)(w[i] >> 16)));
+#else
+    float f[4];
+    e4m3x4_to_f32(w[i], f);
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const uint32_t u = __float_as_uint(f[j]), sgn = (u >> 16) & 0x8000u;
+      if ((u & 0x7fffffffu) > 0x7f800000u)
+        h[j] = 0x7e00u | sgn;
+      else if ((u & 0x7fffffffu) == 0)
+        h[j] = sgn;
+      else
+        h[j] = sgn | ((((u >> 23) & 0xffu) - 112u) << 10) | ((u >> 13) & 0x3ffu);
+    }
+    o[2 * i] = h[0] | (h[1] << 16);
+    o[2 * i + 1] = h[2] | (h[3] << 16);
+#endif
+  }
+  lo = make_uint4(o[0], o[1], o[2], o[3]);
+  hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
 /* One loader thread's share of one FP8 row. */
 template <int F, int TPT> struct RowLoad {
   static constexpr int N = KvFmt<F>::UNITS / TPT;
@@ -97,8 +132,11 @@ template <int F, int TPT> struct RowLoad {
       scales = valid ? ldg16(row + PMLA_DS_MLA_SCALES) : z;
   }
 
-  /* chunk(c): the shared-memory address of bf16 chunk c (0..71) of the row */
-  template <typename Chunk> __device__ __forceinline__ void store(int sub, Chunk chunk) const {
+  /* chunk(c): the shared-memory address of 16-bit chunk c (0..71) of the
+   * row; F16: an E4M3 row as f16 rather than bf16 */
+  template <bool F16 = false, typename Chunk>
+  __device__ __forceinline__ void store(int sub, Chunk chunk) const {
+    static_assert(!F16 || F == PMLA_KV_E4M3, "f16 tiles hold unscaled e4m3 only");
 #pragma unroll
     for (int k = 0; k < N; k++) {
       const int u = sub + k * TPT;
@@ -110,7 +148,10 @@ template <int F, int TPT> struct RowLoad {
                                                                              : scales.w);
         }
         uint4 lo, hi;
-        e4m3x16_to_bf16(raw[k], s, lo, hi);
+        if (F16)
+          e4m3x16_to_f16(raw[k], lo, hi);
+        else
+          e4m3x16_to_bf16(raw[k], s, lo, hi);
         *(uint4 *)chunk(2 * u) = lo;
         *(uint4 *)chunk(2 * u + 1) = hi;
       } else {
@@ -119,6 +160,53 @@ template <int F, int TPT> struct RowLoad {
     }
   }
 };
+
+/* An E4M3 item's Q row, landed as bf16, rewritten in place as f16 for the
+ * f16 tiles: times 2^e, e chosen from the row's largest magnitude so that
+ * it lands in [2^14, 2^15) (below f16's maximum, and every value down to
+ * 2^-28 of it stays normal, where bf16's 8 mantissa bits fit f16's 11
+ * exactly). e is clamped to [-64, 64]: a row whose magnitudes all lie
+ * below 2^-50 has scores that round to 0 at any e, and inf / NaN stay
+ * inf / NaN. TPR consecutive lanes share the row, lane `sub` taking chunks
+ * sub, sub + TPR, ...; chunk(c) is the address of chunk c (0..71). Returns
+ * 2^-e, by which the row's scores are multiplied back. */
+template <int TPR, typename Chunk>
+__device__ __forceinline__ float q_row_to_f16(int sub, Chunk chunk) {
+  uint32_t amax = 0; /* the largest |value| as bf16 bits */
+#pragma unroll 4
+  for (int c = sub; c < PMLA_TILE_CHUNKS; c += TPR) {
+    const uint4 v = *(const uint4 *)chunk(c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t a = w[i] & 0x7fff7fffu;
+      amax = max(amax, max(a & 0xffffu, a >> 16));
+    }
+  }
+#pragma unroll
+  for (int d = 1; d < TPR; d <<= 1)
+#ifdef PMLA_PLATFORM_NVIDIA
+    amax = max(amax, (uint32_t)__shfl_xor_sync(0xffffffffu, amax, d));
+#else
+    amax = max(amax, (uint32_t)__shfl_xor((int)amax, d));
+#endif
+  int e = 14 - ((int)(amax >> 7) - 127); /* |value| < 2^(exponent + 1) */
+  e = e < -64 ? -64 : e > 64 ? 64 : e;
+  const float f = __uint_as_float((uint32_t)(127 + e) << 23);
+#pragma unroll 4
+  for (int c = sub; c < PMLA_TILE_CHUNKS; c += TPR) {
+    uint4 *p = (uint4 *)chunk(c);
+    const uint4 v = *p;
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      o[i] = pmla_mma::pack_f16x2(__uint_as_float(w[i] << 16) * f,
+                                  __uint_as_float(w[i] & 0xffff0000u) * f);
+    *p = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+  return __uint_as_float((uint32_t)(127 - e) << 23);
+}
 
 /* The factor an item's output is multiplied by (the E4M3 cache scale, else
  * 1), and whether it is usable: a scale that is not finite and > 0 flags

@@ -103,6 +103,28 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return (uint32_t)f_to_bf16(lo) | ((uint32_t)f_to_bf16(hi) << 16);
 #endif
 }
+/* f16 bits of f, round to nearest even; NaN stays NaN */
+__device__ __forceinline__ uint16_t f_to_f16(float f) {
+  const uint32_t u = __float_as_uint(f), sgn = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u)
+    return (uint16_t)(sgn | 0x7e00u);
+  if (a >= 0x477ff000u) /* 65520 and above round to inf */
+    return (uint16_t)(sgn | 0x7c00u);
+  if (a < 0x38800000u) /* below 2^-14: a multiple of 2^-24 */
+    return (uint16_t)(sgn | (uint32_t)rintf(__uint_as_float(a) * 16777216.f));
+  return (uint16_t)(sgn | (((a + 0xfffu + ((a >> 13) & 1u)) >> 13) - (112u << 10)));
+}
+/* (lo, hi) as packed f16, round to nearest even (the f16 tiles' P, and
+ * their Q: values that fit f16's range) */
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+#if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return (uint32_t)f_to_f16(lo) | ((uint32_t)f_to_f16(hi) << 16);
+#endif
+}
 /* 2^x for the softmax: one MUFU.EX2 on NVIDIA (exp2f adds a range check
  * and a rescale for results below 2^-126, which flush to 0 here: they are
  * probabilities next to a row maximum of 1) */
@@ -209,11 +231,19 @@ __device__ __forceinline__ void ld_b_kn2(FragB &b0, FragB &b1, const char *tile,
   ldsm_x4_t(smem_u32(tile + tile_off(k0 + (l & 15), chunk0 + (l >> 4))), b0.r[0], b0.r[1],
             b1.r[0], b1.r[1]);
 }
-__device__ __forceinline__ void mma(Acc &c, const FragA &a, const FragB &b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c.x[0]), "+f"(c.x[1]), "+f"(c.x[2]), "+f"(c.x[3])
-               : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+/* F16: the fragments hold f16 (an E4M3 cache's tiles, kv_load.h) */
+constexpr bool F16_TILES = true;
+template <bool F16 = false> __device__ __forceinline__ void mma(Acc &c, const FragA &a, const FragB &b) {
+  if (F16)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c.x[0]), "+f"(c.x[1]), "+f"(c.x[2]), "+f"(c.x[3])
+                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c.x[0]), "+f"(c.x[1]), "+f"(c.x[2]), "+f"(c.x[3])
+                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
 }
 
 #elif defined(PMLA_MMA_MFMA)
@@ -281,7 +311,9 @@ __device__ __forceinline__ void ld_b_kn2(FragB &b0, FragB &b1, const char *tile,
   ld_b_kn(b0, tile, k0, chunk0);
   ld_b_kn(b1, tile, k0, chunk0 + 2);
 }
-__device__ __forceinline__ void mma(Acc &c, const FragA &a, const FragB &b) {
+constexpr bool F16_TILES = false; /* bf16 tiles for every cache */
+template <bool F16 = false> __device__ __forceinline__ void mma(Acc &c, const FragA &a, const FragB &b) {
+  static_assert(!F16, "bf16 fragments only");
   pmla_float4 d = {c.x[0], c.x[1], c.x[2], c.x[3]};
   d = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a.v, b.v, d, 0, 0, 0);
   c.x[0] = d[0];
@@ -371,7 +403,9 @@ __device__ __forceinline__ void ld_b_kn2(FragB &b0, FragB &b1, const char *tile,
 __device__ __forceinline__ float sm_bf16(const char *t, int r, int c0, int col) {
   return bf16_to_f(*(const uint16_t *)(t + elem_off(r, c0, col)));
 }
-__device__ __forceinline__ void mma(Acc &c, const FragA &a, const FragB &b) {
+constexpr bool F16_TILES = false; /* bf16 tiles for every cache */
+template <bool F16 = false> __device__ __forceinline__ void mma(Acc &c, const FragA &a, const FragB &b) {
+  static_assert(!F16, "bf16 fragments only");
   int l = lane_id();
   for (int e = 0; e < ACC; e++) {
     int row = acc_row(l, e), col = acc_col(l, e);

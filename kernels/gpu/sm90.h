@@ -44,19 +44,27 @@ template <int N> __device__ __forceinline__ void reg_fence(float *d) {
   for (int i = 0; i < N; i++)
     asm volatile("" : "+f"(d[i])::"memory");
 }
-__device__ __forceinline__ void mma_n64(float *d, uint64_t da, uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                 "+f"(d[30]), "+f"(d[31])
-               : "l"(da), "l"(db));
+/* The three wgmma forms come with bf16 operands, or with f16 ones (F16: an
+ * E4M3 cache's tiles, whose e4m3 values convert to f16 in one instruction
+ * per pair, and the Q and P they meet). */
+#define PMLA_WG_N64(T)                                                                        \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {"                     \
+               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                        \
+               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"              \
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                            \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),      \
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),    \
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+                 "+f"(d[30]), "+f"(d[31])                                                     \
+               : "l"(da), "l"(db))
+template <bool F16> __device__ __forceinline__ void mma_n64(float *d, uint64_t da, uint64_t db) {
+  if (F16)
+    PMLA_WG_N64("f16");
+  else
+    PMLA_WG_N64("bf16");
 }
 /* the 128 fp32 accumulators of an m64n256 wgmma as asm operands %0..%127
  * (both n256 forms below) */
@@ -93,22 +101,34 @@ __device__ __forceinline__ void mma_n64(float *d, uint64_t da, uint64_t db) {
   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), \
   "+f"(d[126]), "+f"(d[127])
 /* B stored MN-major (V rows: [token][dim]) */
+#define PMLA_WG_N256_TB(T)                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" PMLA_WG_ACC128_FMT \
+               "}, %128, %129, p, 1, 1, 0, 1;\n}\n"                                          \
+               : PMLA_WG_ACC128(d)                                                            \
+               : "l"(da), "l"(db))
+template <bool F16>
 __device__ __forceinline__ void mma_n256_tb(float *d, uint64_t da, uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" PMLA_WG_ACC128_FMT
-               "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-               : PMLA_WG_ACC128(d)
-               : "l"(da), "l"(db));
+  if (F16)
+    PMLA_WG_N256_TB("f16");
+  else
+    PMLA_WG_N256_TB("bf16");
 }
-/* A from registers (a 64 x 16 bf16 fragment, four b32 per thread: the
- * layout of an m64nNk16 accumulator's columns 16k..16k+15 packed in pairs),
- * B stored MN-major */
+/* A from registers (a 64 x 16 fragment, four b32 per thread: the layout of
+ * an m64nNk16 accumulator's columns 16k..16k+15 packed in pairs), B stored
+ * MN-major */
+#define PMLA_WG_N256_RS(T)                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" PMLA_WG_ACC128_FMT \
+               "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                         \
+               : PMLA_WG_ACC128(d)                                                            \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db))
+template <bool F16>
 __device__ __forceinline__ void mma_n256_rs(float *d, const uint32_t *a, uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" PMLA_WG_ACC128_FMT
-               "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-               : PMLA_WG_ACC128(d)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+  if (F16)
+    PMLA_WG_N256_RS("f16");
+  else
+    PMLA_WG_N256_RS("bf16");
 }
 /* named barriers over both warpgroups (256 threads) */
 __device__ __forceinline__ void nb_sync(int id) {
