@@ -330,7 +330,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * unscaled e4m3 values and P <= 2^RESCALE_SLACK are exact or rounded
    * finer in f16 than in bf16); Q is rescaled by rows to fit (q_row_to_f16) */
   constexpr bool F16 = F == PMLA_KV_E4M3;
-  constexpr int ROWB = KvFmt<F>::ROW_BYTES;
+  /* RING: an E4M3 cache's rows stream by cp.async into two raw stages
+   * (the room of the second 16-bit stage: 2 x 64 rows x 576 B), issued two
+   * blocks ahead, and both warpgroups convert each block into the one
+   * 16-bit stage when the last block's P V is done with it. DS_MLA rows
+   * (656 B) do not fit: they wait in registers for the second stage. */
+  constexpr bool RING = F == PMLA_KV_E4M3;
+  constexpr int ROWB = KvFmt<F>::ROW_BYTES, RAWB = BN * ROWB;
+  static_assert(!RING || 2 * RAWB <= TILE, "two raw stages in the second stage's room");
   bool scale_ok;
   const float out_scale = kv_out_scale<F>(p, scale_ok);
   if (F == PMLA_KV_E4M3)
@@ -346,6 +353,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aPready = smem_u32(sVm + 4); /* [2] mbarriers: P(b) written */
   const uint32_t aDone = smem_u32(sVm + 6);   /* mbarrier: an item's row stats written */
   float *sQf = (float *)(sVm + 8);             /* F16: [ROWS] Q's row factors (q_row_to_f16) */
+  uint64_t *sVr = sVm + 8 + ROWS / 2;          /* RING: [4] token validity bits by block & 3 */
+  char *sRaw = sKV + TILE;                     /* RING: [2] raw stages by block parity */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -370,8 +379,25 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   myrow[0] = wi * 16 + (lane >> 2);
   myrow[1] = myrow[0] + 8;
   enum { EMPTY = 5 }; /* named barrier ids 5, 6 */
+  enum { CONV = 5 };  /* RING: named barrier ids 5, 6 (both warpgroups) */
+  /* RING: block b's raw rows have landed (warpgroup 1 waited for its
+   * copies) and both P V of block b - 1 are done: both warpgroups convert
+   * it into the 16-bit stage (and an item's new Q at block 0) */
+  auto ring_convert = [&](int b, bool q_new) {
+    nb_sync_split(CONV);
+    if (F16 && b == 0 && q_new) {
+      const float f = q_row_to_f16<4>(tid & 3, [&](int c) { return sQ + off(tid >> 2, c); });
+      if ((tid & 3) == 0)
+        sQf[tid >> 2] = f;
+    }
+    RowLoad<F, 4> rl;
+    rl.load_raw(sRaw + (b & 1) * RAWB + (tid >> 2) * ROWB, tid & 3);
+    rl.template store<F16>(tid & 3, [&](int c) { return sKV + off(tid >> 2, c); });
+    proxy_fence();
+    nb_sync_split(CONV + 1);
+  };
 
-  int32_t q_rows[2] = {-1, -1}; /* warpgroup 1: the rows of Q in sQ */
+  int32_t q_rows[2] = {-1, -1}; /* the rows of Q in sQ */
   bool staged = false; /* warpgroup 1: the last item's O may still be leaving the stages */
   const int it_end = p.work_indptr[u + 1];
   for (int it = p.work_indptr[u]; it < it_end; it++) {
@@ -393,17 +419,17 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
     for (int e = 0; e < 128; e++)
       o[e] = 0.f;
+    /* consecutive items of one request (a batch-invariant request's chunks)
+     * find its Q in shared memory already (F16: converted, unless the item
+     * had no block to convert it with) */
+    const bool q_new = qb != q_rows[0] || qe != q_rows[1];
+    q_rows[0] = F16 && nblk == 0 ? -1 : qb;
+    q_rows[1] = qe;
 
     if (g == 1) {
       /* ---------------- warpgroup 1: loader + PV columns 256.. */
       const int t = tid - 128;
-      /* consecutive items of one request (a batch-invariant request's
-       * chunks) find its Q in shared memory already */
-      bool q_new = false; /* F16: Q is converted once it has landed */
-      if (qb != q_rows[0] || qe != q_rows[1]) {
-        q_rows[0] = qb;
-        q_rows[1] = qe;
-        q_new = true;
+      if (q_new) {
         const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
         for (int c = t; c < ROWS * PMLA_TILE_CHUNKS; c += 128) {
           int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
@@ -469,7 +495,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       auto pv = [&](int b) {
         mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
         wait_phase ^= 1u << (b & 1);
-        const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
+        const uint32_t aK = smem_u32(sKV + (RING ? 0 : (b & 1) * TILE));
         wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
         reg_fence<128>(o);
         wg_fence();
@@ -479,7 +505,35 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                            desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
         wg_commit();
       };
-      if (FP8) {
+      if (RING) {
+        auto ring_issue = [&](int blk) {
+          const int pos = kb + blk * BN + ld_t;
+          const int64_t slot =
+              pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
+          const bool v = slot >= 0;
+          store_token_bits<TPT>(sVr, blk & 3, wi, lane, v);
+          RowLoad<F, TPT>::copy_async(sRaw + (blk & 1) * RAWB + ld_t * ROWB,
+                                      v ? kvbase + slot * ROWB : kvbase, v, ld_sub);
+          raw_next = raw_at(blk + 1);
+        };
+        /* the prologue's two groups (Q goes with block 0), then one group
+         * per block: block b's group is complete with one left pending */
+        for (int k = 0; k < 2; k++) {
+          if (k < nblk)
+            ring_issue(k);
+          cp_commit();
+        }
+        for (int b = 0; b < nblk; b++) {
+          cp_wait<1>();
+          ring_convert(b, q_new);
+          if (b + 2 < nblk)
+            ring_issue(b + 2);
+          cp_commit();
+          pv(b);
+          wg_wait0();
+          reg_fence<128>(o);
+        }
+      } else if (FP8) {
         /* Block b + 1's rows reach registers while block b - 1 computes,
          * and are converted into their stage as soon as it is free
          * (EMPTY(b - 1)), while warpgroup 0 computes S(b): the conversion
@@ -495,23 +549,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         };
         auto fp8_publish = [&](int blk) {
           const int st = blk & 1;
-          if (blk == 0) {
+          if (blk == 0)
             cp_wait<0>(); /* Q */
-            if (F16 && q_new) {
-              asm volatile("bar.sync 4, 128;\n" ::: "memory"); /* every thread's Q chunks */
-              const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
-              if ((t & 1) == 0)
-                sQf[t >> 1] = f;
-            }
-          }
           store_token_bits<TPT>(sVm, st, wi, lane, fp8_v);
           char *dst = sKV + st * TILE;
-          fp8.template store<F16>(ld_sub, [&](int c) { return dst + off(ld_t, c); });
+          fp8.store(ld_sub, [&](int c) { return dst + off(ld_t, c); });
           proxy_fence();
           mbar_arrive(aFull + 8 * st);
         };
-        if (F16 && nblk == 0)
-          q_rows[0] = q_rows[1] = -1; /* Q stays bf16: the next item reloads it */
         if (nblk > 0)
           fp8_issue(0);
         cp_commit();
@@ -588,9 +633,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
        * commits them as one group (not waited for here) */
       float s[32];
       auto issue_qk = [&](int b) {
-        mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
-        wait_phase ^= 1u << (b & 1);
-        const uint32_t aK = smem_u32(sKV + (b & 1) * TILE);
+        if (!RING) {
+          mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+          wait_phase ^= 1u << (b & 1);
+        }
+        const uint32_t aK = smem_u32(sKV + (RING ? 0 : (b & 1) * TILE));
 #pragma unroll
         for (int e = 0; e < 32; e++)
           s[e] = 0.f;
@@ -606,14 +653,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       /* softmax of S(b), then this warpgroup's P V of block b, issued and
        * committed (not waited for) */
       auto softmax_pv = [&](int b) {
-        char *sK = sKV + (b & 1) * TILE;
+        char *sK = sKV + (RING ? 0 : (b & 1) * TILE);
         const uint32_t aK = smem_u32(sK);
         const int pos0 = kb + b * BN;
         /* every warp's QK has read the rope block before P overwrites it */
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
         float mx[2];
-        wg_mask_max(s, mx, sVm[b & 1], pos0, lim, sc, lane);
+        wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
         float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
@@ -663,8 +710,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       /* the stage is released as soon as this warpgroup's P V is done, so
        * the loader can refill it while S(b + 1) is computed */
       for (int b = 0; b < nblk; b++) {
+        if (RING)
+          ring_convert(b, q_new);
         issue_qk(b);
-        if (F16 && b == 0) /* block 0's arrival published Q's row factors */
+        if (F16 && b == 0) /* block 0 came with Q and its row factors */
 #pragma unroll
           for (int sl = 0; sl < 2; sl++)
             sc[sl] = scale_log2 * sQf[myrow[sl]];
@@ -673,7 +722,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         softmax_pv(b);
         wg_wait0();
         reg_fence<128>(o);
-        if (b + 2 < nblk)
+        if (!RING && b + 2 < nblk)
           nb_arrive(EMPTY + (b & 1));
       }
 #pragma unroll

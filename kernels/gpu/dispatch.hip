@@ -37,18 +37,24 @@ extern "C" int32_t pmla_gpu_prepare(void) {
 }
 
 /* 64-row tiles for every head count (h=16 padded as FlashMLA pads) where
- * the wgmma kernel runs and every dense block can come by TMA: faster than
- * the 16/32-row mma.sync body (docs/performance.md). Not for a builder that
- * serves top-k steps, pages below 64 slots or an FP8 cache: their per-token
- * gather (and dequantisation) starves the one-loader-warpgroup body, and a
- * padded 64-row tile quadruples the math of 16 heads. */
-extern "C" int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk, int32_t kv_format,
-                                   int32_t sm90) {
+ * the wgmma kernel runs and every dense bf16 block can come by TMA: faster
+ * than the 16/32-row mma.sync body (docs/performance.md). Not for a builder
+ * that serves top-k steps or pages below 64 slots: their per-token gather
+ * starves the one-loader-warpgroup body, and a padded 64-row tile
+ * quadruples the math of 16 heads. */
+extern "C" int32_t pmla_gpu_min_mt(int32_t num_heads, int32_t page_size, int32_t topk,
+                                   int32_t kv_format, int32_t sm90) {
   if (PMLA_MIN_MT)
     return PMLA_MIN_MT;
-  return sm90 && PMLA_WG_TMA && topk == 0 && page_size % 64 == 0 && kv_format == PMLA_KV_BF16
-             ? 4
-             : 1;
+  if (sm90 && PMLA_WG_TMA && topk == 0 && page_size % 64 == 0 && kv_format == PMLA_KV_BF16)
+    return 4;
+  /* an E4M3 cache streams through the wgmma body's raw stages: faster from
+   * 32 heads on (b=128 L=4096 h=32: 196.5 us against 236.9 on 32-row
+   * mma.sync tiles), the same at 16 heads in a batch, and slower for a lone
+   * request (32.0 against 27.5 us), whose items are a block or two long */
+  if (sm90 && topk == 0 && kv_format == PMLA_KV_E4M3 && num_heads > 16)
+    return 4;
+  return 1;
 }
 
 extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len,

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "hip_compat.h"
+#include "kv_map.h"
 #include "mla_gpu.h"
 #include "mla_types.h"
 #include "mma.h"
@@ -120,14 +121,35 @@ template <int F, int TPT> struct RowLoad {
   uint4 raw[N];
   uint4 scales; /* DS_MLA: the row's four tile scales */
 
+  /* byte offset of piece u in a row */
+  static __device__ __forceinline__ int piece(int u) {
+    return u < KvFmt<F>::LATENT_UNITS ? u * 16 : PMLA_DS_MLA_ROPE + (u - 32) * 16;
+  }
+  /* the thread's pieces of a row as stored (DS_MLA: and its scales, from
+   * thread 0 of the row) by cp.async into a raw stage's row, zero-filled
+   * when !valid; load_raw then takes a share of them from there */
+  static __device__ __forceinline__ void copy_async(char *dst, const char *row, bool valid,
+                                                    int sub) {
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      const int o = piece(sub + k * TPT);
+      cp16(dst + o, valid ? row + o : row, valid);
+    }
+    if (F == PMLA_KV_DS_MLA && sub == 0)
+      cp16(dst + PMLA_DS_MLA_SCALES, valid ? row + PMLA_DS_MLA_SCALES : row, valid);
+  }
+  __device__ __forceinline__ void load_raw(const char *row, int sub) {
+#pragma unroll
+    for (int k = 0; k < N; k++)
+      raw[k] = *(const uint4 *)(row + piece(sub + k * TPT));
+    if (F == PMLA_KV_DS_MLA)
+      scales = *(const uint4 *)(row + PMLA_DS_MLA_SCALES);
+  }
   __device__ __forceinline__ void issue(const char *row, bool valid, int sub) {
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int k = 0; k < N; k++) {
-      const int u = sub + k * TPT;
-      const int src = u < KvFmt<F>::LATENT_UNITS ? u * 16 : PMLA_DS_MLA_ROPE + (u - 32) * 16;
-      raw[k] = valid ? ldg16(row + src) : z;
-    }
+    for (int k = 0; k < N; k++)
+      raw[k] = valid ? ldg16(row + piece(sub + k * TPT)) : z;
     if (F == PMLA_KV_DS_MLA)
       scales = valid ? ldg16(row + PMLA_DS_MLA_SCALES) : z;
   }

@@ -134,6 +134,13 @@ __device__ __forceinline__ void mma_n256_rs(float *d, const uint32_t *a, uint64_
 __device__ __forceinline__ void nb_sync(int id) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
 }
+/* the same, reached by the two warpgroups from different code: the
+ * non-aligned form (bar.sync is barrier.sync.aligned, which requires every
+ * thread to execute the same instruction; synccheck reports the aligned
+ * form used so) */
+__device__ __forceinline__ void nb_sync_split(int id) {
+  asm volatile("barrier.sync %0, 256;\n" ::"r"(id) : "memory");
+}
 __device__ __forceinline__ void nb_arrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
