@@ -330,14 +330,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * unscaled e4m3 values and P <= 2^RESCALE_SLACK are exact or rounded
    * finer in f16 than in bf16); Q is rescaled by rows to fit (q_row_to_f16) */
   constexpr bool F16 = F == PMLA_KV_E4M3;
-  /* RING: an E4M3 cache's rows stream by cp.async into two raw stages
-   * (the room of the second 16-bit stage: 2 x 64 rows x 576 B), issued two
-   * blocks ahead, and both warpgroups convert each block into the one
-   * 16-bit stage when the last block's P V is done with it. DS_MLA rows
-   * (656 B) do not fit: they wait in registers for the second stage. */
-  constexpr bool RING = F == PMLA_KV_E4M3;
-  constexpr int ROWB = KvFmt<F>::ROW_BYTES, RAWB = BN * ROWB;
-  static_assert(!RING || 2 * RAWB <= TILE, "two raw stages in the second stage's room");
+  /* RING (FP8): the cache's rows as stored stream by cp.async into NH
+   * raw half-blocks of 32 rows in the second 16-bit stage's room (E4M3 4,
+   * two blocks ahead; DS_MLA's 656-byte rows 3), and both warpgroups
+   * convert each block into the one 16-bit stage when the last block's
+   * P V is done with it. */
+  constexpr bool RING = FP8;
+  constexpr int ROWB = KvFmt<F>::ROW_BYTES, HALF = BN / 2 * ROWB, NH = TILE / HALF;
+  static_assert(!RING || NH >= 3, "a block converts while the next half lands");
   bool scale_ok;
   const float out_scale = kv_out_scale<F>(p, scale_ok);
   if (F == PMLA_KV_E4M3)
@@ -354,7 +354,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aDone = smem_u32(sVm + 6);   /* mbarrier: an item's row stats written */
   float *sQf = (float *)(sVm + 8);             /* F16: [ROWS] Q's row factors (q_row_to_f16) */
   uint64_t *sVr = sVm + 8 + ROWS / 2;          /* RING: [4] token validity bits by block & 3 */
-  char *sRaw = sKV + TILE;                     /* RING: [2] raw stages by block parity */
+  char *sRaw = sKV + TILE;                     /* RING: [NH] raw half-blocks by half & NH */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -391,7 +391,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         sQf[tid >> 2] = f;
     }
     RowLoad<F, 4> rl;
-    rl.load_raw(sRaw + (b & 1) * RAWB + (tid >> 2) * ROWB, tid & 3);
+    const int row = tid >> 2;
+    rl.load_raw(sRaw + (2 * b + (row >> 5)) % NH * HALF + (row & 31) * ROWB, tid & 3);
     rl.template store<F16>(tid & 3, [&](int c) { return sKV + off(tid >> 2, c); });
     proxy_fence();
     nb_sync_split(CONV + 1);
@@ -451,8 +452,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         asm volatile("bar.sync 4, 128;\n" ::: "memory");
         staged = false;
       }
-      int32_t raw_next = raw_at(0);
-      RowLoad<F, TPT> fp8; /* FP8: the pending block's row pieces, in flight */
+      int32_t raw_next = RING ? -1 : raw_at(0);
       /* bf16: issues block blk into stage st; returns whether the loader
        * still has to arrive on the stage's barrier after its cp.async wait
        * (cp.async blocks, and block 0 whose wait also covers Q) */
@@ -506,77 +506,46 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         wg_commit();
       };
       if (RING) {
-        auto ring_issue = [&](int blk) {
-          const int pos = kb + blk * BN + ld_t;
+        /* half h (32 rows of block h / 2) into raw slot h % NH, four
+         * threads a row; its validity bits are byte 4 (h & 1) + wi of its
+         * block's word */
+        const int rt = t >> 2, rsub = t & 3;
+        int32_t raw_h = -1;
+        auto raw_of_half = [&](int h) -> int32_t {
+          const int pos = kb + h * (BN / 2) + rt;
+          return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+        };
+        auto ring_issue = [&](int h) {
+          const int pos = kb + h * (BN / 2) + rt;
           const int64_t slot =
-              pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
+              pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.y == 0) : -1;
           const bool v = slot >= 0;
-          store_token_bits<TPT>(sVr, blk & 3, wi, lane, v);
-          RowLoad<F, TPT>::copy_async(sRaw + (blk & 1) * RAWB + ld_t * ROWB,
-                                      v ? kvbase + slot * ROWB : kvbase, v, ld_sub);
-          raw_next = raw_at(blk + 1);
+          const uint32_t bits = token_bits<4>(v);
+          if (lane == 0)
+            ((uint8_t *)(sVr + ((h >> 1) & 3)))[(h & 1) * 4 + wi] = (uint8_t)bits;
+          RowLoad<F, 4>::copy_async(sRaw + h % NH * HALF + rt * ROWB,
+                                    v ? kvbase + slot * ROWB : kvbase, v, rsub);
+          raw_h = raw_of_half(h + 1);
         };
-        /* the prologue's two groups (Q goes with block 0), then one group
-         * per block: block b's group is complete with one left pending */
-        for (int k = 0; k < 2; k++) {
-          if (k < nblk)
-            ring_issue(k);
+        /* one cp.async group per half (Q goes with half 0): block b's
+         * halves are complete with NH - 2 groups left pending */
+        const int halves = 2 * nblk;
+        if (halves > 0)
+          raw_h = raw_of_half(0);
+        for (int h = 0; h < NH; h++) {
+          if (h < halves)
+            ring_issue(h);
           cp_commit();
         }
         for (int b = 0; b < nblk; b++) {
-          cp_wait<1>();
+          cp_wait<(NH >= 2 ? NH - 2 : 0)>();
           ring_convert(b, q_new);
-          if (b + 2 < nblk)
-            ring_issue(b + 2);
-          cp_commit();
-          pv(b);
-          wg_wait0();
-          reg_fence<128>(o);
-        }
-      } else if (FP8) {
-        /* Block b + 1's rows reach registers while block b - 1 computes,
-         * and are converted into their stage as soon as it is free
-         * (EMPTY(b - 1)), while warpgroup 0 computes S(b): the conversion
-         * overlaps the QK and softmax instead of delaying S(b + 1). */
-        bool fp8_v = false; /* the pending rows' slot is valid */
-        auto fp8_issue = [&](int blk) {
-          const int pos = kb + blk * BN + ld_t;
-          const int64_t slot =
-              pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.y == 0) : -1;
-          fp8_v = slot >= 0;
-          fp8.issue(fp8_v ? kvbase + slot * ROWB : kvbase, fp8_v, ld_sub);
-          raw_next = raw_at(blk + 1);
-        };
-        auto fp8_publish = [&](int blk) {
-          const int st = blk & 1;
-          if (blk == 0)
-            cp_wait<0>(); /* Q */
-          store_token_bits<TPT>(sVm, st, wi, lane, fp8_v);
-          char *dst = sKV + st * TILE;
-          fp8.store(ld_sub, [&](int c) { return dst + off(ld_t, c); });
-          proxy_fence();
-          mbar_arrive(aFull + 8 * st);
-        };
-        if (nblk > 0)
-          fp8_issue(0);
-        cp_commit();
-        for (int b = 0; b < nblk; b++) {
-          if (b == 0) {
-            fp8_publish(0);
-            if (nblk > 1)
-              fp8_issue(1);
-          } else if (b + 1 < nblk) {
-            nb_sync(EMPTY + ((b - 1) & 1));
-            fp8_publish(b + 1);
-            if (b + 2 < nblk)
-              fp8_issue(b + 2);
+          for (int h = 2 * b + NH; h < 2 * b + NH + 2; h++) {
+            if (h < halves)
+              ring_issue(h);
+            cp_commit();
           }
           pv(b);
-          if (b == 0 && nblk > 1) { /* stage 1 has never been used */
-            fp8_publish(1);
-            if (nblk > 2)
-              fp8_issue(2);
-          }
           wg_wait0();
           reg_fence<128>(o);
         }

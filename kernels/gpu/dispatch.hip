@@ -48,11 +48,13 @@ extern "C" int32_t pmla_gpu_min_mt(int32_t num_heads, int32_t page_size, int32_t
     return PMLA_MIN_MT;
   if (sm90 && PMLA_WG_TMA && topk == 0 && page_size % 64 == 0 && kv_format == PMLA_KV_BF16)
     return 4;
-  /* an E4M3 cache streams through the wgmma body's raw stages: faster from
-   * 32 heads on (b=128 L=4096 h=32: 196.5 us against 236.9 on 32-row
-   * mma.sync tiles), the same at 16 heads in a batch, and slower for a lone
-   * request (32.0 against 27.5 us), whose items are a block or two long */
-  if (sm90 && topk == 0 && kv_format == PMLA_KV_E4M3 && num_heads > 16)
+  /* FP8 caches stream through the wgmma body's raw stages: a DS_MLA cache
+   * faster at every head count (b=128 L=4096 h=16: 229.7 us against 251.3
+   * on 16-row mma.sync tiles, h=32 231.0 against 298.0), an E4M3 one from
+   * 32 heads on (h=32 196.5 against 236.9; h=16 the same in a batch and
+   * slower for a lone request, 32.0 against 27.5) */
+  if (sm90 && topk == 0 &&
+      (kv_format == PMLA_KV_DS_MLA || (kv_format == PMLA_KV_E4M3 && num_heads > 16)))
     return 4;
   return 1;
 }
