@@ -42,19 +42,18 @@ extern "C" int32_t pmla_gpu_prepare(void) {
  * that serves top-k steps or pages below 64 slots: their per-token gather
  * starves the one-loader-warpgroup body, and a padded 64-row tile
  * quadruples the math of 16 heads. */
-extern "C" int32_t pmla_gpu_min_mt(int32_t num_heads, int32_t page_size, int32_t topk,
-                                   int32_t kv_format, int32_t sm90) {
+extern "C" int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk, int32_t kv_format,
+                                   int32_t sm90) {
   if (PMLA_MIN_MT)
     return PMLA_MIN_MT;
   if (sm90 && PMLA_WG_TMA && topk == 0 && page_size % 64 == 0 && kv_format == PMLA_KV_BF16)
     return 4;
-  /* FP8 caches stream through the wgmma body's raw stages: a DS_MLA cache
-   * faster at every head count (b=128 L=4096 h=16: 229.7 us against 251.3
-   * on 16-row mma.sync tiles, h=32 231.0 against 298.0), an E4M3 one from
-   * 32 heads on (h=32 196.5 against 236.9; h=16 the same in a batch and
-   * slower for a lone request, 32.0 against 27.5) */
-  if (sm90 && topk == 0 &&
-      (kv_format == PMLA_KV_DS_MLA || (kv_format == PMLA_KV_E4M3 && num_heads > 16)))
+  /* FP8 caches stream through the wgmma body's raw stages, faster than the
+   * 16/32-row mma.sync body at every head count, dense or top-k (b=128
+   * L=4096 h=16: e4m3 182.4 us against 195.2, ds_mla 229.7 against 251.3;
+   * top-k 2048 x 128 tokens h=16: e4m3 101.5 against 113.4); a lone short
+   * request loses a little (b=1 L=4096 h=16 e4m3: 30.2 against 27.6) */
+  if (sm90 && kv_format != PMLA_KV_BF16)
     return 4;
   return 1;
 }
