@@ -23,12 +23,16 @@
  * of 64 slots (page sizes that are multiples of 64) as nine TMA boxes from
  * one thread, issued before the per-token bookkeeping, any other block
  * (partial, invalid slots, page sizes 1 / 16, top-k gathers) by per-token
- * cp.async with zero fill; an FP8 cache's rows reach registers a block
- * ahead and are dequantised into the stage while the loader's own P V of
- * the block before runs (kv_load.h); a cp.async block is published then
- * too. Generic-proxy writes
- * (cp.async, P stores) are made visible to the wgmma async proxy with
+ * cp.async with zero fill, published while the loader's own P V of the
+ * block before runs. Generic-proxy writes (cp.async, P stores, converted
+ * FP8 tiles) are made visible to the wgmma async proxy with
  * fence.proxy.async before the barrier that publishes them.
+ *
+ * FP8 caches (RING): the rows as stored stream by cp.async into raw
+ * half-blocks in the second stage's room, and both warpgroups convert each
+ * block into the first stage once the block before is done with it (two
+ * named barriers per block replace FULL / EMPTY); an E4M3 block, its Q and
+ * P are f16 (kv_load.h).
  *
  * One QK warpgroup: warpgroup 0 computes all of S[64 x 64]
  * (36 wgmma m64n64k16: K and Q each read once per block, a third less

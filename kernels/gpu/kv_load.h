@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* kv_load.h - FP8 KV rows into the 16-bit shared-memory tiles both decode
- * bodies read (bf16, or f16 for an E4M3 cache in the sm_90a body), in two
- * steps so the global loads can be issued a block ahead and their latency
- * hidden behind the current block's math:
- *   issue  a loader thread's 16-byte pieces of one row into registers
+ * bodies read (bf16, or f16 for an E4M3 cache on NVIDIA), in two steps so
+ * the global loads are issued ahead of the block that needs them:
+ *   issue / copy_async + load_raw
+ *          a thread's 16-byte pieces of one row into registers (mma.sync
+ *          body), or by cp.async into a raw shared-memory row and from
+ *          there into registers when the block's turn comes (sm_90a)
  *   store  converted into the row's 16-byte chunks of the tile
  * A row is read in UNITS pieces of 16 source bytes; TPT threads share a row,
  * thread `sub` taking pieces sub, sub + TPT, ...:
