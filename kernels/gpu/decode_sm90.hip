@@ -4,14 +4,15 @@
  * KV blocks by TMA. Same work items, masking and outputs as decode_mma.hip.
  *
  * Shared memory holds every 576-dim row (Q and each of two KV stages) as 9
- * column blocks of 64 rows x 64 bf16 (128 B), each block in the canonical
+ * column blocks of 64 rows x 64 16-bit values (128 B; bf16, or f16 for an
+ * E4M3 cache), each block in the canonical
  * K-major 128-byte-swizzle layout (16-byte chunk j of row r at chunk
  * j ^ (r & 7); blocks 1024-byte aligned): the layout TMA writes with
  * CU_TENSOR_MAP_SWIZZLE_128B and the cp.async gather reproduces. Per
  * 64-token block:
  *   QK  warpgroup 0: S[64 x 64] = 36 wgmma m64n64k16, A = Q and B = K
  *       straight from shared memory through descriptors
- *   P   exp2(S - m) as bf16, kept in warpgroup 0's registers and stored
+ *   P   exp2(S - m) as bf16 (f16), kept in warpgroup 0's registers and stored
  *       into the stage's rope block (block 8: 64 rows x 64 tokens, the same
  *       swizzled layout, free once QK is done) for warpgroup 1; m, the
  *       running row maximum, moves only when a block exceeds it by more
@@ -330,9 +331,11 @@ template <int F, bool FOLD>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
-  /* an E4M3 cache's tiles, Q and P are f16 (one conversion per e4m3 pair;
-   * unscaled e4m3 values and P <= 2^RESCALE_SLACK are exact or rounded
-   * finer in f16 than in bf16); Q is rescaled by rows to fit (q_row_to_f16) */
+  /* an E4M3 cache's tiles, Q and P are f16: one conversion per e4m3 pair,
+   * unscaled e4m3 values exact; Q rescaled by rows to fit, its bf16 values
+   * kept exactly (q_row_to_f16); P <= 2^RESCALE_SLACK keeps 11 bits down to
+   * 2^-14 where bf16 keeps 8, fewer below, and 0 below 2^-25 (weights under
+   * the tolerance's absolute term) */
   constexpr bool F16 = F == PMLA_KV_E4M3;
   /* RING (FP8): the cache's rows as stored stream by cp.async into NH
    * raw half-blocks of 32 rows in the second 16-bit stage's room (E4M3 4,
@@ -358,7 +361,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aDone = smem_u32(sVm + 6);   /* mbarrier: an item's row stats written */
   float *sQf = (float *)(sVm + 8);             /* F16: [ROWS] Q's row factors (q_row_to_f16) */
   uint64_t *sVr = sVm + 8 + ROWS / 2;          /* RING: [4] token validity bits by block & 3 */
-  char *sRaw = sKV + TILE;                     /* RING: [NH] raw half-blocks by half & NH */
+  char *sRaw = sKV + TILE;                     /* RING: [NH] raw half-blocks, half h in h % NH */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -680,8 +683,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           mma_n256_rs<F16>(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
         wg_commit();
       };
-      /* the stage is released as soon as this warpgroup's P V is done, so
-       * the loader can refill it while S(b + 1) is computed */
+      /* bf16: the stage is released as soon as this warpgroup's P V is
+       * done, so the loader can refill it while S(b + 1) is computed; FP8:
+       * the next block is converted once both P V are done (ring_convert) */
       for (int b = 0; b < nblk; b++) {
         if (RING)
           ring_convert(b, q_new);

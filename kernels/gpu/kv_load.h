@@ -189,9 +189,10 @@ template <int F, int TPT> struct RowLoad {
  * f16 tiles: times 2^e, e chosen from the row's largest magnitude so that
  * it lands in [2^14, 2^15) (below f16's maximum, and every value down to
  * 2^-28 of it stays normal, where bf16's 8 mantissa bits fit f16's 11
- * exactly). e is clamped to [-64, 64]: a row whose magnitudes all lie
- * below 2^-50 has scores that round to 0 at any e, and inf / NaN stay
- * inf / NaN. TPR consecutive lanes share the row, lane `sub` taking chunks
+ * exactly). e is at least -114, which every finite bf16 row needs (and
+ * inf / NaN stay inf / NaN), and at most 64: a row whose magnitudes all
+ * lie below 2^-50 gives scores too small to move exp2 from 1 at any e
+ * (uniform weights either way). TPR consecutive lanes share the row, lane `sub` taking chunks
  * sub, sub + TPR, ...; chunk(c) is the address of chunk c (0..71). Returns
  * 2^-e, by which the row's scores are multiplied back. */
 template <int TPR, typename Chunk>
@@ -215,7 +216,7 @@ __device__ __forceinline__ float q_row_to_f16(int sub, Chunk chunk) {
     amax = max(amax, (uint32_t)__shfl_xor((int)amax, d));
 #endif
   int e = 14 - ((int)(amax >> 7) - 127); /* |value| < 2^(exponent + 1) */
-  e = e < -64 ? -64 : e > 64 ? 64 : e;
+  e = e < -114 ? -114 : e > 64 ? 64 : e;
   const float f = __uint_as_float((uint32_t)(127 + e) << 23);
 #pragma unroll 4
   for (int c = sub; c < PMLA_TILE_CHUNKS; c += TPR) {
