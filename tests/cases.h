@@ -21,6 +21,7 @@ typedef struct dense_case {
   int twice;        /* decode a second q against the same schedule */
   int expect_split; /* this plugin splits a request here (asserted by pmla-unit) */
   uint32_t kv_dtype; /* pmla_dtype of the cache; 0: bf16 */
+  double q_scale;    /* q's values times this power of two; 0: 1 */
 } dense_case;
 
 typedef struct sparse_case {

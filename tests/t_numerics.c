@@ -33,6 +33,14 @@ static void fill_q(uint16_t *q, size_t n, uint64_t *rng) {
     q[i] = ref_float_to_bf16((float)(rng_uniform(rng) * 4.0 - 2.0));
 }
 
+/* q times a power of two (exact in bf16 for the scales the tests use) */
+static void scale_q(uint16_t *q, size_t n, double scale) {
+  if (scale == 0.0 || scale == 1.0)
+    return;
+  for (size_t i = 0; i < n; i++)
+    q[i] = ref_float_to_bf16((float)(ref_bf16_to_float(q[i]) * scale));
+}
+
 static void fill_row(uint16_t *row, uint64_t *rng) {
   for (int d = 0; d < 576; d++)
     row[d] = ref_float_to_bf16((float)(rng_uniform(rng) * 2.0 - 1.0));
@@ -247,6 +255,7 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   size_t nq = (size_t)tokens * H * 576;
   uint16_t *q = malloc(nq * 2 + 2);
   fill_q(q, nq, &rng);
+  scale_q(q, nq, c->q_scale);
   tt_make3(&t_q, TT_BF16, q, tokens, H, 576);
   kv_store_tensor(&kv, &t_kv, num_pages, ps, c->kv4d);
   tt_make1(&t_scale, TT_F32, &kv.scale, 1);
@@ -287,6 +296,7 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   decode_and_check(c->name, b, &args, &t_out, &t_lse, &p);
   if (c->twice) { /* the next layer: new q, same schedule */
     fill_q(q, nq, &rng);
+    scale_q(q, nq, c->q_scale);
     tt_upload(&t_q, q);
     decode_and_check(c->name, b, &args, &t_out, &t_lse, &p);
   }
@@ -387,6 +397,33 @@ START_TEST(test_fp8_dense_decode_matches_reference) {
   for (int32_t r = 0; r < c.batch; r++) {
     c.q_lens[r] = 1 + (int32_t)((r + _i) % 4);
     c.kv_lens[r] = rng_below(&rng, 6) == 0 ? 0 : 1 + (int32_t)rng_below(&rng, (uint32_t)budget);
+  }
+  run_dense(&c, rng);
+}
+END_TEST
+
+/* Query rows far from unit magnitude, on an E4M3 cache (whose kernels may
+ * carry q in a narrower format than bf16): tiny rows give near-uniform
+ * weights, larger ones sharper ones; the reference is the same either way. */
+START_TEST(test_fp8_query_rows_of_any_magnitude_match_reference) {
+  REQUIRE_BACKEND();
+  uint64_t rng = harness_seed() ^ (0xf810u + (uint64_t)_i);
+  static const double scales[] = {0x1p-60, 0x1p-20, 0x1p4};
+  dense_case c;
+  memset(&c, 0, sizeof c);
+  char name[96];
+  c.kv_dtype = PMLA_DTYPE_FP8_E4M3;
+  c.heads = _i % 2 ? 128 : 16;
+  c.page_size = 64;
+  c.layout = BT;
+  c.cu = 7;
+  c.batch = 2;
+  c.q_scale = scales[_i / 2];
+  snprintf(name, sizeof name, "fp8 q x %g (heads %u)", c.q_scale, c.heads);
+  c.name = name;
+  for (int32_t r = 0; r < c.batch; r++) {
+    c.q_lens[r] = 1 + r;
+    c.kv_lens[r] = 1 + (int32_t)rng_below(&rng, 300);
   }
   run_dense(&c, rng);
 }
@@ -567,6 +604,7 @@ Suite *suite_numerics(void) {
   tc = tcase_create("fp8");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_fp8_dense_decode_matches_reference, 0, 6 * N_FP8_HEADS);
+  tcase_add_loop_test(tc, test_fp8_query_rows_of_any_magnitude_match_reference, 0, 6);
   tcase_add_loop_test(tc, test_fp8_sparse_decode_matches_reference, 0, 6 * N_FP8_HEADS);
   suite_add_tcase(s, tc);
   return s;
