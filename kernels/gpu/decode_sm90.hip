@@ -29,7 +29,7 @@
  * FP8 tiles) are made visible to the wgmma async proxy with
  * fence.proxy.async before the barrier that publishes them.
  *
- * FP8 caches (RING): the rows as stored stream by cp.async into raw
+ * FP8 caches: the rows as stored stream by cp.async into raw
  * half-blocks in the second stage's room, and both warpgroups convert each
  * block into the first stage once the block before is done with it (two
  * named barriers per block replace FULL / EMPTY); an E4M3 block, its Q and
@@ -337,14 +337,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * 2^-14 where bf16 keeps 8, fewer below, and 0 below 2^-25 (weights under
    * the tolerance's absolute term) */
   constexpr bool F16 = F == PMLA_KV_E4M3;
-  /* RING (FP8): the cache's rows as stored stream by cp.async into NH
-   * raw half-blocks of 32 rows in the second 16-bit stage's room (E4M3 4,
-   * two blocks ahead; DS_MLA's 656-byte rows 3), and both warpgroups
-   * convert each block into the one 16-bit stage when the last block's
-   * P V is done with it. */
-  constexpr bool RING = FP8;
+  /* FP8: the cache's rows as stored stream by cp.async into NH raw
+   * half-blocks of 32 rows in the second 16-bit stage's room (E4M3 4, two
+   * blocks ahead; DS_MLA's 656-byte rows 3), and both warpgroups convert
+   * each block into the first stage when the last block's P V is done
+   * with it. */
   constexpr int ROWB = KvFmt<F>::ROW_BYTES, HALF = BN / 2 * ROWB, NH = TILE / HALF;
-  static_assert(!RING || NH >= 3, "a block converts while the next half lands");
+  static_assert(!FP8 || NH >= 3, "a block converts while the next half lands");
   bool scale_ok;
   const float out_scale = kv_out_scale<F>(p, scale_ok);
   if (F == PMLA_KV_E4M3)
@@ -360,8 +359,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aPready = smem_u32(sVm + 4); /* [2] mbarriers: P(b) written */
   const uint32_t aDone = smem_u32(sVm + 6);   /* mbarrier: an item's row stats written */
   float *sQf = (float *)(sVm + 8);             /* F16: [ROWS] Q's row factors (q_row_to_f16) */
-  uint64_t *sVr = sVm + 8 + ROWS / 2;          /* RING: [4] token validity bits by block & 3 */
-  char *sRaw = sKV + TILE;                     /* RING: [NH] raw half-blocks, half h in h % NH */
+  uint64_t *sVr = sVm + 8 + ROWS / 2;          /* FP8: [4] token validity bits by block & 3 */
+  char *sRaw = sKV + TILE;                     /* FP8: [NH] raw half-blocks, half h in h % NH */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -386,8 +385,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   myrow[0] = wi * 16 + (lane >> 2);
   myrow[1] = myrow[0] + 8;
   enum { EMPTY = 5 }; /* named barrier ids 5, 6 */
-  enum { CONV = 5 };  /* RING: named barrier ids 5, 6 (both warpgroups) */
-  /* RING: block b's raw rows have landed (warpgroup 1 waited for its
+  enum { CONV = 5 };  /* FP8: named barrier ids 5, 6 (both warpgroups) */
+  /* block b's 16-bit stage (FP8 blocks all convert into the first) */
+  auto stage = [&](int b) { return sKV + (FP8 ? 0 : (b & 1) * TILE); };
+  /* FP8: block b's raw rows have landed (warpgroup 1 waited for its
    * copies) and both P V of block b - 1 are done: both warpgroups convert
    * it into the 16-bit stage (and an item's new Q at block 0) */
   auto ring_convert = [&](int b, bool q_new) {
@@ -459,7 +460,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         asm volatile("bar.sync 4, 128;\n" ::: "memory");
         staged = false;
       }
-      int32_t raw_next = RING ? -1 : raw_at(0);
+      int32_t raw_next = FP8 ? -1 : raw_at(0);
       /* bf16: issues block blk into stage st; returns whether the loader
        * still has to arrive on the stage's barrier after its cp.async wait
        * (cp.async blocks, and block 0 whose wait also covers Q) */
@@ -502,7 +503,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       auto pv = [&](int b) {
         mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
         wait_phase ^= 1u << (b & 1);
-        const uint32_t aK = smem_u32(sKV + (RING ? 0 : (b & 1) * TILE));
+        const uint32_t aK = smem_u32(stage(b));
         wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
         reg_fence<128>(o);
         wg_fence();
@@ -512,7 +513,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                            desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
         wg_commit();
       };
-      if (RING) {
+      if (FP8) {
         /* half h (32 rows of block h / 2) into raw slot h % NH, four
          * threads a row; its validity bits are byte 4 (h & 1) + wi of its
          * block's word */
@@ -609,11 +610,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
        * commits them as one group (not waited for here) */
       float s[32];
       auto issue_qk = [&](int b) {
-        if (!RING) {
+        if (!FP8) {
           mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
           wait_phase ^= 1u << (b & 1);
         }
-        const uint32_t aK = smem_u32(sKV + (RING ? 0 : (b & 1) * TILE));
+        const uint32_t aK = smem_u32(stage(b));
 #pragma unroll
         for (int e = 0; e < 32; e++)
           s[e] = 0.f;
@@ -629,14 +630,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       /* softmax of S(b), then this warpgroup's P V of block b, issued and
        * committed (not waited for) */
       auto softmax_pv = [&](int b) {
-        char *sK = sKV + (RING ? 0 : (b & 1) * TILE);
+        char *sK = stage(b);
         const uint32_t aK = smem_u32(sK);
         const int pos0 = kb + b * BN;
         /* every warp's QK has read the rope block before P overwrites it */
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
         float mx[2];
-        wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
+        wg_mask_max(s, mx, FP8 ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
         float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
@@ -687,7 +688,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
        * done, so the loader can refill it while S(b + 1) is computed; FP8:
        * the next block is converted once both P V are done (ring_convert) */
       for (int b = 0; b < nblk; b++) {
-        if (RING)
+        if (FP8)
           ring_convert(b, q_new);
         issue_qk(b);
         if (F16 && b == 0) /* block 0 came with Q and its row factors */
@@ -699,7 +700,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         softmax_pv(b);
         wg_wait0();
         reg_fence<128>(o);
-        if (!RING && b + 2 < nblk)
+        if (!FP8 && b + 2 < nblk)
           nb_arrive(EMPTY + (b & 1));
       }
 #pragma unroll
