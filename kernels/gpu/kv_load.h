@@ -95,21 +95,10 @@ __device__ __forceinline__ void e4m3x16_to_f16(const uint4 &raw, uint4 &lo, uint
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(o[2 * i]) : "h"((uint16_t)(w[i] & 0xffffu)));
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(o[2 * i + 1]) : "h"((uint16_t)(w[i] >> 16)));
 #else
-    float f[4];
+    float f[4]; /* each exactly an f16 value: the packing does not round */
     e4m3x4_to_f32(w[i], f);
-    uint32_t h[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const uint32_t u = __float_as_uint(f[j]), sgn = (u >> 16) & 0x8000u;
-      if ((u & 0x7fffffffu) > 0x7f800000u)
-        h[j] = 0x7e00u | sgn;
-      else if ((u & 0x7fffffffu) == 0)
-        h[j] = sgn;
-      else
-        h[j] = sgn | ((((u >> 23) & 0xffu) - 112u) << 10) | ((u >> 13) & 0x3ffu);
-    }
-    o[2 * i] = h[0] | (h[1] << 16);
-    o[2 * i + 1] = h[2] | (h[3] << 16);
+    o[2 * i] = pmla_mma::pack_f16x2(f[0], f[1]);
+    o[2 * i + 1] = pmla_mma::pack_f16x2(f[2], f[3]);
 #endif
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
@@ -192,9 +181,9 @@ template <int F, int TPT> struct RowLoad {
  * exactly). e is at least -114, which every finite bf16 row needs (and
  * inf / NaN stay inf / NaN), and at most 64: a row whose magnitudes all
  * lie below 2^-50 gives scores too small to move exp2 from 1 at any e
- * (uniform weights either way). TPR consecutive lanes share the row, lane `sub` taking chunks
- * sub, sub + TPR, ...; chunk(c) is the address of chunk c (0..71). Returns
- * 2^-e, by which the row's scores are multiplied back. */
+ * (uniform weights either way). TPR consecutive lanes share the row, lane
+ * `sub` taking chunks sub, sub + TPR, ...; chunk(c) is the address of chunk
+ * c (0..71). Returns 2^-e, by which the row's scores are multiplied back. */
 template <int TPR, typename Chunk>
 __device__ __forceinline__ float q_row_to_f16(int sub, Chunk chunk) {
   uint32_t amax = 0; /* the largest |value| as bf16 bits */
