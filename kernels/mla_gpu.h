@@ -46,7 +46,7 @@ typedef struct pmla_gpu_problem {
 } pmla_gpu_problem;
 
 /* The most planner units the metadata kernel takes (its per-chunk piece
- * counts are packed in 21-bit fields: 256 requests x 2048 units); the
+ * counts are packed in 21-bit fields: 512 requests x 2048 units); the
  * plugin clamps pmla_gpu_sched_units to it. */
 #define PMLA_GPU_MAX_UNITS 2048
 

@@ -227,26 +227,80 @@ PMLA_HD static inline int32_t pmla_plan_fill_count(pmla_plan_fill *f, int64_t bl
   return pieces;
 }
 
-/* pmla_plan_fill_count in a few predicable steps for the cases that are
- * nearly all of them (the request fits where the fill stands, or its rest
- * fits one fresh unit); the loop otherwise. The device's walk is serial in
- * this step (the metadata kernel, kernels/gpu/metadata.hip), so its instruction count is the walk's latency.
- * Equal to pmla_plan_fill_count in pieces and state (tested). */
+/* pmla_plan_fill_count in closed form: the request fits where the fill
+ * stands, or it leaves a first piece of room - OH blocks there (when that is
+ * positive) and fills fresh units of P - OH blocks until its rest fits or
+ * the last unit takes it. The device's walk is serial in this step (the
+ * metadata kernel, kernels/gpu/metadata.hip), so its length is the walk's
+ * latency. Equal to pmla_plan_fill_count in pieces and state (tested). */
 PMLA_HD static inline int32_t pmla_plan_fill_next(pmla_plan_fill *f, int64_t blocks,
                                                   int64_t capacity, int32_t units) {
-  const int64_t OH = PMLA_SPLIT_OVERHEAD;
-  if (f->room >= OH + blocks || f->unit >= units - 1) {
-    f->room -= OH + blocks;
-    return 1;
+  const int64_t OH = PMLA_SPLIT_OVERHEAD, per = capacity - OH;
+  const int64_t take = f->room - OH; /* blocks a first piece leaves here (<= 0: none) */
+  const int64_t rest = blocks - (take > 0 ? take : 0);
+  const int fit = f->room >= OH + blocks || f->unit >= units - 1;
+  if (!fit && rest > per && f->unit < units - 2) { /* the rest spans fresh units */
+    int64_t m = (rest - 1) / per;                  /* fresh units before its last piece's */
+    if (m > units - 2 - f->unit)
+      m = units - 2 - f->unit;
+    f->unit += 1 + (int32_t)m;
+    f->room = per - (rest - m * per);
+    return (take > 0) + (int32_t)m + 1;
   }
-  const int64_t take = f->room - OH; /* blocks a split leaves here (<= 0: none) */
-  const int64_t rest = take > 0 ? blocks - take : blocks;
-  if (rest <= capacity - OH || f->unit + 1 >= units - 1) {
-    f->unit++;
-    f->room = capacity - OH - rest;
-    return take > 0 ? 2 : 1;
+  /* the common steps, as selects: it fits, or its rest fits the next unit */
+  f->room = fit ? f->room - OH - blocks : per - rest;
+  f->unit += !fit;
+  return fit ? 1 : 1 + (take > 0);
+}
+
+/* Fill state on 32-bit values, for steps whose C is below 2^30 (every room
+ * then lies in [-C, P]): the device's walk is a serial chain of steps, and
+ * a 64-bit step is twice the dependent instructions. */
+typedef struct pmla_plan_fill32 {
+  int32_t unit;
+  int32_t room;
+} pmla_plan_fill32;
+
+/* pmla_plan_fill_next on 32-bit values for a request no longer than a
+ * fresh unit takes (blocks <= P - OH): it fits where the fill stands, or
+ * its rest fits the next unit (or the fill stands on the last). No division
+ * and no branch: the step the device's walk chains when every request of
+ * the step is that short. Equal to pmla_plan_fill_next there (tested). */
+PMLA_HD static inline int32_t pmla_plan_fill_step32(pmla_plan_fill32 *f, int32_t blocks,
+                                                    int32_t capacity, int32_t units) {
+  const int32_t OH = PMLA_SPLIT_OVERHEAD, take = f->room - OH;
+  const int fit = f->room >= OH + blocks || f->unit >= units - 1;
+  f->room = fit ? f->room - OH - blocks : capacity - OH - blocks + (take > 0 ? take : 0);
+  f->unit += !fit;
+  return fit ? 1 : 1 + (take > 0);
+}
+
+/* Fill mode, closed form: piece p of the npieces a request of `blocks`
+ * blocks gets from fill state *entry (pmla_plan_fill_next's count): blocks
+ * [*first, *next) on unit *unit, as the p-th pmla_plan_fill_piece step from
+ * *entry places it (tested). Lets the device place pieces in parallel. */
+PMLA_HD static inline void pmla_plan_fill_piece_at(const pmla_plan_fill *entry, int64_t blocks,
+                                                   int32_t p, int32_t npieces, int64_t capacity,
+                                                   int32_t units, int64_t *first, int64_t *next,
+                                                   int32_t *unit) {
+  const int64_t OH = PMLA_SPLIT_OVERHEAD, take = entry->room - OH;
+  if (entry->room >= OH + blocks || entry->unit >= units - 1) { /* whole, where it stands */
+    *first = 0;
+    *next = blocks;
+    *unit = entry->unit;
+    return;
   }
-  return pmla_plan_fill_count(f, blocks, capacity, units);
+  const int32_t k0 = take > 0; /* a first piece on the entry unit */
+  if (p < k0) {
+    *first = 0;
+    *next = take;
+    *unit = entry->unit;
+    return;
+  }
+  const int64_t m = p - k0;
+  *unit = entry->unit + 1 + (int32_t)m;
+  *first = (k0 ? take : 0) + m * (capacity - OH);
+  *next = p == npieces - 1 ? blocks : *first + capacity - OH;
 }
 
 /* Fill mode: the most pieces a request of `blocks` blocks can get: its
@@ -303,21 +357,83 @@ typedef struct pmla_plan_base {
   int32_t unit;        /* unit of the previous request's last item (0 first) */
 } pmla_plan_base;
 
+/* Piece mode, closed form: piece p of npieces, blocks [*first, *next),
+ * placed on the unit that holds its midpoint on the piece line; the line
+ * before it holds the request's earlier pieces, p * OH + *first. */
+PMLA_HD static inline void pmla_plan_line_piece_at(const pmla_plan_input *in,
+                                                   const pmla_plan_shape *sh,
+                                                   const pmla_plan_req *q, int32_t npieces,
+                                                   int64_t line, int32_t p, int64_t *first,
+                                                   int64_t *next, int32_t *unit) {
+  const int64_t N = in->num_units, OH = PMLA_SPLIT_OVERHEAD;
+  *first = q->blocks * p / npieces;
+  *next = q->blocks * (p + 1) / npieces;
+  const int64_t cost = OH + (*next - *first);
+  const int64_t u = (line + p * OH + *first + cost / 2) * N / sh->piece_total;
+  *unit = (int32_t)(u < N - 1 ? u : N - 1);
+}
+
+/* Work item `items + p` (piece p of request r, blocks [first, next)) and
+ * the work_indptr of units (prev, unit]: what pmla_plan_place writes per
+ * piece; `partials` is the request's first partial slot, or -1 unsplit. */
+PMLA_HD static inline void pmla_plan_write_item(const pmla_plan_output *out, int32_t r,
+                                                const pmla_plan_req *q, int32_t partials,
+                                                int32_t items, int32_t p, int32_t prev,
+                                                int32_t unit, int64_t first, int64_t next) {
+  const int32_t item = items + p;
+  for (int32_t u = prev + 1; u <= unit; u++)
+    out->work_indptr[u] = item;
+  int32_t *w = out->work_info_set + (int64_t)item * PMLA_WI_WORDS;
+  const int64_t kb = first * PMLA_BLOCK_TOKENS, ke = next * PMLA_BLOCK_TOKENS;
+  w[PMLA_WI_REQUEST] = r;
+  w[PMLA_WI_PARTIAL] = partials < 0 ? -1 : partials + p;
+  w[PMLA_WI_Q_BEGIN] = q->qb;
+  w[PMLA_WI_Q_END] = q->qe;
+  w[PMLA_WI_KV_BEGIN] = (int32_t)(kb < q->len ? kb : q->len);
+  w[PMLA_WI_KV_END] = (int32_t)(ke < q->len ? ke : q->len);
+  w[PMLA_WI_KV_LEN] = q->len;
+  w[PMLA_WI_PIECE] = p;
+  if (partials >= 0)
+    out->reduce_partial_map[partials + p] = partials + p;
+}
+
+/* Piece p of a request whose pieces start from *base, in closed form: the
+ * device places pieces in parallel with it, where pmla_plan_place walks
+ * them (the two agree: t_planner, t_plan_exact). */
+PMLA_HD static inline void pmla_plan_piece_at(const pmla_plan_input *in,
+                                              const pmla_plan_shape *sh,
+                                              const pmla_plan_req *q, int32_t npieces,
+                                              const pmla_plan_base *base, int32_t p,
+                                              int64_t *first, int64_t *next, int32_t *unit) {
+  if (sh->piece_mode)
+    pmla_plan_line_piece_at(in, sh, q, npieces, base->line, p, first, next, unit);
+  else
+    pmla_plan_fill_piece_at(&base->fill, q->blocks, p, npieces, sh->capacity, in->num_units,
+                            first, next, unit);
+}
+
+/* Whether a request's items and partial slots fit the buffers (planner.h
+ * proves they always do; a miss is flagged, never written). */
+PMLA_HD static inline int pmla_plan_fits(const pmla_plan_input *in, const pmla_plan_base *base,
+                                         int32_t npieces) {
+  return base->items + npieces <= in->max_items &&
+         (npieces == 1 || base->partials + npieces <= in->max_partials);
+}
+
 /* Walks request r's pieces (there are npieces) and, when `out` is set,
  * writes its work items, its reduce entry and the work_indptr of units
  * (base->unit, unit of each item]. Returns the unit of its last item. The
- * same function serves the serial planner and the parallel device one, so
- * both write identical schedules. Writes past the capacities are skipped
- * and flagged (never expected: planner.h proves the bounds). */
+ * serial planner's; the device writes the same words per piece in
+ * parallel (pmla_plan_piece_at, pmla_plan_write_item). Writes past the
+ * capacities are skipped and flagged (never expected: planner.h proves
+ * the bounds). */
 PMLA_HD static inline int32_t pmla_plan_place(const pmla_plan_input *in,
                                               const pmla_plan_output *out,
                                               const pmla_plan_shape *sh, int32_t r,
                                               const pmla_plan_req *q, int32_t npieces,
                                               const pmla_plan_base *base, int32_t *err) {
-  const int64_t N = in->num_units, OH = PMLA_SPLIT_OVERHEAD;
-  const int split = npieces > 1;
-  int fits = base->items + npieces <= in->max_items &&
-             (!split || base->partials + npieces <= in->max_partials);
+  const int64_t N = in->num_units;
+  const int split = npieces > 1, fits = pmla_plan_fits(in, base, npieces);
   if (out && !fits)
     *err |= PMLA_PLAN_ERR_OVERFLOW;
   if (out && fits && split) {
@@ -326,37 +442,18 @@ PMLA_HD static inline int32_t pmla_plan_place(const pmla_plan_input *in,
   }
   pmla_plan_fill fill = base->fill;
   int32_t prev = base->unit;
-  int64_t first = 0, ps = base->line;
+  int64_t first = 0;
   for (int32_t p = 0; p < npieces; p++) {
     int64_t next;
     int32_t piece_unit;
-    if (sh->piece_mode) {
-      next = q->blocks * (p + 1) / npieces;
-      int64_t cost = OH + (next - first);
-      int64_t u = (ps + cost / 2) * N / sh->piece_total;
-      piece_unit = (int32_t)(u < N - 1 ? u : N - 1);
-      ps += cost;
-    } else {
+    if (sh->piece_mode)
+      pmla_plan_line_piece_at(in, sh, q, npieces, base->line, p, &first, &next, &piece_unit);
+    else
       next = pmla_plan_fill_piece(&fill, q->blocks, first, sh->capacity, (int32_t)N,
                                   &piece_unit);
-    }
-    if (out && fits) {
-      int32_t item = base->items + p;
-      for (int32_t u = prev + 1; u <= piece_unit; u++)
-        out->work_indptr[u] = item;
-      int32_t *w = out->work_info_set + (int64_t)item * PMLA_WI_WORDS;
-      int64_t kb = first * PMLA_BLOCK_TOKENS, ke = next * PMLA_BLOCK_TOKENS;
-      w[PMLA_WI_REQUEST] = r;
-      w[PMLA_WI_PARTIAL] = split ? base->partials + p : -1;
-      w[PMLA_WI_Q_BEGIN] = q->qb;
-      w[PMLA_WI_Q_END] = q->qe;
-      w[PMLA_WI_KV_BEGIN] = (int32_t)(kb < q->len ? kb : q->len);
-      w[PMLA_WI_KV_END] = (int32_t)(ke < q->len ? ke : q->len);
-      w[PMLA_WI_KV_LEN] = q->len;
-      w[PMLA_WI_PIECE] = p;
-      if (split)
-        out->reduce_partial_map[base->partials + p] = base->partials + p;
-    }
+    if (out && fits)
+      pmla_plan_write_item(out, r, q, split ? base->partials : -1, base->items, p, prev,
+                           piece_unit, first, next);
     if (piece_unit > prev)
       prev = piece_unit;
     first = next;
@@ -367,14 +464,18 @@ PMLA_HD static inline int32_t pmla_plan_place(const pmla_plan_input *in,
 }
 
 /* Work_indptr of the units after the last item, reduce_indptr's end and the
- * counters; `end` is the prefix after the last request. */
+ * counters; `end` is the prefix after the last request. `lanes` callers
+ * share it, lane `lane` of them (the serial planner: 0 of 1). */
 PMLA_HD static inline void pmla_plan_finish(const pmla_plan_input *in,
                                             const pmla_plan_output *out,
                                             const pmla_plan_shape *sh,
                                             const pmla_plan_base *end, int32_t max_pieces,
-                                            int32_t rows, int32_t err) {
-  for (int32_t u = end->unit + 1; u <= in->num_units; u++)
+                                            int32_t rows, int32_t err, int32_t lane,
+                                            int32_t lanes) {
+  for (int32_t u = end->unit + 1 + lane; u <= in->num_units; u += lanes)
     out->work_indptr[u] = end->items;
+  if (lane != 0)
+    return;
   out->work_indptr[0] = 0;
   out->reduce_indptr[end->reduces] = end->partials;
   int32_t *meta = out->work_meta_data;
@@ -458,7 +559,7 @@ PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_pl
     rows += q.qe - q.qb;
     max_pieces = npieces > max_pieces ? npieces : max_pieces;
   }
-  pmla_plan_finish(in, out, &sh, &at, max_pieces, rows, err);
+  pmla_plan_finish(in, out, &sh, &at, max_pieces, rows, err, 0, 1);
   return err;
 }
 

@@ -492,7 +492,7 @@ END_TEST
 /* The device walk's step is the reference step, case by case: random
  * states (including the last units and rooms at and around OH) and
  * lengths (zero, one block, around the capacity, many units long). */
-START_TEST(test_planner_fill_step_equals_reference_step) {
+START_TEST(test_planner_fill_step_and_pieces_equal_the_walk) {
   uint64_t rng = harness_seed() ^ 0x44;
   const int64_t OH = PMLA_SPLIT_OVERHEAD;
   for (int i = 0; i < 2000000; i++) {
@@ -502,6 +502,8 @@ START_TEST(test_planner_fill_step_equals_reference_step) {
                         (int64_t)rng_below(&rng, (uint32_t)capacity + 1)};
     if (rng_below(&rng, 4) == 0)
       f.room = OH - 1 + (int64_t)rng_below(&rng, 3);
+    else if (rng_below(&rng, 16) == 0) /* past the last unit's room (flagged, still defined) */
+      f.room = -(int64_t)rng_below(&rng, 1000);
     int64_t blocks;
     switch (rng_below(&rng, 4)) {
     case 0:
@@ -526,6 +528,35 @@ START_TEST(test_planner_fill_step_equals_reference_step) {
            " blocks): %d pieces, unit %d room %" PRId64 "; reference %d, %d, %" PRId64,
            f.unit, f.room, units, capacity, blocks, got_pieces, got.unit, got.room, want_pieces,
            want.unit, want.room);
+    /* the short 32-bit step, where the caller may use it (C < 2^30, which
+     * bounds P and the rooms, and blocks <= P - OH) */
+    if (capacity < (1 << 29) && f.room > -(1 << 29) && blocks <= capacity - OH) {
+      pmla_plan_fill32 s32 = {f.unit, (int32_t)f.room};
+      int32_t gots = pmla_plan_fill_step32(&s32, (int32_t)blocks, (int32_t)capacity, units);
+      EXPECT(gots == want_pieces && s32.unit == want.unit && s32.room == want.room,
+             "short fill step from unit %d room %" PRId64 " (units %d, P %" PRId64 ", %" PRId64
+             " blocks): %d pieces, unit %d room %d; reference %d, %d, %" PRId64,
+             f.unit, f.room, units, capacity, blocks, gots, s32.unit, s32.room, want_pieces,
+             want.unit, want.room);
+    }
+    /* each piece in closed form (the device places pieces in parallel) is
+     * the piece the walk places */
+    pmla_plan_fill walk = f;
+    int64_t b = 0;
+    for (int32_t p = 0; p < want_pieces; p++) {
+      int32_t unit, at_unit;
+      const int64_t first = b;
+      b = pmla_plan_fill_piece(&walk, blocks, b, capacity, units, &unit);
+      int64_t at_first, at_next;
+      pmla_plan_fill_piece_at(&f, blocks, p, want_pieces, capacity, units, &at_first, &at_next,
+                              &at_unit);
+      EXPECT(at_first == first && at_next == b && at_unit == unit,
+             "piece %d of %d from unit %d room %" PRId64 " (units %d, P %" PRId64 ", %" PRId64
+             " blocks): [%" PRId64 ", %" PRId64 ") on unit %d; the walk places [%" PRId64
+             ", %" PRId64 ") on unit %d",
+             p, want_pieces, f.unit, f.room, units, capacity, blocks, at_first, at_next, at_unit,
+             first, b, unit);
+    }
   }
 }
 END_TEST
@@ -691,7 +722,7 @@ Suite *suite_planner(void) {
   tcase_add_test(tc, test_planner_invariants_hold_on_random_batches);
   tcase_add_test(tc, test_planner_honours_split_cap_on_adversarial_batches);
   tcase_add_test(tc, test_planner_packs_whole_requests_within_the_slack);
-  tcase_add_test(tc, test_planner_fill_step_equals_reference_step);
+  tcase_add_test(tc, test_planner_fill_step_and_pieces_equal_the_walk);
   tcase_add_test(tc, test_planner_invariants_hold_for_batch_zero_and_zero_lengths);
   tcase_add_test(tc, test_planner_invariants_hold_for_huge_lengths_without_overflow);
   tcase_add_test(tc, test_planner_flags_bad_input_and_writes_within_its_buffers);

@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: MIT */
-/* metadata.hip - the metadata kernel: the planner of planner.h run in parallel by
- * one work-group. Every per-request decision is made by the same functions
- * the serial pmla_plan calls (pmla_plan_describe / _line_cost / _piece_count
- * / _fill_next / _place / _finish); this file only supplies the prefix sums
- * the serial loop keeps in variables: block-wide scans over chunks of
- * PLAN_THREADS requests, and the fill state entering each request, which warp
- * 0 walks per chunk (see fill_chunk). So the device schedule is the host's,
- * bit for bit. No host sync, no allocation, no copies: capturable in a graph
- * together with the decode. */
+/* metadata.hip - the metadata kernel: the planner of planner.h run by one
+ * work-group. Every per-request decision is made by the functions the serial
+ * pmla_plan calls (pmla_plan_describe / _line_cost / _piece_count /
+ * _fill_next / _finish) and every piece is placed by the closed forms the
+ * host's walk is tested against (pmla_plan_piece_at, pmla_plan_write_item);
+ * this file supplies the prefix sums the serial loop keeps in variables
+ * (block-wide scans over chunks of PLAN_THREADS requests) and the fill state
+ * entering each request, which one thread walks per chunk (walk_chunk). So
+ * the device schedule is the host's, bit for bit. No host sync, no
+ * allocation, no copies: capturable in a graph together with the decode. */
 #include <stdint.h>
 
 #include "hip_compat.h"
@@ -15,40 +16,23 @@
 #include "pdl.h"
 #include "plan_invariant.h"
 
-#define PLAN_THREADS 256
-#define FIELD_BITS 21 /* per-chunk sums of pieces stay below 2^21 (256 requests * 2048 units) */
+/* 512: a batch of 1024 requests is two chunks (256 threads: 46.9 us per step
+ * at b=1024 L=512, 41.5 with 512; equal below 512 requests) */
+#define PLAN_THREADS 512
+#define FIELD_BITS 21 /* a chunk's pieces stay below 2^21 (512 requests x 2048 units) */
 #define FIELD_MASK ((1ll << FIELD_BITS) - 1)
 
 namespace {
 
-/* 32-lane shuffles and ballots on both platforms (an AMD wavefront of 64
- * lanes is two independent 32-lane groups for these; ballot32 assumes the
- * wave64 CDNA targets the build is for). */
+/* A 32-lane butterfly shuffle on both platforms (an AMD wavefront of 64
+ * lanes is two independent 32-lane groups for it). */
+template <typename T> __device__ __forceinline__ T shfl32_xor(T v, int m) {
 #ifdef PMLA_PLATFORM_NVIDIA
-template <typename T> __device__ __forceinline__ T shfl32(T v, int src) {
-  return __shfl_sync(0xffffffffu, v, src);
-}
-template <typename T> __device__ __forceinline__ T shfl32_up(T v, int d) {
-  return __shfl_up_sync(0xffffffffu, v, d);
-}
-template <typename T> __device__ __forceinline__ T shfl32_xor(T v, int m) {
   return __shfl_xor_sync(0xffffffffu, v, m);
-}
-__device__ __forceinline__ unsigned ballot32(bool p) { return __ballot_sync(0xffffffffu, p); }
 #else
-template <typename T> __device__ __forceinline__ T shfl32(T v, int src) {
-  return __shfl(v, src, 32);
-}
-template <typename T> __device__ __forceinline__ T shfl32_up(T v, int d) {
-  return __shfl_up(v, d, 32);
-}
-template <typename T> __device__ __forceinline__ T shfl32_xor(T v, int m) {
   return __shfl_xor(v, m, 32);
-}
-__device__ __forceinline__ unsigned ballot32(bool p) {
-  return (unsigned)(__ballot(p) >> (threadIdx.x & 32));
-}
 #endif
+}
 
 /* Exclusive prefix of x over the block; *sum gets the block's total. */
 __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
@@ -67,64 +51,84 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   return inclusive - x;
 }
 
-/* The fill is sequential, so warp 0 walks it over a chunk's n requests
- * (blocks in shared memory), 32 at a time, from the state the previous
- * chunk left in `run` (identical in every lane). Requests that fit whole
- * where the fill stands are settled together from a warp prefix sum of
- * their costs; only the first that does not fit (a split, or a move to the
- * next unit: about one per unit boundary) takes a step of
- * pmla_plan_fill_next, every lane computing it alike. Records the state
- * entering each request and its piece count when unit_at is set (then
- * room_at and pieces too); returns whether some request got more pieces
- * than `cap` (0: no cap). */
-__device__ __forceinline__ int fill_chunk(const int64_t *blocks, int32_t n, int64_t capacity,
-                                          int32_t units, int32_t cap, pmla_plan_fill &run,
-                                          int32_t *unit_at, int64_t *room_at, int32_t *pieces) {
-  const int lane = threadIdx.x & 31;
-  int over = 0;
-  for (int32_t w0 = 0; w0 < n; w0 += 32) {
-    const int m = n - w0 < 32 ? n - w0 : 32; /* requests in this window */
-    const bool valid = lane < m;
-    const int64_t b = valid ? blocks[w0 + lane] : 0;
-    const int64_t need = valid ? PMLA_SPLIT_OVERHEAD + b : 0;
-    int64_t incl = need; /* costs of this window's requests up to this lane */
-    for (int o = 1; o < 32; o <<= 1) {
-      int64_t y = shfl32_up(incl, o);
-      if (lane >= o)
-        incl += y;
-    }
-    const int64_t excl = incl - need;
-    int start = 0;    /* first request of the window still to place */
-    int64_t off = 0;  /* its excl */
-    for (;;) {
-      const bool live = valid && lane >= start;
-      const bool fits = incl - off <= run.room || run.unit >= units - 1;
-      const unsigned stop = ballot32(live && !fits);
-      const int e = stop ? __ffs(stop) - 1 : m; /* the first that does not fit */
-      if (unit_at && live && lane < e) {
-        unit_at[w0 + lane] = run.unit;
-        room_at[w0 + lane] = run.room - (excl - off);
-        pieces[w0 + lane] = 1;
-      }
-      const int64_t excl_e = shfl32(excl, e & 31), incl_e = shfl32(incl, e & 31);
-      const int64_t last = shfl32(incl, 31);
-      run.room -= (e < 32 ? excl_e : last) - off;
-      if (e >= m)
-        break;
-      const int64_t be = shfl32(b, e);
-      if (lane == e && unit_at) {
-        unit_at[w0 + e] = run.unit;
-        room_at[w0 + e] = run.room;
-      }
-      const int32_t np = pmla_plan_fill_next(&run, be, capacity, units);
-      if (lane == e && unit_at)
-        pieces[w0 + e] = np;
-      over |= np > cap;
-      off = incl_e;
-      start = e + 1;
-    }
+/* The fill steps the walk chains (planner.h): the short 32-bit step when
+ * the step's C < 2^30 and no request is longer than a fresh unit takes,
+ * else pmla_plan_fill_next. */
+struct Step64 {
+  typedef pmla_plan_fill Fill;
+  static __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) {
+    return pmla_plan_fill_next(&f, b, cap, n);
   }
-  return cap > 0 && over;
+};
+struct Short32 {
+  typedef pmla_plan_fill32 Fill;
+  static __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) {
+    return pmla_plan_fill_step32(&f, (int32_t)b, (int32_t)cap, n);
+  }
+};
+
+/* The fill is sequential: one thread walks a chunk's n requests (blocks in
+ * shared memory) from the state the previous chunk left in `run`, a few
+ * dependent instructions per request (~70 cycles on the H200): the blocks
+ * are read ahead of the chain, AHEAD at a time with no branch between the
+ * steps. A warp settling the requests that fit 32 at a time took ~410
+ * cycles per unit boundary (docs/performance.md). With REC, records the state entering each request
+ * and its piece count. Sets *over when a request gets more pieces than
+ * `cap` (0: no cap), *overflow when the fill runs past the last unit's room
+ * (never expected: planner.h proves it cannot). */
+template <bool REC, typename Step>
+__device__ __forceinline__ void walk_chunk(const int64_t *__restrict__ blocks, int32_t n,
+                                           int64_t capacity, int32_t units, int32_t cap,
+                                           pmla_plan_fill &state, int32_t *__restrict__ unit_at,
+                                           int64_t *__restrict__ room_at,
+                                           int32_t *__restrict__ pieces, int *over,
+                                           int *overflow) {
+  enum { AHEAD = 8 };
+  typename Step::Fill run;
+  run.unit = state.unit;
+  run.room = state.room;
+  int ov = 0, neg = 0;
+  auto step = [&](int32_t i, int64_t b) {
+    if (REC) {
+      unit_at[i] = run.unit;
+      room_at[i] = run.room;
+    }
+    const int32_t np = Step::next(run, b, capacity, units);
+    if (REC)
+      pieces[i] = np;
+    ov |= np > cap;
+    neg |= run.room < 0;
+  };
+  int32_t i = 0;
+  for (; i + AHEAD <= n; i += AHEAD) {
+    int64_t b[AHEAD];
+#pragma unroll
+    for (int k = 0; k < AHEAD; k++)
+      b[k] = blocks[i + k];
+#pragma unroll
+    for (int k = 0; k < AHEAD; k++)
+      step(i + k, b[k]);
+  }
+  for (; i < n; i++)
+    step(i, blocks[i]);
+  state.unit = run.unit;
+  state.room = run.room;
+  *over |= cap > 0 && ov;
+  *overflow |= neg;
+}
+
+/* walk_chunk with the cheapest step that is exact for this step's sizes */
+template <bool REC>
+__device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const int64_t *blocks,
+                                     int32_t n, int64_t capacity, int32_t units, int32_t cap,
+                                     pmla_plan_fill &run, int32_t *unit_at, int64_t *room_at,
+                                     int32_t *pieces, int *over, int *overflow) {
+  if (total < (1 << 30) && max_blocks <= capacity - PMLA_SPLIT_OVERHEAD)
+    walk_chunk<REC, Short32>(blocks, n, capacity, units, cap, run, unit_at, room_at, pieces, over,
+                             overflow);
+  else
+    walk_chunk<REC, Step64>(blocks, n, capacity, units, cap, run, unit_at, room_at, pieces, over,
+                            overflow);
 }
 
 /* Sum and maximum over the block of one value per thread, one shared
@@ -151,6 +155,11 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int32_t unit_at[PLAN_THREADS];
   __shared__ int64_t room_at[PLAN_THREADS];
   __shared__ int32_t pieces[PLAN_THREADS];
+  /* per request of the chunk, for the threads that place its pieces (with
+   * blocks, and unit_at / room_at: its fill state, or room_at its line) */
+  __shared__ int32_t len_at[PLAN_THREADS], qb_at[PLAN_THREADS], qe_at[PLAN_THREADS];
+  __shared__ int32_t item_at[PLAN_THREADS]; /* first item, relative to the chunk's */
+  __shared__ int32_t part_at[PLAN_THREADS]; /* first partial slot; -1 unsplit, -2 no room */
   __shared__ int32_t last_unit[PLAN_THREADS];
   __shared__ unsigned long long s_total, s_piece_total, s_max_blocks;
   __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
@@ -190,17 +199,21 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   /* C, and the input errors (counted once, as serially). */
   int32_t err = 0, scratch = 0;
   unsigned long long part = 0, longest = 0;
+  pmla_plan_req q0 = {0, 0, 0, 0}; /* request t, which the first chunk places */
   for (int32_t r = t; r < R; r += PLAN_THREADS) {
-    unsigned long long blocks_r = (unsigned long long)pmla_plan_describe(&in, r, &err).blocks;
-    part += OH + blocks_r;
-    longest = blocks_r > longest ? blocks_r : longest;
+    const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
+    if (r == t)
+      q0 = q;
+    part += OH + (unsigned long long)q.blocks;
+    longest = (unsigned long long)q.blocks > longest ? (unsigned long long)q.blocks : longest;
   }
   block_sum_max(part, longest, &s_total, &s_max_blocks);
   atomicOr(&s_err, err);
   err = 0;
   __syncthreads();
   pmla_plan_shape sh = pmla_plan_shape_of((int64_t)s_total, N);
-  pmla_plan_fill run = pmla_plan_fill_start(&sh); /* warp 0's */
+  pmla_plan_fill run = pmla_plan_fill_start(&sh); /* thread 0's */
+  int overflow = 0;                               /* thread 0's */
 
   /* Piece mode when the fill gives any request more pieces than the cap;
    * no walk when even the longest request cannot get that many. */
@@ -211,8 +224,12 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       if (t < n)
         blocks[t] = pmla_plan_describe(&in, c0 + t, &scratch).blocks;
       __syncthreads();
-      if (t < 32 && fill_chunk(blocks, n, sh.capacity, N, in.split_cap, run, NULL, NULL, NULL))
-        s_piece_mode = 1;
+      if (t == 0) {
+        int over = 0, unused = 0;
+        walk<false>(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, N, in.split_cap,
+                    run, NULL, NULL, NULL, &over, &unused);
+        s_piece_mode = over;
+      }
       __syncthreads();
     }
     sh.piece_mode = s_piece_mode;
@@ -235,8 +252,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   for (int32_t c0 = 0; c0 < R; c0 += PLAN_THREADS) {
     const int32_t r = c0 + t, valid = r < R;
     const int32_t n = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
-    pmla_plan_req q = {0, 0, 0, 0};
-    if (valid)
+    pmla_plan_req q = q0;
+    if (c0 > 0 && valid)
       q = pmla_plan_describe(&in, r, &scratch);
     pmla_plan_base base = at;
     int32_t npieces = 0;
@@ -249,8 +266,11 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     } else {
       blocks[t] = q.blocks;
       __syncthreads();
-      if (t < 32)
-        fill_chunk(blocks, n, sh.capacity, N, 0, run, unit_at, room_at, pieces);
+      if (t == 0) {
+        int over = 0; /* uncapped */
+        walk<true>(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, N, 0, run, unit_at,
+                   room_at, pieces, &over, &overflow);
+      }
       __syncthreads();
       if (valid) {
         base.fill.unit = unit_at[t];
@@ -265,28 +285,76 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     base.items += (int32_t)(before & FIELD_MASK);
     base.partials += (int32_t)((before >> FIELD_BITS) & FIELD_MASK);
     base.reduces += (int32_t)(before >> (2 * FIELD_BITS));
-    /* Each request needs the unit of the previous request's last item. */
-    base.unit = 0;
-    last_unit[t] = valid ? pmla_plan_place(&in, NULL, &sh, r, &q, npieces, &base, &scratch) : 0;
-    __syncthreads();
-    base.unit = t == 0 ? at.unit : last_unit[t - 1];
     if (valid) {
-      pmla_plan_place(&in, &out, &sh, r, &q, npieces, &base, &err);
+      const int fits = pmla_plan_fits(&in, &base, npieces);
+      if (!fits)
+        err |= PMLA_PLAN_ERR_OVERFLOW;
+      if (fits && split) {
+        out.reduce_indptr[base.reduces] = base.partials;
+        out.reduce_final_map[base.reduces] = r;
+      }
+      int64_t first, next;
+      pmla_plan_piece_at(&in, &sh, &q, npieces, &base, npieces - 1, &first, &next, &last_unit[t]);
+      len_at[t] = q.len;
+      qb_at[t] = q.qb;
+      qe_at[t] = q.qe;
+      blocks[t] = q.blocks;
+      unit_at[t] = base.fill.unit;
+      room_at[t] = sh.piece_mode ? base.line : base.fill.room;
+      item_at[t] = base.items - at.items;
+      part_at[t] = !fits ? -2 : split ? base.partials : -1;
       rows += q.qe - q.qb;
       max_pieces = npieces > max_pieces ? npieces : max_pieces;
     }
-    at.items += (int32_t)(count_sum & FIELD_MASK);
+    __syncthreads();
+    /* Every item of the chunk, one per thread: its request by a search
+     * over the requests' first items, its piece in closed form. */
+    const int32_t items = (int32_t)(count_sum & FIELD_MASK);
+    for (int32_t k = t; k < items; k += PLAN_THREADS) {
+      int32_t lo = 0, hi = n - 1; /* the last request whose first item is <= k */
+      if (items == n) /* one item per request */
+        lo = hi = k;
+      while (lo < hi) {
+        const int32_t mid = (lo + hi + 1) >> 1;
+        if (item_at[mid] <= k)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      const int32_t partials = part_at[lo];
+      if (partials == -2)
+        continue;
+      const pmla_plan_req q_lo = {len_at[lo], qb_at[lo], qe_at[lo], blocks[lo]};
+      pmla_plan_base b_lo = at;
+      b_lo.line = room_at[lo];
+      b_lo.fill.unit = unit_at[lo];
+      b_lo.fill.room = room_at[lo];
+      b_lo.items = at.items + item_at[lo];
+      const int32_t p = k - item_at[lo];
+      const int32_t np = (lo + 1 < n ? item_at[lo + 1] : items) - item_at[lo];
+      int64_t first, next, f0, n0;
+      int32_t unit, prev;
+      pmla_plan_piece_at(&in, &sh, &q_lo, np, &b_lo, p, &first, &next, &unit);
+      if (p > 0)
+        pmla_plan_piece_at(&in, &sh, &q_lo, np, &b_lo, p - 1, &f0, &n0, &prev);
+      else
+        prev = lo > 0 ? last_unit[lo - 1] : at.unit;
+      pmla_plan_write_item(&out, c0 + lo, &q_lo, partials, b_lo.items, p, prev, unit, first,
+                           next);
+    }
+    at.items += items;
     at.partials += (int32_t)((count_sum >> FIELD_BITS) & FIELD_MASK);
     at.reduces += (int32_t)(count_sum >> (2 * FIELD_BITS));
     at.unit = last_unit[n - 1];
     __syncthreads();
   }
+  if (t == 0 && overflow)
+    err |= PMLA_PLAN_ERR_OVERFLOW;
   atomicOr(&s_err, err);
   atomicAdd(&s_rows, rows);
   atomicMax(&s_max_pieces, max_pieces);
   __syncthreads();
-  if (t == 0)
-    pmla_plan_finish(&in, &out, &sh, &at, s_max_pieces, s_rows, s_err);
+  pmla_plan_finish(&in, &out, &sh, &at, s_max_pieces, s_rows, s_err, t, PLAN_THREADS);
 }
 
 } /* namespace */
