@@ -22,7 +22,10 @@
  * stays whole on its unit.
  *
  * Work item word PMLA_WI_PIECE holds the chunk index and the flags below.
- * Serial (the GPU metadata kernel runs it on one thread). */
+ * pmla_plan_invariant is serial; the GPU metadata kernel places the same
+ * schedule in parallel from the closed forms below (a request's line
+ * position is a prefix sum of the requests' costs), walking only the split
+ * budget in request order when it binds. */
 #ifndef PMLA_PLAN_INVARIANT_H
 #define PMLA_PLAN_INVARIANT_H
 
@@ -68,6 +71,62 @@ PMLA_HD static inline int32_t pmla_inv_unit_from(int32_t from, int64_t x2, int32
   return u;
 }
 
+/* Work on the line of all work of a request of n chunks (each pays OH). */
+PMLA_HD static inline int64_t pmla_inv_cost(int32_t n, int64_t blocks) {
+  return (int64_t)PMLA_SPLIT_OVERHEAD * n + blocks;
+}
+
+/* Work before chunk j of a request whose work starts at cum: every chunk
+ * but the last is whole (chunk / 64 blocks). */
+PMLA_HD static inline int64_t pmla_inv_chunk_start(int64_t cum, int32_t chunk, int32_t j) {
+  return cum + (int64_t)j * (PMLA_SPLIT_OVERHEAD + chunk / PMLA_BLOCK_TOKENS);
+}
+
+/* pmla_inv_unit_from(0, x2, N, total) in closed form (tested): the device
+ * places requests in parallel, each from no earlier unit. */
+PMLA_HD static inline int32_t pmla_inv_unit_at(int64_t x2, int32_t N, int64_t total) {
+  const int64_t u = x2 * N / (2 * total);
+  return u < N - 1 ? (int32_t)u : N - 1;
+}
+
+/* Chunks 0..a-1 of a request: those whose midpoints fall on unit u0, the
+ * unit of chunk 0's (units only grow along the line, so they are a prefix);
+ * returns a. */
+PMLA_HD static inline int32_t pmla_inv_first_piece(const pmla_plan_req *q, int32_t chunk, int32_t n,
+                                                   int64_t cum, int32_t u0, int32_t N,
+                                                   int64_t total) {
+  int32_t a = 1;
+  for (int64_t c = cum + PMLA_SPLIT_OVERHEAD + pmla_inv_chunk_blocks(q->len, chunk, 0); a < n;
+       a++) {
+    const int64_t cost = PMLA_SPLIT_OVERHEAD + pmla_inv_chunk_blocks(q->len, chunk, a);
+    if (pmla_inv_unit_from(u0, 2 * c + cost, N, total) != u0)
+      break;
+    c += cost;
+  }
+  return a;
+}
+
+/* Work item `item`: chunk j of request r on unit `unit` with slot `slot`
+ * (-1: out directly) and the flags, and the work_indptr of units (prev,
+ * unit]. */
+PMLA_HD static inline void pmla_inv_write_item(const pmla_plan_output *out, int32_t r,
+                                               const pmla_plan_req *q, int32_t chunk,
+                                               int32_t item, int32_t prev, int32_t unit,
+                                               int32_t slot, int32_t j, int32_t flags) {
+  for (int32_t uu = prev + 1; uu <= unit; uu++)
+    out->work_indptr[uu] = item;
+  int32_t *w = out->work_info_set + (int64_t)item * PMLA_WI_WORDS;
+  const int64_t kb = (int64_t)j * chunk, ke = kb + chunk;
+  w[PMLA_WI_REQUEST] = r;
+  w[PMLA_WI_PARTIAL] = slot;
+  w[PMLA_WI_Q_BEGIN] = q->qb;
+  w[PMLA_WI_Q_END] = q->qe;
+  w[PMLA_WI_KV_BEGIN] = (int32_t)(kb < q->len ? kb : q->len);
+  w[PMLA_WI_KV_END] = (int32_t)(ke < q->len ? ke : q->len);
+  w[PMLA_WI_KV_LEN] = q->len;
+  w[PMLA_WI_PIECE] = j | flags;
+}
+
 /* Fills every output buffer for one batch-invariant step. Returns the error
  * bits it found (also ORed into work_meta_data[PMLA_META_ERROR]). */
 PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
@@ -80,7 +139,8 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   int64_t total = 0;
   for (int32_t r = 0; r < R; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, &err);
-    total += OH * pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, least)) + q.blocks;
+    const int32_t chunk = pmla_inv_chunk(q.len, least);
+    total += pmla_inv_cost(pmla_inv_chunks(q.len, chunk), q.blocks);
   }
   if (total < 1)
     total = 1;
@@ -103,20 +163,9 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
       over = 1;                                                                            \
       goto done;                                                                           \
     }                                                                                      \
-    for (int32_t uu = prev + 1; uu <= (PU); uu++)                                          \
-      out->work_indptr[uu] = items;                                                        \
+    pmla_inv_write_item(out, r, &q, chunk, items, prev, (PU), (SLOT), (J), (FLAGS));       \
     if ((PU) > prev)                                                                       \
       prev = (PU);                                                                         \
-    int32_t *w = out->work_info_set + (int64_t)items * PMLA_WI_WORDS;                     \
-    const int64_t kb = (int64_t)(J) * chunk, ke = kb + chunk;                              \
-    w[PMLA_WI_REQUEST] = r;                                                                \
-    w[PMLA_WI_PARTIAL] = (SLOT);                                                           \
-    w[PMLA_WI_Q_BEGIN] = q.qb;                                                             \
-    w[PMLA_WI_Q_END] = q.qe;                                                               \
-    w[PMLA_WI_KV_BEGIN] = (int32_t)(kb < q.len ? kb : q.len);                              \
-    w[PMLA_WI_KV_END] = (int32_t)(ke < q.len ? ke : q.len);                                \
-    w[PMLA_WI_KV_LEN] = q.len;                                                             \
-    w[PMLA_WI_PIECE] = (J) | (FLAGS);                                                      \
     items++;                                                                               \
   } while (0)
   for (int32_t r = 0; r < R; r++) {
@@ -128,13 +177,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     const int64_t cost0 = OH + pmla_inv_chunk_blocks(q.len, chunk, 0);
     ucur = pmla_inv_unit_from(ucur, 2 * cum + cost0, N, total);
     const int32_t u0 = ucur;
-    int32_t a = 1;
-    for (int64_t c = cum + cost0; a < n; a++) {
-      const int64_t cost = OH + pmla_inv_chunk_blocks(q.len, chunk, a);
-      if (pmla_inv_unit_from(u0, 2 * c + cost, N, total) != u0)
-        break;
-      c += cost;
-    }
+    const int32_t a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
     const int split = a < n && slots + 1 + (n - a) <= budget && reduces < R;
     if (!split) { /* whole on unit u0, folding in its accumulator */
       const int32_t acc = budget + u0;

@@ -131,6 +131,56 @@ START_TEST(test_schedule_equals_host_planner) {
 END_TEST
 
 
+/* Batch-invariant steps of requests long enough (up to 64 chunks each) that
+ * the splits ask for more partial slots than the budget holds: the slots
+ * are spent in request order, which the device walks only then. */
+START_TEST(test_invariant_schedule_equals_host_planner_when_the_budget_binds) {
+  REQUIRE_BACKEND();
+  uint64_t rng = harness_seed() ^ 0x5e1;
+  enum { B = 40, PS = 64, WIDTH = 2048 };
+  int32_t qo[B + 1], lens[B];
+  int32_t *bt = calloc((size_t)B * WIDTH, sizeof(int32_t));
+  ck_assert(bt != NULL);
+  static const uint32_t units[] = {2, 5, 8, 13};
+  for (int round = 0; round < 8; round++) {
+    qo[0] = 0;
+    for (int32_t r = 0; r < B; r++) {
+      qo[r + 1] = qo[r] + 1;
+      lens[r] = round % 2 ? WIDTH * PS - (int32_t)rng_below(&rng, 64)
+                          : 2048 + (int32_t)rng_below(&rng, WIDTH * PS - 2048);
+    }
+    pmla_builder_config cfg = harness_config(16, PS, B, 1, 0, units[round % 4]);
+    cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
+    pmla_builder *b = harness_init(&cfg);
+    test_tensor t_qo, t_bt, t_lens;
+    tt_make1(&t_qo, TT_I32, qo, B + 1);
+    tt_make2(&t_bt, TT_I32, bt, B, WIDTH);
+    tt_make1(&t_lens, TT_I32, lens, B);
+    pmla_decode_batch batch = {.struct_size = sizeof batch, .kv_layout = PMLA_KV_BLOCK_TABLE,
+                               .qo_indptr = &t_qo.t, .block_table = &t_bt.t,
+                               .kv_lens = &t_lens.t, .stream = harness_stream()};
+    ck_assert_int_eq(g_be->build_decode(b, &batch), PMLA_OK);
+    pmla_plan_input in;
+    memset(&in, 0, sizeof in);
+    in.num_requests = B;
+    in.max_q_len = 1;
+    in.qo_indptr = qo;
+    in.kv_lens = lens;
+    in.max_kv_len = WIDTH * PS;
+    in.page_size = PS;
+    in.invariant = 1;
+    char what[64];
+    snprintf(what, sizeof what, "long invariant round %d (cu=%u)", round, units[round % 4]);
+    expect_host_schedule(b, &in, what);
+    tt_free(&t_qo);
+    tt_free(&t_bt);
+    tt_free(&t_lens);
+    g_be->destroy_builder(b);
+  }
+  free(bt);
+}
+END_TEST
+
 /* Builds dense case `c` (its lengths and query rows; the page indices do not
  * matter to a schedule) on a builder configured as t_numerics.c does. */
 static pmla_builder *build_dense_case(const dense_case *c) {
@@ -273,6 +323,7 @@ Suite *suite_plan_exact(void) {
   TCase *tc = tcase_create("this plugin's planner");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_schedule_equals_host_planner);
+  tcase_add_test(tc, test_invariant_schedule_equals_host_planner_when_the_budget_binds);
   tcase_add_loop_test(tc, test_dense_case_is_uncapped_and_splits_where_marked, 0, n_dense_cases);
   tcase_add_loop_test(tc, test_sparse_case_cap_follows_the_formula, 0, n_sparse_cases);
   tcase_add_test(tc, test_sparse_split_cap_through_query_follows_the_formula);

@@ -6,6 +6,7 @@
  * split one folds its first piece into its own slot and leaves one partial
  * per later chunk, listed in chunk order for the reduce; slots stay within
  * the budget, items and reduce entries within their buffers. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,12 +195,40 @@ START_TEST(test_chunk_size_is_a_function_of_the_length) {
 }
 END_TEST
 
+/* The closed forms the device places requests with in parallel: a chunk's
+ * start on the line and the unit holding a position equal the serial
+ * planner's running sum and search */
+START_TEST(test_closed_forms_equal_the_serial_walk) {
+  uint64_t rng = harness_seed() ^ 0x2b8u;
+  for (int i = 0; i < 200000; i++) {
+    const int32_t L = (int32_t)rng_below(&rng, i % 2 ? 5000 : 3000000);
+    const int32_t least = i % 3 ? PMLA_INV_MIN_CHUNK : PMLA_INV_MIN_CHUNK_SPARSE;
+    const int32_t C = pmla_inv_chunk(L, least), n = pmla_inv_chunks(L, C);
+    const int64_t cum = (int64_t)rng_below(&rng, 1u << 30);
+    int64_t c = cum;
+    for (int32_t j = 0; j < n; j++) {
+      EXPECT(pmla_inv_chunk_start(cum, C, j) == c, "len %d: chunk %d starts at %" PRId64
+             ", the walk at %" PRId64, L, j, pmla_inv_chunk_start(cum, C, j), c);
+      c += PMLA_SPLIT_OVERHEAD + pmla_inv_chunk_blocks(L, C, j);
+    }
+    EXPECT(c - cum == pmla_inv_cost(n, pmla_plan_blocks(L)), "len %d: cost", L);
+    const int32_t N = 1 + (int32_t)rng_below(&rng, 2048);
+    const int64_t total = 1 + (int64_t)rng_below(&rng, 1u << 31) * (1 + i % 7);
+    const int64_t x2 = (int64_t)rng_below(&rng, 1u << 31) * (int64_t)(1 + i % 5) % (2 * total + 9);
+    EXPECT(pmla_inv_unit_at(x2, N, total) == pmla_inv_unit_from(0, x2, N, total),
+           "x2 %" PRId64 " N %d total %" PRId64 ": unit %d, the search %d", x2, N, total,
+           pmla_inv_unit_at(x2, N, total), pmla_inv_unit_from(0, x2, N, total));
+  }
+}
+END_TEST
+
 Suite *suite_plan_invariant(void) {
   Suite *s = suite_create("plan_invariant");
   TCase *tc = tcase_create("layout");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_chunk_size_is_a_function_of_the_length);
   tcase_add_test(tc, test_invariant_schedule_holds_its_layout_on_random_batches);
+  tcase_add_test(tc, test_closed_forms_equal_the_serial_walk);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -148,6 +148,181 @@ __device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned l
   }
 }
 
+/* The batch-invariant schedule (plan_invariant.h) placed by the whole
+ * block: a request's chunks go where their midpoints fall on the line of all
+ * work, and where a request starts on that line is a prefix sum of the
+ * requests' costs, so each thread places its own request. Only the split
+ * budget is spent in request order; one thread walks it for a chunk of
+ * requests when those that would split do not all fit it. Equal to
+ * pmla_plan_invariant word for word (t_plan_exact), which one thread took
+ * 135-165 us at b=128. A step with more chunks than the item buffer holds
+ * (never expected: the builder sizes it for 64 a request) is flagged and
+ * gets an empty schedule, where the serial planner stops at the item that
+ * does not fit. */
+__device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output &out,
+                               int64_t *buf, int32_t *want, int32_t *split_at, int32_t *last_unit,
+                               unsigned long long *s_total, unsigned long long *s_items,
+                               int32_t *s_err, int32_t *s_rows, int32_t *s_max_pieces) {
+  const int t = threadIdx.x;
+  const int32_t R = in.num_requests, N = in.num_units, OH = PMLA_SPLIT_OVERHEAD;
+  const int32_t budget = in.max_partials - N; /* slots for splits; then one per unit */
+  const int32_t least = in.uniform_len ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
+  if (t == 0) {
+    *s_total = *s_items = 0;
+    *s_err = *s_rows = *s_max_pieces = 0;
+  }
+  __syncthreads();
+  int32_t err = 0, scratch = 0;
+  unsigned long long part = 0, nitems = 0;
+  for (int32_t r = t; r < R; r += PLAN_THREADS) {
+    const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
+    const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, least));
+    part += (unsigned long long)pmla_inv_cost(n, q.blocks);
+    nitems += (unsigned long long)n;
+  }
+  block_sum_max(part, 0, s_total, NULL);
+  block_sum_max(nitems, 0, s_items, NULL);
+  atomicOr(s_err, err);
+  __syncthreads();
+  const int64_t total = *s_total > 0 ? (int64_t)*s_total : 1;
+  int32_t *meta = out.work_meta_data;
+  if (*s_items > (unsigned long long)in.max_items) {
+    for (int32_t u = t; u <= N; u += PLAN_THREADS)
+      out.work_indptr[u] = 0;
+    if (t == 0) {
+      out.reduce_indptr[0] = 0;
+      meta[PMLA_META_NUM_ITEMS] = meta[PMLA_META_NUM_REDUCE] = meta[PMLA_META_NUM_PARTIALS] = 0;
+      meta[PMLA_META_MODE] = 2;
+      meta[PMLA_META_MAX_PIECES] = 0;
+      meta[PMLA_META_NUM_REQUESTS] = R;
+      meta[PMLA_META_ERROR] |= *s_err | PMLA_PLAN_ERR_OVERFLOW;
+      meta[PMLA_META_NUM_ROWS] = 0;
+    }
+    return;
+  }
+  int64_t at_cum = 0; /* the prefix before the chunk of requests */
+  int32_t at_items = 0, at_slots = 0, at_reduces = 0, at_unit = 0;
+  int32_t rows = 0, max_pieces = 0;
+  for (int32_t c0 = 0; c0 < R; c0 += PLAN_THREADS) {
+    const int32_t r = c0 + t, valid = r < R;
+    const int32_t nreq = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
+    pmla_plan_req q = {0, 0, 0, 0};
+    int32_t chunk = 0, n = 0;
+    if (valid) {
+      q = pmla_plan_describe(&in, r, &scratch);
+      chunk = pmla_inv_chunk(q.len, least);
+      n = pmla_inv_chunks(q.len, chunk);
+    }
+    int64_t cost_sum;
+    const int64_t cum =
+        at_cum + block_exclusive_scan(valid ? pmla_inv_cost(n, q.blocks) : 0, buf, &cost_sum);
+    int32_t u0 = 0, need = 0; /* need: the slots a split takes, 0 whole */
+    int32_t a = n;
+    if (valid) {
+      u0 = pmla_inv_unit_at(2 * cum + OH + pmla_inv_chunk_blocks(q.len, chunk, 0), N, total);
+      a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
+      need = a < n ? 1 + (n - a) : 0;
+    }
+    /* the split budget, in request order (the serial planner's other
+     * condition, fewer reduces than requests, always holds) */
+    int64_t need_sum;
+    block_exclusive_scan(need, buf, &need_sum);
+    int split = need > 0;
+    if (at_slots + need_sum > budget) {
+      want[t] = need;
+      __syncthreads();
+      if (t == 0) {
+        int32_t slots = at_slots;
+        for (int32_t i = 0; i < nreq; i++) {
+          const int s = want[i] > 0 && slots + want[i] <= budget;
+          split_at[i] = s;
+          slots += s ? want[i] : 0;
+        }
+      }
+      __syncthreads();
+      split = valid && split_at[t];
+    }
+    int64_t count_sum;
+    const int64_t packed = (int64_t)n | ((int64_t)(split ? need : 0) << FIELD_BITS) |
+                           ((int64_t)split << (2 * FIELD_BITS));
+    const int64_t before = block_exclusive_scan(packed, buf, &count_sum);
+    const int32_t item0 = at_items + (int32_t)(before & FIELD_MASK);
+    const int32_t slot0 = at_slots + (int32_t)((before >> FIELD_BITS) & FIELD_MASK);
+    const int32_t red0 = at_reduces + (int32_t)(before >> (2 * FIELD_BITS));
+    /* the unit of the request's last item (a request's units only grow) */
+    if (valid)
+      last_unit[t] = !split ? u0
+                            : pmla_inv_unit_at(2 * pmla_inv_chunk_start(cum, chunk, n - 1) + OH +
+                                                   pmla_inv_chunk_blocks(q.len, chunk, n - 1),
+                                               N, total);
+    __syncthreads();
+    if (valid) {
+      int32_t prev = t == 0 ? at_unit : last_unit[t - 1];
+      rows += q.qe - q.qb;
+      if (!split) { /* whole on unit u0, folding in its accumulator */
+        const int32_t acc = budget + u0;
+        for (int32_t j = 0; j < n; j++) {
+          const int32_t flags = n == 1   ? 0
+                                : j == 0 ? 0
+                                : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL
+                                             : PMLA_WI_FOLD;
+          pmla_inv_write_item(&out, r, &q, chunk, item0 + j, prev, u0, n == 1 ? -1 : acc, j,
+                              flags);
+          prev = u0 > prev ? u0 : prev;
+        }
+        max_pieces = max_pieces > 1 ? max_pieces : 1;
+      } else { /* chunks 0..a-1 fold into slot0 on u0, the rest a partial each */
+        out.reduce_indptr[red0] = slot0;
+        out.reduce_final_map[red0] = r;
+        for (int32_t j = 0; j < a; j++) {
+          pmla_inv_write_item(&out, r, &q, chunk, item0 + j, prev, u0, slot0, j,
+                              j == 0 ? 0 : PMLA_WI_FOLD);
+          prev = u0 > prev ? u0 : prev;
+        }
+        out.reduce_partial_map[slot0] = slot0;
+        int32_t pieces = 1, on = -1;
+        for (int32_t j = a; j < n; j++) {
+          const int32_t u = pmla_inv_unit_at(2 * pmla_inv_chunk_start(cum, chunk, j) + OH +
+                                                 pmla_inv_chunk_blocks(q.len, chunk, j),
+                                             N, total);
+          if (u != on) {
+            pieces++;
+            on = u;
+          }
+          const int32_t slot = slot0 + 1 + (j - a);
+          out.reduce_partial_map[slot] = slot;
+          pmla_inv_write_item(&out, r, &q, chunk, item0 + j, prev, u, slot, j, 0);
+          prev = u > prev ? u : prev;
+        }
+        max_pieces = pieces > max_pieces ? pieces : max_pieces;
+      }
+    }
+    at_cum += cost_sum;
+    at_items += (int32_t)(count_sum & FIELD_MASK);
+    at_slots += (int32_t)((count_sum >> FIELD_BITS) & FIELD_MASK);
+    at_reduces += (int32_t)(count_sum >> (2 * FIELD_BITS));
+    at_unit = last_unit[nreq - 1];
+    __syncthreads();
+  }
+  atomicAdd(s_rows, rows);
+  atomicMax(s_max_pieces, max_pieces);
+  __syncthreads();
+  for (int32_t u = at_unit + 1 + t; u <= N; u += PLAN_THREADS)
+    out.work_indptr[u] = at_items;
+  if (t == 0) {
+    out.work_indptr[0] = 0;
+    out.reduce_indptr[at_reduces] = at_slots;
+    meta[PMLA_META_NUM_ITEMS] = at_items;
+    meta[PMLA_META_NUM_REDUCE] = at_reduces;
+    meta[PMLA_META_NUM_PARTIALS] = at_slots;
+    meta[PMLA_META_MODE] = 2;
+    meta[PMLA_META_MAX_PIECES] = *s_max_pieces;
+    meta[PMLA_META_NUM_REQUESTS] = R;
+    meta[PMLA_META_ERROR] |= *s_err;
+    meta[PMLA_META_NUM_ROWS] = *s_rows;
+  }
+}
+
 __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input in,
                                                                   pmla_plan_output out) {
   __shared__ int64_t buf[PLAN_THREADS];
@@ -166,26 +341,9 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   pdl_wait();
   pdl_trigger();
   const int t = threadIdx.x;
-  if (in.invariant) { /* the batch-invariant schedule is serial */
-    /* the block reads the request arrays first, so the thread that plans
-     * finds them in L1 instead of waiting out a memory latency per request */
-    int32_t sink = 0;
-    for (int32_t r = t; r <= in.num_requests; r += PLAN_THREADS) {
-      if (in.qo_indptr)
-        sink += in.qo_indptr[r];
-      if (in.kv_indptr)
-        sink += in.kv_indptr[r];
-      if (r < in.num_requests) {
-        if (in.kv_lens)
-          sink += in.kv_lens[r];
-        if (in.kv_last_page_len)
-          sink += in.kv_last_page_len[r];
-      }
-    }
-    __syncthreads();
-    asm volatile("" ::"r"(sink)); /* the loads are kept: their values are "used" */
-    if (t == 0)
-      pmla_plan_invariant(&in, &out);
+  if (in.invariant) {
+    plan_invariant(in, out, buf, pieces, unit_at, last_unit, &s_total, &s_piece_total, &s_err,
+                   &s_rows, &s_max_pieces);
     return;
   }
   const int32_t R = in.num_requests, N = in.num_units;
