@@ -398,8 +398,10 @@ PMLA_HD static inline void pmla_plan_write_item(const pmla_plan_output *out, int
 }
 
 /* Piece p of a request whose pieces start from *base, in closed form: the
- * device places pieces in parallel with it, where pmla_plan_place walks
- * them (the two agree: t_planner, t_plan_exact). */
+ * device places pieces in parallel with it. In fill mode pmla_plan_place
+ * walks the pieces instead (the two agree: t_planner); piece mode's closed
+ * form is pmla_plan_place's own. t_plan_exact compares the device's
+ * schedules with the host's. */
 PMLA_HD static inline void pmla_plan_piece_at(const pmla_plan_input *in,
                                               const pmla_plan_shape *sh,
                                               const pmla_plan_req *q, int32_t npieces,

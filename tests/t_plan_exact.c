@@ -56,7 +56,7 @@ static void expect_host_schedule(pmla_builder *b, const pmla_plan_input *host_in
 START_TEST(test_schedule_equals_host_planner) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ 0x77;
-  enum { MAXB = 700, WIDTH = 40 }; /* up to three 256-request chunks of the device planner */
+  enum { MAXB = 700, WIDTH = 40 }; /* up to two 512-request chunks of the device planner */
   int32_t *qo = malloc(sizeof(int32_t) * (MAXB + 1)), *lens = malloc(sizeof(int32_t) * MAXB);
   int32_t *bt = calloc((size_t)MAXB * WIDTH, sizeof(int32_t));
   ck_assert(qo && lens && bt);
@@ -133,23 +133,27 @@ END_TEST
 
 /* Batch-invariant steps of requests long enough (up to 64 chunks each) that
  * the splits ask for more partial slots than the budget holds: the slots
- * are spent in request order, which the device walks only then. */
+ * are spent in request order, which the device walks only then; 600
+ * requests make two chunks of the device planner, the second starting
+ * from the slots the first spent. */
 START_TEST(test_invariant_schedule_equals_host_planner_when_the_budget_binds) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ 0x5e1;
-  enum { B = 40, PS = 64, WIDTH = 2048 };
-  int32_t qo[B + 1], lens[B];
-  int32_t *bt = calloc((size_t)B * WIDTH, sizeof(int32_t));
-  ck_assert(bt != NULL);
-  static const uint32_t units[] = {2, 5, 8, 13};
-  for (int round = 0; round < 8; round++) {
+  enum { MAXB = 600, PS = 64, WIDTH = 2048 };
+  int32_t *qo = malloc(sizeof(int32_t) * (MAXB + 1)), *lens = malloc(sizeof(int32_t) * MAXB);
+  int32_t *bt = calloc((size_t)MAXB * WIDTH, sizeof(int32_t));
+  ck_assert(qo && lens && bt);
+  static const uint32_t units[] = {2, 5, 8, 13, 60};
+  for (int round = 0; round < 10; round++) {
+    const int32_t B = round < 8 ? 40 : MAXB;
     qo[0] = 0;
     for (int32_t r = 0; r < B; r++) {
       qo[r + 1] = qo[r] + 1;
       lens[r] = round % 2 ? WIDTH * PS - (int32_t)rng_below(&rng, 64)
                           : 2048 + (int32_t)rng_below(&rng, WIDTH * PS - 2048);
     }
-    pmla_builder_config cfg = harness_config(16, PS, B, 1, 0, units[round % 4]);
+    const uint32_t cu = round < 8 ? units[round % 4] : units[4];
+    pmla_builder_config cfg = harness_config(16, PS, B, 1, 0, cu);
     cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
     pmla_builder *b = harness_init(&cfg);
     test_tensor t_qo, t_bt, t_lens;
@@ -170,13 +174,15 @@ START_TEST(test_invariant_schedule_equals_host_planner_when_the_budget_binds) {
     in.page_size = PS;
     in.invariant = 1;
     char what[64];
-    snprintf(what, sizeof what, "long invariant round %d (cu=%u)", round, units[round % 4]);
+    snprintf(what, sizeof what, "long invariant round %d (B=%d, cu=%u)", round, B, cu);
     expect_host_schedule(b, &in, what);
     tt_free(&t_qo);
     tt_free(&t_bt);
     tt_free(&t_lens);
     g_be->destroy_builder(b);
   }
+  free(qo);
+  free(lens);
   free(bt);
 }
 END_TEST

@@ -214,7 +214,15 @@ START_TEST(test_closed_forms_equal_the_serial_walk) {
     EXPECT(c - cum == pmla_inv_cost(n, pmla_plan_blocks(L)), "len %d: cost", L);
     const int32_t N = 1 + (int32_t)rng_below(&rng, 2048);
     const int64_t total = 1 + (int64_t)rng_below(&rng, 1u << 31) * (1 + i % 7);
-    const int64_t x2 = (int64_t)rng_below(&rng, 1u << 31) * (int64_t)(1 + i % 5) % (2 * total + 9);
+    int64_t x2 = (int64_t)rng_below(&rng, 1u << 31) * (int64_t)(1 + i % 5) % (2 * total + 9);
+    if (i % 2) { /* at a unit boundary (x2 * N a multiple of 2 * total) and beside it */
+      const int64_t t2 = 1 + (int64_t)rng_below(&rng, 4000), u = (int64_t)rng_below(&rng, 2049);
+      int64_t at = (2 * t2 * u + N - 1) / N + (int64_t)rng_below(&rng, 3) - 1;
+      at = at < 0 ? 0 : at;
+      EXPECT(pmla_inv_unit_at(at, N, t2) == pmla_inv_unit_from(0, at, N, t2),
+             "x2 %" PRId64 " N %d total %" PRId64 ": unit %d, the search %d", at, N, t2,
+             pmla_inv_unit_at(at, N, t2), pmla_inv_unit_from(0, at, N, t2));
+    }
     EXPECT(pmla_inv_unit_at(x2, N, total) == pmla_inv_unit_from(0, x2, N, total),
            "x2 %" PRId64 " N %d total %" PRId64 ": unit %d, the search %d", x2, N, total,
            pmla_inv_unit_at(x2, N, total), pmla_inv_unit_from(0, x2, N, total));
