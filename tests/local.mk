@@ -50,6 +50,15 @@ tests_noalloc_LDFLAGS = -export-dynamic
 
 TESTS += tests/pmla-conformance tests/pmla-unit tests/noalloc
 
+# ---- plan-emu: the GPU metadata kernel's source run on the CPU (its
+# work-group as contexts of one thread) against the host planner, so CI,
+# which has no GPU, checks the device planner's logic
+check_PROGRAMS += tests/plan-emu
+tests_plan_emu_SOURCES = tests/plan_emu.cc
+tests_plan_emu_CPPFLAGS = -I$(top_srcdir)/kernels -I$(top_srcdir)/kernels/gpu
+tests_plan_emu_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-unknown-pragmas
+TESTS += tests/plan-emu
+
 # ---- pmla-multigpu: builders on two GPUs (threads, graphs, tensor parallel
 # processes); built with the GPU backend, run by hand on a GPU machine (see
 # its header), not in TESTS: CI has no GPU
