@@ -127,6 +127,27 @@ PMLA_HD static inline void pmla_inv_write_item(const pmla_plan_output *out, int3
   w[PMLA_WI_PIECE] = j | flags;
 }
 
+/* The schedule of a step whose chunks do not fit the item buffer (never
+ * expected: the builder sizes it for PMLA_INV_MAX_CHUNKS a request): no
+ * item, and the overflow flagged with the input errors `err`. */
+PMLA_HD static inline void pmla_inv_empty(const pmla_plan_input *in, const pmla_plan_output *out,
+                                          int32_t err, int32_t lane, int32_t lanes) {
+  for (int32_t u = lane; u <= in->num_units; u += lanes)
+    out->work_indptr[u] = 0;
+  if (lane != 0)
+    return;
+  out->reduce_indptr[0] = 0;
+  int32_t *meta = out->work_meta_data;
+  meta[PMLA_META_NUM_ITEMS] = 0;
+  meta[PMLA_META_NUM_REDUCE] = 0;
+  meta[PMLA_META_NUM_PARTIALS] = 0;
+  meta[PMLA_META_MODE] = 2;
+  meta[PMLA_META_MAX_PIECES] = 0;
+  meta[PMLA_META_NUM_REQUESTS] = in->num_requests;
+  meta[PMLA_META_ERROR] |= err | PMLA_PLAN_ERR_OVERFLOW;
+  meta[PMLA_META_NUM_ROWS] = 0;
+}
+
 /* Fills every output buffer for one batch-invariant step. Returns the error
  * bits it found (also ORed into work_meta_data[PMLA_META_ERROR]). */
 PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
@@ -136,38 +157,29 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   const int32_t budget = in->max_partials - N; /* slots for splits */
   const int32_t least = in->uniform_len ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
   int32_t err = 0, scratch = 0;
-  int64_t total = 0;
+  int64_t total = 0, chunks = 0;
   for (int32_t r = 0; r < R; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, &err);
-    const int32_t chunk = pmla_inv_chunk(q.len, least);
-    total += pmla_inv_cost(pmla_inv_chunks(q.len, chunk), q.blocks);
+    const int32_t chunk = pmla_inv_chunk(q.len, least), n = pmla_inv_chunks(q.len, chunk);
+    total += pmla_inv_cost(n, q.blocks);
+    chunks += n;
+  }
+  if (chunks > in->max_items) {
+    pmla_inv_empty(in, out, err, 0, 1);
+    return err | PMLA_PLAN_ERR_OVERFLOW;
   }
   if (total < 1)
     total = 1;
   int32_t items = 0, slots = 0, reduces = 0, rows = 0, max_pieces = 0, prev = 0;
   int64_t cum = 0; /* work before the chunk being placed */
-  int over = 0;
   out->work_indptr[0] = 0;
   /* A chunk goes to the unit whose equal share of the line of all work
    * (total) holds the chunk's midpoint: a unit's load stays within one chunk
    * of total / N, and no rounding drifts onto the last unit (chunks are
    * indivisible, so filling each unit up to a capacity would). Midpoints
    * only grow along the line, so each search starts at the unit of the last
-   * chunk placed (pmla_inv_unit_from: no division, which costs a hundred
-   * instructions on the one GPU thread that plans invariant steps). */
+   * chunk placed (pmla_inv_unit_from: no division). */
   int32_t ucur = 0; /* the unit of the last chunk placed */
-  /* one work item on unit pu */
-#define PMLA_INV_ITEM(PU, SLOT, J, FLAGS)                                                      \
-  do {                                                                                     \
-    if (items >= in->max_items) {                                                          \
-      over = 1;                                                                            \
-      goto done;                                                                           \
-    }                                                                                      \
-    pmla_inv_write_item(out, r, &q, chunk, items, prev, (PU), (SLOT), (J), (FLAGS));       \
-    if ((PU) > prev)                                                                       \
-      prev = (PU);                                                                         \
-    items++;                                                                               \
-  } while (0)
   for (int32_t r = 0; r < R; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
     const int32_t chunk = pmla_inv_chunk(q.len, least), n = pmla_inv_chunks(q.len, chunk);
@@ -184,7 +196,9 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
       for (int32_t j = 0; j < n; j++) {
         const int32_t flags = j == 0 ? 0 : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL
                                                       : PMLA_WI_FOLD;
-        PMLA_INV_ITEM(u0, n == 1 ? -1 : acc, j, n == 1 ? 0 : flags);
+        pmla_inv_write_item(out, r, &q, chunk, items++, prev, u0, n == 1 ? -1 : acc, j,
+                            n == 1 ? 0 : flags);
+        prev = u0 > prev ? u0 : prev;
         cum += OH + pmla_inv_chunk_blocks(q.len, chunk, j);
       }
       max_pieces = max_pieces > 1 ? max_pieces : 1;
@@ -197,7 +211,9 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     out->reduce_final_map[reduces] = r;
     reduces++;
     for (int32_t j = 0; j < a; j++) {
-      PMLA_INV_ITEM(u0, first, j, j == 0 ? 0 : PMLA_WI_FOLD);
+      pmla_inv_write_item(out, r, &q, chunk, items++, prev, u0, first, j,
+                          j == 0 ? 0 : PMLA_WI_FOLD);
+      prev = u0 > prev ? u0 : prev;
       cum += OH + pmla_inv_chunk_blocks(q.len, chunk, j);
     }
     out->reduce_partial_map[first] = first;
@@ -213,15 +229,12 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
         on = u;
       }
       out->reduce_partial_map[slots] = slots;
-      PMLA_INV_ITEM(u, slots, j, 0);
+      pmla_inv_write_item(out, r, &q, chunk, items++, prev, u, slots, j, 0);
+      prev = u > prev ? u : prev;
       slots++;
     }
     max_pieces = pieces > max_pieces ? pieces : max_pieces;
   }
-#undef PMLA_INV_ITEM
-done:
-  if (over)
-    err |= PMLA_PLAN_ERR_OVERFLOW;
   for (int32_t uu = prev + 1; uu <= N; uu++)
     out->work_indptr[uu] = items;
   out->reduce_indptr[reduces] = slots;

@@ -154,11 +154,8 @@ __device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned l
  * requests' costs, so each thread places its own request. Only the split
  * budget is spent in request order; one thread walks it for a chunk of
  * requests when those that would split do not all fit it. Equal to
- * pmla_plan_invariant word for word (t_plan_exact), which one thread took
- * 135-165 us at b=128. A step with more chunks than the item buffer holds
- * (never expected: the builder sizes it for 64 a request) is flagged and
- * gets an empty schedule, where the serial planner stops at the item that
- * does not fit. */
+ * pmla_plan_invariant word for word (t_plan_exact, tests/plan_emu.cc),
+ * which one thread took 135-165 us at b=128. */
 __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output &out,
                                int64_t *buf, int32_t *want, int32_t *split_at, int32_t *last_unit,
                                unsigned long long *s_total, unsigned long long *s_items,
@@ -187,17 +184,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   const int64_t total = *s_total > 0 ? (int64_t)*s_total : 1;
   int32_t *meta = out.work_meta_data;
   if (*s_items > (unsigned long long)in.max_items) {
-    for (int32_t u = t; u <= N; u += PLAN_THREADS)
-      out.work_indptr[u] = 0;
-    if (t == 0) {
-      out.reduce_indptr[0] = 0;
-      meta[PMLA_META_NUM_ITEMS] = meta[PMLA_META_NUM_REDUCE] = meta[PMLA_META_NUM_PARTIALS] = 0;
-      meta[PMLA_META_MODE] = 2;
-      meta[PMLA_META_MAX_PIECES] = 0;
-      meta[PMLA_META_NUM_REQUESTS] = R;
-      meta[PMLA_META_ERROR] |= *s_err | PMLA_PLAN_ERR_OVERFLOW;
-      meta[PMLA_META_NUM_ROWS] = 0;
-    }
+    pmla_inv_empty(&in, &out, *s_err, t, PLAN_THREADS);
     return;
   }
   int64_t at_cum = 0; /* the prefix before the chunk of requests */
