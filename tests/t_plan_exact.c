@@ -53,6 +53,37 @@ static void expect_host_schedule(pmla_builder *b, const pmla_plan_input *host_in
   }
 }
 
+/* Builds one block-table step (B requests: query rows qo, lengths lens, a
+ * block table `width` pages wide) on a builder made with cfg and compares
+ * its schedule with the host planner's. */
+static void expect_dense_schedule(const pmla_builder_config *cfg, int32_t B, int32_t *qo,
+                                  int32_t *lens, int32_t *bt, int32_t width, int32_t max_q,
+                                  const char *what) {
+  pmla_builder *b = harness_init(cfg);
+  test_tensor t_qo, t_bt, t_lens;
+  tt_make1(&t_qo, TT_I32, qo, B + 1);
+  tt_make2(&t_bt, TT_I32, bt, B, width);
+  tt_make1(&t_lens, TT_I32, lens, B);
+  pmla_decode_batch batch = {.struct_size = sizeof batch, .kv_layout = PMLA_KV_BLOCK_TABLE,
+                             .qo_indptr = &t_qo.t, .block_table = &t_bt.t,
+                             .kv_lens = &t_lens.t, .stream = harness_stream()};
+  ck_assert_int_eq(g_be->build_decode(b, &batch), PMLA_OK);
+  pmla_plan_input in;
+  memset(&in, 0, sizeof in);
+  in.num_requests = B;
+  in.max_q_len = max_q;
+  in.qo_indptr = qo;
+  in.kv_lens = lens;
+  in.max_kv_len = width * (int32_t)cfg->page_size;
+  in.page_size = (int32_t)cfg->page_size;
+  in.invariant = (cfg->flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
+  expect_host_schedule(b, &in, what);
+  tt_free(&t_qo);
+  tt_free(&t_bt);
+  tt_free(&t_lens);
+  g_be->destroy_builder(b);
+}
+
 START_TEST(test_schedule_equals_host_planner) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ 0x77;
@@ -73,45 +104,24 @@ START_TEST(test_schedule_equals_host_planner) {
     pmla_builder_config cfg = harness_config(round % 2 ? 128 : 16, (uint32_t)ps, MAXB, 2, 0,
                                              (uint32_t)cu);
     cfg.flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
-    pmla_builder *b = harness_init(&cfg);
-    test_tensor t_qo, t_bt, t_lens;
-    tt_make1(&t_qo, TT_I32, qo, B + 1);
-    tt_make2(&t_bt, TT_I32, bt, B, WIDTH);
-    tt_make1(&t_lens, TT_I32, lens, B);
-    pmla_decode_batch batch = {.struct_size = sizeof batch, .kv_layout = PMLA_KV_BLOCK_TABLE,
-                               .qo_indptr = &t_qo.t, .block_table = &t_bt.t,
-                               .kv_lens = &t_lens.t, .stream = harness_stream()};
-    ck_assert_int_eq(g_be->build_decode(b, &batch), PMLA_OK);
-    pmla_plan_input in;
-    memset(&in, 0, sizeof in);
-    in.num_requests = B;
-    in.max_q_len = 2;
-    in.qo_indptr = qo;
-    in.kv_lens = lens;
-    in.max_kv_len = WIDTH * ps;
-    in.page_size = ps;
-    in.invariant = inv;
     char what[64];
     snprintf(what, sizeof what, "dense round %d (B=%d, cu=%d%s)", round, B, cu,
              inv ? ", invariant" : "");
-    expect_host_schedule(b, &in, what);
-    tt_free(&t_qo);
-    tt_free(&t_bt);
-    tt_free(&t_lens);
-    g_be->destroy_builder(b);
+    expect_dense_schedule(&cfg, B, qo, lens, bt, WIDTH, 2, what);
 
     /* sparse: every token one request over topk slots, capped */
     int32_t tokens = 1 + (int32_t)rng_below(&rng, 256), topk = round % 2 ? 2048 : 512;
     int64_t max_seq = (int64_t)rng_below(&rng, 8192);
     cfg = harness_config(16, (uint32_t)ps, 256, 1, (uint32_t)topk, (uint32_t)cu);
     cfg.flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
-    b = harness_init(&cfg);
+    pmla_builder *b = harness_init(&cfg);
     int32_t *idx = calloc((size_t)tokens * (size_t)topk, sizeof(int32_t));
     test_tensor t_idx;
     tt_make2(&t_idx, TT_I32, idx, tokens, topk);
     pmla_sparse_batch sb = {.struct_size = sizeof sb, .topk_indices = &t_idx.t,
                             .max_seq_len = max_seq, .stream = harness_stream()};
     ck_assert_int_eq(g_be->build_sparse(b, &sb), PMLA_OK);
+    pmla_plan_input in;
     memset(&in, 0, sizeof in);
     in.num_requests = tokens;
     in.max_q_len = 1;
@@ -155,31 +165,9 @@ START_TEST(test_invariant_schedule_equals_host_planner_when_the_budget_binds) {
     const uint32_t cu = round < 8 ? units[round % 4] : units[4];
     pmla_builder_config cfg = harness_config(16, PS, B, 1, 0, cu);
     cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
-    pmla_builder *b = harness_init(&cfg);
-    test_tensor t_qo, t_bt, t_lens;
-    tt_make1(&t_qo, TT_I32, qo, B + 1);
-    tt_make2(&t_bt, TT_I32, bt, B, WIDTH);
-    tt_make1(&t_lens, TT_I32, lens, B);
-    pmla_decode_batch batch = {.struct_size = sizeof batch, .kv_layout = PMLA_KV_BLOCK_TABLE,
-                               .qo_indptr = &t_qo.t, .block_table = &t_bt.t,
-                               .kv_lens = &t_lens.t, .stream = harness_stream()};
-    ck_assert_int_eq(g_be->build_decode(b, &batch), PMLA_OK);
-    pmla_plan_input in;
-    memset(&in, 0, sizeof in);
-    in.num_requests = B;
-    in.max_q_len = 1;
-    in.qo_indptr = qo;
-    in.kv_lens = lens;
-    in.max_kv_len = WIDTH * PS;
-    in.page_size = PS;
-    in.invariant = 1;
     char what[64];
     snprintf(what, sizeof what, "long invariant round %d (B=%d, cu=%u)", round, B, cu);
-    expect_host_schedule(b, &in, what);
-    tt_free(&t_qo);
-    tt_free(&t_bt);
-    tt_free(&t_lens);
-    g_be->destroy_builder(b);
+    expect_dense_schedule(&cfg, B, qo, lens, bt, WIDTH, 1, what);
   }
   free(qo);
   free(lens);
