@@ -127,25 +127,27 @@ PMLA_HD static inline void pmla_inv_write_item(const pmla_plan_output *out, int3
   w[PMLA_WI_PIECE] = j | flags;
 }
 
+/* PMLA_META_MODE of an invariant step */
+enum { PMLA_INV_MODE = 2 };
+
+/* The end of an invariant schedule: pmla_plan_finish after `items` items,
+ * `slots` partial slots and `reduces` reduce entries, the last item on
+ * unit `unit` (-1: none). */
+PMLA_HD static inline void pmla_inv_finish(const pmla_plan_input *in,
+                                           const pmla_plan_output *out, int32_t items,
+                                           int32_t slots, int32_t reduces, int32_t unit,
+                                           int32_t max_pieces, int32_t rows, int32_t err,
+                                           int32_t lane, int32_t lanes) {
+  pmla_plan_base end = {0, {0, 0}, items, slots, reduces, unit};
+  pmla_plan_finish(in, out, PMLA_INV_MODE, &end, max_pieces, rows, err, lane, lanes);
+}
+
 /* The schedule of a step whose chunks do not fit the item buffer (never
  * expected: the builder sizes it for PMLA_INV_MAX_CHUNKS a request): no
  * item, and the overflow flagged with the input errors `err`. */
 PMLA_HD static inline void pmla_inv_empty(const pmla_plan_input *in, const pmla_plan_output *out,
                                           int32_t err, int32_t lane, int32_t lanes) {
-  for (int32_t u = lane; u <= in->num_units; u += lanes)
-    out->work_indptr[u] = 0;
-  if (lane != 0)
-    return;
-  out->reduce_indptr[0] = 0;
-  int32_t *meta = out->work_meta_data;
-  meta[PMLA_META_NUM_ITEMS] = 0;
-  meta[PMLA_META_NUM_REDUCE] = 0;
-  meta[PMLA_META_NUM_PARTIALS] = 0;
-  meta[PMLA_META_MODE] = 2;
-  meta[PMLA_META_MAX_PIECES] = 0;
-  meta[PMLA_META_NUM_REQUESTS] = in->num_requests;
-  meta[PMLA_META_ERROR] |= err | PMLA_PLAN_ERR_OVERFLOW;
-  meta[PMLA_META_NUM_ROWS] = 0;
+  pmla_inv_finish(in, out, 0, 0, 0, -1, 0, 0, err | PMLA_PLAN_ERR_OVERFLOW, lane, lanes);
 }
 
 /* Fills every output buffer for one batch-invariant step. Returns the error
@@ -235,18 +237,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     }
     max_pieces = pieces > max_pieces ? pieces : max_pieces;
   }
-  for (int32_t uu = prev + 1; uu <= N; uu++)
-    out->work_indptr[uu] = items;
-  out->reduce_indptr[reduces] = slots;
-  int32_t *meta = out->work_meta_data;
-  meta[PMLA_META_NUM_ITEMS] = items;
-  meta[PMLA_META_NUM_REDUCE] = reduces;
-  meta[PMLA_META_NUM_PARTIALS] = slots;
-  meta[PMLA_META_MODE] = 2;
-  meta[PMLA_META_MAX_PIECES] = max_pieces;
-  meta[PMLA_META_NUM_REQUESTS] = R;
-  meta[PMLA_META_ERROR] |= err;
-  meta[PMLA_META_NUM_ROWS] = rows;
+  pmla_inv_finish(in, out, items, slots, reduces, prev, max_pieces, rows, err, 0, 1);
   return err;
 }
 

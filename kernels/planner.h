@@ -70,7 +70,7 @@ enum {
   PMLA_META_NUM_ITEMS = 0,
   PMLA_META_NUM_REDUCE = 1,
   PMLA_META_NUM_PARTIALS = 2,
-  PMLA_META_MODE = 3, /* 0 fill mode, 1 piece mode */
+  PMLA_META_MODE = 3, /* 0 fill mode, 1 piece mode, 2 batch-invariant (plan_invariant.h) */
   PMLA_META_MAX_PIECES = 4,
   PMLA_META_NUM_REQUESTS = 5,
   PMLA_META_ERROR = 6, /* sticky device error word; the planner only ORs */
@@ -466,11 +466,11 @@ PMLA_HD static inline int32_t pmla_plan_place(const pmla_plan_input *in,
 }
 
 /* Work_indptr of the units after the last item, reduce_indptr's end and the
- * counters; `end` is the prefix after the last request. `lanes` callers
- * share it, lane `lane` of them (the serial planner: 0 of 1). */
+ * counters (mode: the PMLA_META_MODE word); `end` is the prefix after the
+ * last request. `lanes` callers share it, lane `lane` of them (the serial
+ * planners: 0 of 1). */
 PMLA_HD static inline void pmla_plan_finish(const pmla_plan_input *in,
-                                            const pmla_plan_output *out,
-                                            const pmla_plan_shape *sh,
+                                            const pmla_plan_output *out, int32_t mode,
                                             const pmla_plan_base *end, int32_t max_pieces,
                                             int32_t rows, int32_t err, int32_t lane,
                                             int32_t lanes) {
@@ -484,7 +484,7 @@ PMLA_HD static inline void pmla_plan_finish(const pmla_plan_input *in,
   meta[PMLA_META_NUM_ITEMS] = end->items;
   meta[PMLA_META_NUM_REDUCE] = end->reduces;
   meta[PMLA_META_NUM_PARTIALS] = end->partials;
-  meta[PMLA_META_MODE] = sh->piece_mode;
+  meta[PMLA_META_MODE] = mode;
   meta[PMLA_META_MAX_PIECES] = max_pieces;
   meta[PMLA_META_NUM_REQUESTS] = in->num_requests;
   meta[PMLA_META_ERROR] |= err;
@@ -561,7 +561,7 @@ PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_pl
     rows += q.qe - q.qb;
     max_pieces = npieces > max_pieces ? npieces : max_pieces;
   }
-  pmla_plan_finish(in, out, &sh, &at, max_pieces, rows, err, 0, 1);
+  pmla_plan_finish(in, out, sh.piece_mode, &at, max_pieces, rows, err, 0, 1);
   return err;
 }
 

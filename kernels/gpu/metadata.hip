@@ -182,7 +182,6 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   atomicOr(s_err, err);
   __syncthreads();
   const int64_t total = *s_total > 0 ? (int64_t)*s_total : 1;
-  int32_t *meta = out.work_meta_data;
   if (*s_items > (unsigned long long)in.max_items) {
     pmla_inv_empty(&in, &out, *s_err, t, PLAN_THREADS);
     return;
@@ -294,20 +293,8 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   atomicAdd(s_rows, rows);
   atomicMax(s_max_pieces, max_pieces);
   __syncthreads();
-  for (int32_t u = at_unit + 1 + t; u <= N; u += PLAN_THREADS)
-    out.work_indptr[u] = at_items;
-  if (t == 0) {
-    out.work_indptr[0] = 0;
-    out.reduce_indptr[at_reduces] = at_slots;
-    meta[PMLA_META_NUM_ITEMS] = at_items;
-    meta[PMLA_META_NUM_REDUCE] = at_reduces;
-    meta[PMLA_META_NUM_PARTIALS] = at_slots;
-    meta[PMLA_META_MODE] = 2;
-    meta[PMLA_META_MAX_PIECES] = *s_max_pieces;
-    meta[PMLA_META_NUM_REQUESTS] = R;
-    meta[PMLA_META_ERROR] |= *s_err;
-    meta[PMLA_META_NUM_ROWS] = *s_rows;
-  }
+  pmla_inv_finish(&in, &out, at_items, at_slots, at_reduces, at_unit, *s_max_pieces, *s_rows,
+                  *s_err, t, PLAN_THREADS);
 }
 
 __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input in,
@@ -499,7 +486,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   atomicAdd(&s_rows, rows);
   atomicMax(&s_max_pieces, max_pieces);
   __syncthreads();
-  pmla_plan_finish(&in, &out, &sh, &at, s_max_pieces, s_rows, s_err, t, PLAN_THREADS);
+  pmla_plan_finish(&in, &out, sh.piece_mode, &at, s_max_pieces, s_rows, s_err, t, PLAN_THREADS);
 }
 
 } /* namespace */
