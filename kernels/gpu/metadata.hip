@@ -72,10 +72,11 @@ struct Short32 {
  * dependent instructions per request (~70 cycles on the H200): the blocks
  * are read ahead of the chain, AHEAD at a time with no branch between the
  * steps. A warp settling the requests that fit 32 at a time took ~410
- * cycles per unit boundary (docs/performance.md). With REC, records the state entering each request
- * and its piece count. Sets *over when a request gets more pieces than
- * `cap` (0: no cap), *overflow when the fill runs past the last unit's room
- * (never expected: planner.h proves it cannot). */
+ * cycles per unit boundary (docs/performance.md). With REC, records the
+ * state entering each request and its piece count. Sets *over when a
+ * request gets more pieces than `cap` (0: no cap), *overflow when the fill
+ * runs past the last unit's room (never expected: planner.h proves it
+ * cannot). */
 template <bool REC, typename Step>
 __device__ __forceinline__ void walk_chunk(const int64_t *__restrict__ blocks, int32_t n,
                                            int64_t capacity, int32_t units, int32_t cap,
