@@ -24,10 +24,10 @@ using namespace pmla_mma;
 constexpr int REDUCE_THREADS = 128;
 constexpr int64_t REDUCE_MAX_BLOCKS = 2048; /* 16 resident blocks x 128 SMs */
 
-/* Pieces whose partial rows a warp loads before it adds any of them, so
- * AHEAD * PMLA_V_DIM * 4 bytes per warp are in flight, not one row. */
-constexpr int AHEAD = 4;
-static_assert(WARP % AHEAD == 0, "a chunk's pieces j0 + a stay below WARP");
+/* Steps with at most this many query rows reduce each row with 4 warps:
+ * 4 x 2048 warps are about what 132 SMs hold at once (64 warps each), so
+ * no warp then loops over a second row. */
+constexpr int64_t FEW_ROWS = 2048;
 
 /* a load that skips L1 (NVIDIA); a plain load elsewhere */
 template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
@@ -38,43 +38,60 @@ template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
 #endif
 }
 
-/* One warp merges row i of reduce entry k (its request's query rows start
- * at token qb) by lse into bf16 out (+ lse). The lanes first take one piece
- * each (its slot and weight exp(lse - max lse), 0 for a piece to skip);
- * then the warp walks the pieces AHEAD at a time, every lane loading its
- * columns of all AHEAD rows before adding them. Partials are read once,
- * past L1. */
-__device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int k, int i, int qb,
-                                          int lane) {
-  constexpr int V4 = PMLA_V_DIM / 4 / WARP; /* float4 per lane */
+/* PARTS warps merge row i of reduce entry k (pieces [p0, p1); its
+ * request's query rows start at token qb), each a PARTS-th of the columns,
+ * by lse into bf16 out (+ lse). The lanes take 32 pieces at a time (each
+ * its slot and lse, one load chain per 32 pieces), the running maximum
+ * rescales what is summed so far when a later 32 raise it, and the warp
+ * then walks those pieces AHEAD at a time, every lane loading its columns of
+ * all AHEAD rows before adding them: 16 float4 in flight per lane whatever
+ * PARTS. Few rows (a lone or small batch of long requests) take 4 warps a
+ * row, so a row's pieces are read in a quarter of the steps; many rows take
+ * one (the extra index loads would cost more than the shorter walk).
+ * Partials are read once, past L1. */
+template <int PARTS>
+__device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int qb, int p0,
+                                          int p1, int part, int lane) {
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS; /* float4 per lane */
+  constexpr int AHEAD = 16 / V4;
+  static_assert(WARP % AHEAD == 0, "a chunk's pieces j0 + a stay below WARP");
+  const int col4 = lane + part * WARP * V4; /* this lane's first float4 */
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
   const int64_t max_slots = p.max_slots;
-  const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
   float best = -INFINITY;
-  for (int q = p0 + lane; q < p1; q += WARP) {
-    int s = p.reduce_partial_map[q];
-    if (s >= 0 && s < max_slots)
-      best = fmaxf(best, ld_past_l1(p.partial_lse + (int64_t)s * rows_max + i));
-  }
-  best = warp_max(best);
   float4 acc[V4];
 #pragma unroll
   for (int v = 0; v < V4; v++)
     acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
   float total = 0.f; /* this lane's pieces' weights */
-  for (int c0 = p0; best != -INFINITY && c0 < p1; c0 += WARP) {
+  for (int c0 = p0; c0 < p1; c0 += WARP) {
     const int q = c0 + lane;
-    int64_t row = 0; /* this lane's piece: its partial row, and weight */
-    float wgt = 0.f;
+    int64_t row = 0; /* this lane's piece: its partial row, lse and weight */
+    float l = -INFINITY;
     if (q < p1) {
-      int s = p.reduce_partial_map[q];
+      const int s = p.reduce_partial_map[q];
       if (s >= 0 && s < max_slots) {
         row = (int64_t)s * rows_max + i;
-        float l = ld_past_l1(p.partial_lse + row);
-        wgt = l == -INFINITY ? 0.f : expf(l - best);
+        l = ld_past_l1(p.partial_lse + row);
       }
     }
+    const float m = fmaxf(best, warp_max(l));
+    if (m == -INFINITY) /* nothing to add yet */
+      continue;
+    if (m != best) { /* a new maximum: what was summed scales down */
+      const float c = best == -INFINITY ? 0.f : expf(best - m);
+      total *= c;
+#pragma unroll
+      for (int v = 0; v < V4; v++) {
+        acc[v].x *= c;
+        acc[v].y *= c;
+        acc[v].z *= c;
+        acc[v].w *= c;
+      }
+      best = m;
+    }
+    const float wgt = l == -INFINITY ? 0.f : expf(l - best);
     total += wgt;
     const int n = p1 - c0 < WARP ? p1 - c0 : WARP;
     for (int j0 = 0; j0 < n; j0 += AHEAD) {
@@ -87,7 +104,7 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int k, int
         const float4 *src = (const float4 *)(p.partial_out + at * PMLA_V_DIM);
 #pragma unroll
         for (int v = 0; v < V4; v++)
-          x[a][v] = w[a] != 0.f ? ld_past_l1(src + lane + v * WARP) : make_float4(0.f, 0.f, 0.f, 0.f);
+          x[a][v] = w[a] != 0.f ? ld_past_l1(src + col4 + v * WARP) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int a = 0; a < AHEAD; a++)
@@ -108,12 +125,11 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int k, int
     uint2 pk;
     pk.x = pack_bf16x2(acc[v].x * inv, acc[v].y * inv);
     pk.y = pack_bf16x2(acc[v].z * inv, acc[v].w * inv);
-    *(uint2 *)(dst + (lane + v * WARP) * 4) = pk;
+    *(uint2 *)(dst + (col4 + v * WARP) * 4) = pk;
   }
-  if (lane == 0 && p.lse)
+  if (lane == 0 && part == 0 && p.lse)
     p.lse[(int64_t)qb * H + i] = total > 0.f ? best + logf(total) : -INFINITY;
 }
-
 /* Batch-invariant: the left fold of the pieces in order (fold.h), the same
  * fold the decode items of a whole request perform, so a split request
  * gets the bits it would get whole. Every lane computes the weights. A warp
@@ -121,13 +137,12 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int k, int
  * request's pieces are folded one after another, so the row's work is
  * spread over more warps instead. */
 constexpr int FOLD_PARTS = 4;
-__device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int k, int i, int qb,
-                                               int part, int lane) {
+__device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
+                                               int p1, int part, int lane) {
   constexpr int V4 = PMLA_V_DIM / 4 / WARP / FOLD_PARTS;
   lane += part * WARP * V4; /* this warp's float4 columns start there */
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
-  const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
   constexpr int D = 8; /* pieces in flight */
   float4 acc[V4], buf[D][V4];
   float lse = -INFINITY, bl[D];
@@ -196,7 +211,9 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int k
     p.lse[(int64_t)qb * H + i] = lse;
 }
 
-/* One warp per (reduce entry, row). */
+/* PARTS warps per (reduce entry, row). The entry's bounds, request and
+ * query rows are loaded together, before the checks that need them. */
+template <int PARTS, bool FOLD>
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
   pdl_wait();
   pdl_trigger();
@@ -206,12 +223,12 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
   const int lane = threadIdx.x % WARP;
   const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP);
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
-  const int parts = p.fold ? FOLD_PARTS : 1;
   for (int64_t pair = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-       pair < nred * rows_max * parts; pair += nw) {
-    const int part = (int)(pair % parts);
-    const int k = (int)(pair / parts / rows_max), i = (int)(pair / parts % rows_max);
+       pair < nred * rows_max * PARTS; pair += nw) {
+    const int part = (int)(pair % PARTS);
+    const int k = (int)(pair / PARTS / rows_max), i = (int)(pair / PARTS % rows_max);
     const int r = p.reduce_final_map[k];
+    const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
     const int qb = p.qo_indptr ? p.qo_indptr[r] : r;
     const int qe = p.qo_indptr ? p.qo_indptr[r + 1] : r + 1;
     if (qb < 0 || qe < qb || qe > p.num_tokens || qe - qb > mq) {
@@ -221,24 +238,33 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     }
     if (i >= (qe - qb) * H)
       continue;
-    if (p.fold)
-      reduce_row_fold(p, k, i, qb, part, lane);
+    if (FOLD)
+      reduce_row_fold(p, i, qb, p0, p1, part, lane);
     else
-      reduce_row(p, k, i, qb, lane);
+      reduce_row<PARTS>(p, i, qb, p0, p1, part, lane);
   }
 }
 
-} /* namespace */
-
-hipError_t pmla_launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
+template <int PARTS, bool FOLD>
+hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
   /* entries < num_units (a split request spans a boundary between units,
    * in both planners), rows per entry <= max_q_len * heads */
-  int64_t pairs = (int64_t)p.num_units * p.max_q_len * p.num_heads * (p.fold ? FOLD_PARTS : 1);
+  int64_t pairs = (int64_t)p.num_units * p.max_q_len * p.num_heads * PARTS;
   int64_t blocks = (pairs + REDUCE_THREADS / WARP - 1) / (REDUCE_THREADS / WARP);
   /* the loop strides over the pairs: a grid that fills the GPU once is
    * enough, and blocks past the entries of the step would only exit */
   if (blocks > REDUCE_MAX_BLOCKS)
     blocks = REDUCE_MAX_BLOCKS;
-  return pdl_launch(pmla_reduce_kernel, dim3((unsigned)blocks), dim3(REDUCE_THREADS), 0, stream,
-                    p);
+  return pdl_launch(pmla_reduce_kernel<PARTS, FOLD>, dim3((unsigned)blocks),
+                    dim3(REDUCE_THREADS), 0, stream, p);
+}
+
+} /* namespace */
+
+hipError_t pmla_launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
+  if (p.fold)
+    return launch_reduce<FOLD_PARTS, true>(p, stream);
+  if (p.num_tokens * p.num_heads <= FEW_ROWS)
+    return launch_reduce<4, false>(p, stream);
+  return launch_reduce<1, false>(p, stream);
 }
