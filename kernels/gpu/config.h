@@ -4,8 +4,9 @@
  * The default build sets none of them; .ci/device-build builds a plugin per
  * knob so the conformance suite covers each path on one GPU.
  *
- *   PMLA_PDL=1      programmatic dependent launch between the metadata,
- *                   decode and reduce kernels (NVIDIA sm_90; default 0)
+ *   PMLA_PDL=0      plain launches instead of programmatic dependent launch
+ *                   between the metadata, decode and reduce kernels
+ *                   (default 1; it applies on NVIDIA sm_90 only)
  *   PMLA_MIN_MT=N   force the smallest row tile to N x 16 rows (1: the
  *                   16/32-row mma.sync body for h <= 32; default 0 = chosen
  *                   per builder by pmla_gpu_min_mt)
@@ -18,7 +19,7 @@
 #define PMLA_GPU_CONFIG_H
 
 #ifndef PMLA_PDL
-#define PMLA_PDL 0
+#define PMLA_PDL 1
 #endif
 #ifndef PMLA_MIN_MT
 #define PMLA_MIN_MT 0

@@ -1,16 +1,18 @@
 /* SPDX-License-Identifier: MIT */
-/* pdl.h - programmatic dependent launch (NVIDIA sm_90, CUDA 12+), behind
- * the knob PMLA_PDL of config.h (default 0: plain launches, the calls below
- * are no-ops; always so on AMD).
+/* pdl.h - programmatic dependent launch (NVIDIA sm_90, CUDA 12+), on by
+ * default; the knob PMLA_PDL=0 of config.h makes plain launches and the
+ * calls below no-ops (always so on AMD).
  *
- * With PMLA_PDL=1 each of our kernels is launched with programmatic stream
+ * Each of our kernels is launched with programmatic stream
  * serialisation: the runtime may schedule it while the previous kernel in
  * the stream is still running, which hides the launch gap between the
  * metadata, decode and reduce kernels. Every kernel therefore calls
- * pdl_wait() before it touches global memory (it returns once the previous
- * grid has completed and its writes are visible: the caller's own kernels
- * before ours are covered too), and pdl_trigger() early so that the next
- * kernel may be scheduled. */
+ * pdl_wait() before it touches memory an earlier kernel writes (it returns
+ * once the previous grid has completed and its writes are visible: the
+ * caller's own kernels before ours are covered too), and pdl_trigger()
+ * early so that the next kernel may be scheduled. The one read before the
+ * wait is the reduce's of the schedule: the decode kernel triggers only
+ * after its own wait, by which time the metadata kernel has completed. */
 #ifndef PMLA_GPU_PDL_H
 #define PMLA_GPU_PDL_H
 
@@ -32,12 +34,28 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+#ifdef PMLA_PDL_ON
+/* the current device runs griddepcontrol (sm_90 and later); the kernels
+ * built for older targets compile the calls above to nothing, so they must
+ * not be launched early there */
+static inline bool pdl_device() {
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         major >= 9;
+}
+#endif
+
 /* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute
- * when PMLA_PDL is on */
+ * when PMLA_PDL is on and the device supports it */
 template <typename... P, typename... A>
 static inline hipError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
                                     hipStream_t stream, A... args) {
 #ifdef PMLA_PDL_ON
+  if (!pdl_device()) {
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return hipGetLastError();
+  }
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;

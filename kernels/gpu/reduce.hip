@@ -24,10 +24,11 @@ using namespace pmla_mma;
 constexpr int REDUCE_THREADS = 128;
 constexpr int64_t REDUCE_MAX_BLOCKS = 2048; /* 16 resident blocks x 128 SMs */
 
-/* Steps with at most this many query rows reduce each row with 4 warps:
- * 4 x 2048 warps are about what 132 SMs hold at once (64 warps each), so
- * no warp then loops over a second row. */
+/* Steps with at most this many query rows reduce each row with SPLIT warps
+ * (one float4 of columns per lane): 4 x 2048 warps are about what 132 SMs
+ * hold at once (64 warps each), so no warp then loops over a second row. */
 constexpr int64_t FEW_ROWS = 2048;
+constexpr int SPLIT = PMLA_V_DIM / 4 / WARP; /* 4 (32-lane warps), 2 (64-lane) */
 
 /* a load that skips L1 (NVIDIA); a plain load elsewhere */
 template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
@@ -45,8 +46,8 @@ template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
  * rescales what is summed so far when a later 32 raise it, and the warp
  * then walks those pieces AHEAD at a time, every lane loading its columns of
  * all AHEAD rows before adding them: 16 float4 in flight per lane whatever
- * PARTS. Few rows (a lone or small batch of long requests) take 4 warps a
- * row, so a row's pieces are read in a quarter of the steps; many rows take
+ * PARTS. Few rows (a lone or small batch of long requests) take SPLIT warps
+ * a row, so a row's pieces are read in a SPLIT-th of the steps; many rows take
  * one (the extra index loads would cost more than the shorter walk).
  * Partials are read once, past L1. */
 template <int PARTS>
@@ -133,13 +134,12 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int
 /* Batch-invariant: the left fold of the pieces in order (fold.h), the same
  * fold the decode items of a whole request perform, so a split request
  * gets the bits it would get whole. Every lane computes the weights. A warp
- * folds one quarter of the row's columns (FOLD_PARTS warps a row): a long
+ * folds a SPLIT-th of the row's columns (SPLIT warps a row): a long
  * request's pieces are folded one after another, so the row's work is
  * spread over more warps instead. */
-constexpr int FOLD_PARTS = 4;
 __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
                                                int p1, int part, int lane) {
-  constexpr int V4 = PMLA_V_DIM / 4 / WARP / FOLD_PARTS;
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP / SPLIT;
   lane += part * WARP * V4; /* this warp's float4 columns start there */
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
@@ -211,50 +211,70 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
     p.lse[(int64_t)qb * H + i] = lse;
 }
 
-/* PARTS warps per (reduce entry, row). The entry's bounds, request and
- * query rows are loaded together, before the checks that need them. */
+/* A reduce entry: its request, pieces [p0, p1) and query rows [qb, qe). */
+struct Entry {
+  int r, p0, p1, qb, qe;
+};
+__device__ __forceinline__ Entry entry_at(const pmla_gpu_problem &p, int k) {
+  Entry e;
+  e.r = p.reduce_final_map[k];
+  e.p0 = p.reduce_indptr[k];
+  e.p1 = p.reduce_indptr[k + 1];
+  e.qb = p.qo_indptr ? p.qo_indptr[e.r] : e.r;
+  e.qe = p.qo_indptr ? p.qo_indptr[e.r + 1] : e.r + 1;
+  return e;
+}
+/* PARTS warps per (reduce entry, row). The schedule is the metadata
+ * kernel's, complete before the decode kernel began, so a warp reads its
+ * first entry before waiting for the decode: under programmatic dependent
+ * launch that chain of loads runs while the decode finishes. */
 template <int PARTS, bool FOLD>
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
-  pdl_wait();
-  pdl_trigger();
   const int H = p.num_heads, mq = p.max_q_len;
   const int64_t rows_max = (int64_t)mq * H;
   const int nred = p.work_meta_data[PMLA_META_NUM_REDUCE];
+  const int64_t npairs = nred * rows_max * PARTS;
   const int lane = threadIdx.x % WARP;
   const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP);
+  const int64_t first = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+  const Entry e0 = first < npairs ? entry_at(p, (int)(first / PARTS / rows_max)) : Entry{};
+  pdl_wait();
+  pdl_trigger();
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
-  for (int64_t pair = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-       pair < nred * rows_max * PARTS; pair += nw) {
+  for (int64_t pair = first; pair < npairs; pair += nw) {
     const int part = (int)(pair % PARTS);
     const int k = (int)(pair / PARTS / rows_max), i = (int)(pair / PARTS % rows_max);
-    const int r = p.reduce_final_map[k];
-    const int p0 = p.reduce_indptr[k], p1 = p.reduce_indptr[k + 1];
-    const int qb = p.qo_indptr ? p.qo_indptr[r] : r;
-    const int qe = p.qo_indptr ? p.qo_indptr[r + 1] : r + 1;
-    if (qb < 0 || qe < qb || qe > p.num_tokens || qe - qb > mq) {
+    const Entry e = pair == first ? e0 : entry_at(p, k);
+    if (e.qb < 0 || e.qe < e.qb || e.qe > p.num_tokens || e.qe - e.qb > mq) {
       if (lane == 0 && i == 0 && part == 0)
         atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
       continue;
     }
-    if (i >= (qe - qb) * H)
+    if (i >= (e.qe - e.qb) * H)
       continue;
     if (FOLD)
-      reduce_row_fold(p, i, qb, p0, p1, part, lane);
+      reduce_row_fold(p, i, e.qb, e.p0, e.p1, part, lane);
     else
-      reduce_row<PARTS>(p, i, qb, p0, p1, part, lane);
+      reduce_row<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane);
   }
 }
 
 template <int PARTS, bool FOLD>
 hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
   /* entries < num_units (a split request spans a boundary between units,
-   * in both planners), rows per entry <= max_q_len * heads */
-  int64_t pairs = (int64_t)p.num_units * p.max_q_len * p.num_heads * PARTS;
+   * in both planners) and, but for requests without query rows (which
+   * have nothing to merge), <= num_tokens; rows per entry <= max_q_len *
+   * heads. The loop strides over the pairs, so the grid only sets how many
+   * run at once: one that fills the GPU once is enough, and blocks past the
+   * step's entries would only start and exit (a lone request's reduce
+   * needs 16 blocks, not 2048). */
+  const int64_t entries = p.num_tokens < p.num_units ? p.num_tokens : p.num_units;
+  int64_t pairs = entries * p.max_q_len * p.num_heads * PARTS;
   int64_t blocks = (pairs + REDUCE_THREADS / WARP - 1) / (REDUCE_THREADS / WARP);
-  /* the loop strides over the pairs: a grid that fills the GPU once is
-   * enough, and blocks past the entries of the step would only exit */
   if (blocks > REDUCE_MAX_BLOCKS)
     blocks = REDUCE_MAX_BLOCKS;
+  if (blocks < 1)
+    blocks = 1;
   return pdl_launch(pmla_reduce_kernel<PARTS, FOLD>, dim3((unsigned)blocks),
                     dim3(REDUCE_THREADS), 0, stream, p);
 }
@@ -263,8 +283,8 @@ hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
 
 hipError_t pmla_launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
   if (p.fold)
-    return launch_reduce<FOLD_PARTS, true>(p, stream);
+    return launch_reduce<SPLIT, true>(p, stream);
   if (p.num_tokens * p.num_heads <= FEW_ROWS)
-    return launch_reduce<4, false>(p, stream);
+    return launch_reduce<SPLIT, false>(p, stream);
   return launch_reduce<1, false>(p, stream);
 }
