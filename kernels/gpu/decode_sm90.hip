@@ -327,7 +327,77 @@ __device__ __forceinline__ void stage_o(char *sO, const float (&o)[128], const f
     }
   }
 }
-template <int F, bool FOLD>
+/* Tiles of at most 16 rows (NARROW): the 64 tokens of a block are the M
+ * side of every wgmma, so no MMA works on padding rows. S^T = K Q^T is 36
+ * m64n16k16 (A = the K tile, B = Q), its softmax runs down the columns
+ * (one per row of the item), and O^T += V^T P^T is 16 m64n16k16 per
+ * warpgroup (A = the stage's V read transposed, four 64-dim column blocks;
+ * B = P^T, 16 rows of 64 tokens in the stage's rope block). Element e of a
+ * thread's 8-value S^T or O^T tile sits at M index 16 w + lane / 4 + 8 ((e
+ * >> 1) & 1) (w: the warp in its warpgroup) and column nar_col(lane,
+ * nar_k(e)); a thread holds four columns, k = 0..3. */
+__device__ __forceinline__ int nar_k(int e) { return 2 * (e >> 2) + (e & 1); }
+__device__ __forceinline__ int nar_col(int lane, int k) {
+  return 8 * (k >> 1) + 2 * (lane & 3) + (k & 1);
+}
+/* max / sum over the eight lanes of a warp that share lane & 3 */
+__device__ __forceinline__ float col_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+}
+__device__ __forceinline__ float col_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 8);
+  return v + __shfl_xor_sync(0xffffffffu, v, 16);
+}
+/* O^T *= corr by column; skipped when no column of the warp moved */
+__device__ __forceinline__ void nar_scale_o(float (&o)[32], const float (&c)[4]) {
+  if (!__any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f || c[2] != 1.f || c[3] != 1.f))
+    return;
+#pragma unroll
+  for (int e = 0; e < 32; e++)
+    o[e] *= c[nar_k(e & 7)];
+}
+/* this warpgroup's O^T += V^T P^T for dims 256 g.. of the stage at aK (P^T
+ * in its rope block), issued and committed */
+template <bool F16>
+__device__ __forceinline__ void nar_pv(float (&o)[32], uint32_t aK, int g) {
+  const uint64_t dv = desc(aK, BLK, 1024), dp = desc(aK + 8 * BLK, 16, 1024);
+  wg_fence();
+#pragma unroll
+  for (int m = 0; m < 4; m++)
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+      mma_n16_ta<F16>(o + 8 * m, desc_at(dv, (4 * g + m) * BLK + kk * 16 * 128),
+                      desc_at(dp, kk * 32));
+  wg_commit();
+}
+/* the epilogue's staging (stage_o) for NARROW tiles: row c of the item is
+ * column c of O^T */
+template <bool PARTIAL>
+__device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], const float *sL, int g,
+                                            int wi, int lane, int nrows, float out_scale) {
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const int c = nar_col(lane, k);
+    if (c >= nrows)
+      continue;
+    const float l = sL[c], inv = l > 0.f ? out_scale / l : 0.f;
+    char *row = sO + c * Staged<PARTIAL>::STRIDE;
+#pragma unroll
+    for (int e = 0; e < 32; e++) {
+      if (nar_k(e & 7) != k)
+        continue;
+      const int d = 256 * g + 64 * (e >> 3) + 16 * wi + (lane >> 2) + 8 * ((e >> 1) & 1);
+      if (PARTIAL)
+        *(float *)(row + d * 4) = o[e] * inv;
+      else
+        *(uint16_t *)(row + d * 2) = (uint16_t)(pack_bf16x2(o[e] * inv, 0.f) & 0xffffu);
+    }
+  }
+}
+template <int F, bool FOLD, bool NARROW>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
@@ -360,6 +430,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aDone = smem_u32(sVm + 6);   /* mbarrier: an item's row stats written */
   float *sQf = (float *)(sVm + 8);             /* F16: [ROWS] Q's row factors (q_row_to_f16) */
   uint64_t *sVr = sVm + 8 + ROWS / 2;          /* FP8: [4] token validity bits by block & 3 */
+  float *sMx = (float *)(sVr + 4); /* NARROW: [2][4 warps][16] column maxima, by block parity */
   char *sRaw = sKV + TILE;                     /* FP8: [NH] raw half-blocks, half h in h % NH */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
@@ -424,9 +495,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-    float o[128];
+    constexpr int OR = NARROW ? 32 : 128;
+    float o[OR];
 #pragma unroll
-    for (int e = 0; e < 128; e++)
+    for (int e = 0; e < OR; e++)
       o[e] = 0.f;
     /* consecutive items of one request (a batch-invariant request's chunks)
      * find its Q in shared memory already (F16: converted, unless the item
@@ -504,14 +576,24 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
         wait_phase ^= 1u << (b & 1);
         const uint32_t aK = smem_u32(stage(b));
-        wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
-        reg_fence<128>(o);
-        wg_fence();
+        if constexpr (NARROW) {
+          float c[4];
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-          mma_n256_tb<F16>(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
-                           desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
-        wg_commit();
+          for (int k = 0; k < 4; k++)
+            c[k] = sCorr[(b & 1) * ROWS + nar_col(lane, k)];
+          nar_scale_o(o, c);
+          reg_fence<OR>(o);
+          nar_pv<F16>(o, aK, 1);
+        } else {
+          wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
+          reg_fence<128>(o);
+          wg_fence();
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; kk++)
+            mma_n256_tb<F16>(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
+                             desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
+          wg_commit();
+        }
       };
       if (FP8) {
         /* half h (32 rows of block h / 2) into raw slot h % NH, four
@@ -555,7 +637,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           }
           pv(b);
           wg_wait0();
-          reg_fence<128>(o);
+          reg_fence<OR>(o);
         }
       } else {
         uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
@@ -586,7 +668,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           if (pending & (1u << ((b + 1) & 1)))
             publish(b + 1);
           wg_wait0();
-          reg_fence<128>(o);
+          reg_fence<OR>(o);
         }
       }
       cp_wait<0>();
@@ -595,6 +677,128 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
        * block barrier order these cross-warpgroup accesses) */
       mbar_wait(aDone, done_phase);
       done_phase ^= 1;
+    } else if constexpr (NARROW) {
+      /* ---------------- warpgroup 0, NARROW: S^T + softmax + O^T dims 0..255 */
+      int lim[4];     /* by column: tokens before it are attended */
+      float sc[4];    /* by column; F16: times Q's row factor */
+      float m_run[4], l_run[4];
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int i = row0 + nar_col(lane, k);
+        const int causal = len - qlen + 1 + i / H;
+        lim[k] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+        sc[k] = scale_log2;
+        m_run[k] = -INFINITY;
+        l_run[k] = 0.f;
+      }
+      const int t0 = 16 * wi + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
+      float s[8];
+      for (int b = 0; b < nblk; b++) {
+        if (FP8)
+          ring_convert(b, q_new);
+        else {
+          mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+          wait_phase ^= 1u << (b & 1);
+        }
+        char *sK = stage(b);
+        const uint32_t aK = smem_u32(sK);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          s[e] = 0.f;
+        reg_fence<8>(s);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+          const uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
+          mma_n16<F16>(s, desc_at(desc(aK, 16, 1024), ko), desc_at(dQ, ko));
+        }
+        wg_commit();
+        if (F16 && b == 0) /* block 0 came with Q and its row factors */
+#pragma unroll
+          for (int k = 0; k < 4; k++)
+            sc[k] = scale_log2 * sQf[nar_col(lane, k)];
+        wg_wait0();
+        reg_fence<8>(s);
+        /* mask (raw scores; -inf where a token is invalid or causally after
+         * the column's row), then the column maxima over the block: within
+         * the warp by shuffles, across the four warps through sMx */
+        const int pos0 = kb + b * BN;
+        const uint64_t vm = FP8 ? sVr[b & 3] : sVm[b & 1];
+        float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int k = nar_k(e), t = t0 + 8 * ((e >> 1) & 1);
+          if (!((vm & before64(lim[k], pos0)) >> t & 1))
+            s[e] = -INFINITY;
+          mx[k] = fmaxf(mx[k], s[e]);
+        }
+        float *mxb = sMx + (b & 1) * 64;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          mx[k] = col_max(mx[k]);
+          if (lane < 4)
+            mxb[wi * 16 + nar_col(lane, k)] = mx[k];
+        }
+        /* also: every warp's S^T has read the rope block P^T overwrites */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+        float muse[4], corr[4], sum[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const int c = nar_col(lane, k);
+          const float bm = fmaxf(fmaxf(mxb[c], mxb[16 + c]), fmaxf(mxb[32 + c], mxb[48 + c]));
+          float m = fmaxf(m_run[k], bm * sc[k]);
+          if (m - m_run[k] <= RESCALE_SLACK) /* as in softmax_pv below */
+            m = m_run[k];
+          muse[k] = m == -INFINITY ? 0.f : m;
+          corr[k] = fast_exp2(m_run[k] - muse[k]);
+          m_run[k] = m;
+          sum[k] = 0.f;
+          if (wi == 0 && lane < 4)
+            sCorr[(b & 1) * ROWS + c] = corr[k];
+        }
+        /* P^T: row c of the rope block holds column c's 64 probabilities */
+        char *sP = sK + 8 * BLK;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int k = nar_k(e), c = nar_col(lane, k), t = t0 + 8 * ((e >> 1) & 1);
+          const float pv = fast_exp2(fmaf(s[e], sc[k], -muse[k]));
+          sum[k] += pv;
+          const uint32_t pk = F16 ? pack_f16x2(pv, 0.f) : pack_bf16x2(pv, 0.f);
+          *(uint16_t *)(sP + c * 128 + (((t >> 3) ^ (c & 7)) << 4) + ((t & 7) << 1)) =
+              (uint16_t)(pk & 0xffffu);
+        }
+        proxy_fence();
+        mbar_arrive(aPready + 8 * (b & 1));
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          l_run[k] = l_run[k] * corr[k] + sum[k];
+        nar_scale_o(o, corr);
+        reg_fence<32>(o);
+        nar_pv<F16>(o, aK, 0);
+        wg_wait0();
+        reg_fence<32>(o);
+        if (!FP8 && b + 2 < nblk)
+          nb_arrive(EMPTY + (b & 1));
+      }
+      /* the columns' sums over the four warps (sMx's other half is free:
+       * every warp has passed the last block's barrier) */
+      float *sb = sMx + (nblk & 1) * 64;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        l_run[k] = col_sum(l_run[k]);
+        if (lane < 4)
+          sb[wi * 16 + nar_col(lane, k)] = l_run[k];
+      }
+      asm volatile("bar.sync 7, 128;\n" ::: "memory");
+      if (wi == 0 && lane < 4) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const int c = nar_col(lane, k);
+          sM[c] = m_run[k];
+          sL[c] = sb[c] + sb[16 + c] + sb[32 + c] + sb[48 + c];
+        }
+      }
+      mbar_arrive(aDone);
     } else {
       /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
       int lim[2];
@@ -717,11 +921,17 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     __syncthreads();
 
-    if (!FOLD) { /* out is 16-byte aligned (gpu_decode refuses it otherwise) */
-      if (pslot >= 0)
+    if constexpr (!FOLD) { /* out is 16-byte aligned (gpu_decode refuses it otherwise) */
+      if constexpr (NARROW) {
+        if (pslot >= 0)
+          nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
+        else
+          nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
+      } else if (pslot >= 0) {
         stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
-      else
+      } else {
         stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
+      }
       proxy_fence();
       __syncthreads();
       if (g == 1) {
@@ -754,14 +964,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
  * boxes, 128B swizzle), valid when use_tma */
-template <int F, bool FOLD>
+template <int F, bool FOLD, bool NARROW>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F, FOLD>(p, scale_log2, &kv_tmap, use_tma);
+  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -800,18 +1010,18 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-template <int F, bool FOLD>
+template <int F, bool FOLD, bool NARROW = false>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
   hipError_t e =
-      pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD>, SMEM, &opted_in);
+      pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW>, SMEM, &opted_in);
   if (e != hipSuccess)
     return e;
   const dim3 grid((unsigned)p.num_units, (unsigned)tiles);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
   const int use_tma = kv_tensor_map(&tmap, p);
-  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD>, grid, dim3(NT), SMEM, st, p,
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
@@ -820,14 +1030,23 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
 hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   /* the batch-invariant epilogue is a variant of its own: its registers
    * would otherwise spill in the default one */
-  switch (p.kv_format * 2 + (p.fold != 0)) {
-  case PMLA_KV_E4M3 * 2:
+  /* tiles of at most 16 rows (a step's rows: heads x query tokens) take
+   * the NARROW body, outside the batch-invariant mode */
+  const bool narrow = (int64_t)p.num_heads * p.max_q_len <= 16;
+  switch (p.kv_format * 4 + (p.fold != 0) * 2 + (narrow && !p.fold)) {
+  case PMLA_KV_E4M3 * 4 + 1:
+    return launch_decode_wg<PMLA_KV_E4M3, false, true>(p, tiles, st);
+  case PMLA_KV_DS_MLA * 4 + 1:
+    return launch_decode_wg<PMLA_KV_DS_MLA, false, true>(p, tiles, st);
+  case PMLA_KV_BF16 * 4 + 1:
+    return launch_decode_wg<PMLA_KV_BF16, false, true>(p, tiles, st);
+  case PMLA_KV_E4M3 * 4:
     return launch_decode_wg<PMLA_KV_E4M3, false>(p, tiles, st);
-  case PMLA_KV_E4M3 * 2 + 1:
+  case PMLA_KV_E4M3 * 4 + 2:
     return launch_decode_wg<PMLA_KV_E4M3, true>(p, tiles, st);
-  case PMLA_KV_DS_MLA * 2:
+  case PMLA_KV_DS_MLA * 4:
     return launch_decode_wg<PMLA_KV_DS_MLA, false>(p, tiles, st);
-  case PMLA_KV_DS_MLA * 2 + 1:
+  case PMLA_KV_DS_MLA * 4 + 2:
     return launch_decode_wg<PMLA_KV_DS_MLA, true>(p, tiles, st);
   default:
     return p.fold ? launch_decode_wg<PMLA_KV_BF16, true>(p, tiles, st)
@@ -840,7 +1059,7 @@ void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
 bool pmla_sm90_image_runs() {
   /* binaryVersion 90: the sm_90a image (the one with the body) runs here */
   cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false>) !=
+  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, false>) !=
       cudaSuccess) {
     cudaGetLastError(); /* no image for this device: no error left behind */
     return false;

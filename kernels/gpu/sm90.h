@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* sm90.h - the sm_90a primitives the wgmma decode body is built from:
  * shared-memory matrix descriptors (128-byte swizzle), wgmma fences and
- * groups, the two wgmma shapes it issues, named barriers, mbarriers and
+ * groups, the wgmma shapes it issues, named barriers, mbarriers and
  * TMA box copies. Inline PTX; compiled only where __CUDA_ARCH_FEAT_SM90_ALL
  * is defined (nvcc -arch sm_90a), see config.h's PMLA_SM90_DEVICE. */
 #ifndef PMLA_GPU_SM90_H
@@ -65,6 +65,29 @@ template <bool F16> __device__ __forceinline__ void mma_n64(float *d, uint64_t d
     PMLA_WG_N64("f16");
   else
     PMLA_WG_N64("bf16");
+}
+/* m64n16k16 for tiles of at most 16 rows, where the 64 tokens of a block
+ * are the M side (S^T = K Q^T: A = the K tile, B = Q, both K-major; O^T +=
+ * V^T P^T: A = V read MN-major (transposed), B = P^T K-major) */
+#define PMLA_WG_N16(T, TA)                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32." T "." T " {"                     \
+               "%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, " TA ", 0;\n}\n"                    \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),      \
+                 "+f"(d[6]), "+f"(d[7])                                                       \
+               : "l"(da), "l"(db))
+template <bool F16> __device__ __forceinline__ void mma_n16(float *d, uint64_t da, uint64_t db) {
+  if (F16)
+    PMLA_WG_N16("f16", "0");
+  else
+    PMLA_WG_N16("bf16", "0");
+}
+template <bool F16>
+__device__ __forceinline__ void mma_n16_ta(float *d, uint64_t da, uint64_t db) {
+  if (F16)
+    PMLA_WG_N16("f16", "1");
+  else
+    PMLA_WG_N16("bf16", "1");
 }
 /* the 128 fp32 accumulators of an m64n256 wgmma as asm operands %0..%127
  * (both n256 forms below) */
