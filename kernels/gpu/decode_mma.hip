@@ -127,7 +127,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
     const int qlen = qe - qb, rows_item = qlen * H;
     if (qlen <= 0 || row0 >= rows_item)
       continue;
-    if (qb < 0 || qe > p.num_tokens) {
+    if (qb < 0 || qe > p.num_tokens || qlen > p.max_q_len) { /* the tiles cover max_q_len */
       if (tid == 0)
         atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
       continue;

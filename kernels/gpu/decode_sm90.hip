@@ -488,7 +488,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     const int qlen = qe - qb, rows_item = qlen * H;
     if (qlen <= 0 || row0 >= rows_item)
       continue;
-    if (qb < 0 || qe > p.num_tokens) {
+    if (qb < 0 || qe > p.num_tokens || qlen > p.max_q_len) { /* the tiles cover max_q_len */
       if (tid == 0)
         atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
       continue;
@@ -769,6 +769,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         }
         proxy_fence();
         mbar_arrive(aPready + 8 * (b & 1));
+        /* this warpgroup's P V reads every warp's P^T rows (B spans all 64
+         * tokens), not only its own */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
 #pragma unroll
         for (int k = 0; k < 4; k++)
           l_run[k] = l_run[k] * corr[k] + sum[k];
