@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "planner.h" /* PMLA_HD */
+#include "hd.h"
 
 typedef struct pmla_fastdiv {
   uint32_t d, mul, shift;

@@ -11,7 +11,7 @@
 
 #include <math.h>
 
-#include "planner.h" /* PMLA_HD */
+#include "hd.h"
 
 typedef struct pmla_fold_w {
   float wa, wc; /* weights of the accumulator and the new chunk */

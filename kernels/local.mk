@@ -2,7 +2,7 @@
 # kernels/: the shared planner and all compute; knows nothing of the ABI.
 noinst_LTLIBRARIES += kernels/libpmla-kernels.la
 kernels_libpmla_kernels_la_SOURCES = kernels/planner.h kernels/plan_invariant.h kernels/fold.h \
-	kernels/fastdiv.h kernels/bf16.h kernels/mla_types.h \
+	kernels/hd.h kernels/fastdiv.h kernels/bf16.h kernels/mla_types.h \
 	kernels/mla_cpu.h kernels/mla_cpu.c
 # -ffp-contract=fast: -std=c11 turns FMA contraction off, and the CPU
 # kernels are multiply-add loops; -Wno-psabi: the 32-byte vector helpers are
@@ -19,7 +19,7 @@ PMLA_GPU_INCS = kernels/gpu/hip_compat.h kernels/gpu/config.h kernels/gpu/traits
 	kernels/gpu/kv_load.h \
 	kernels/gpu/pdl.h
 PMLA_HIP_DEPS = kernels/mla_gpu.h kernels/planner.h kernels/plan_invariant.h kernels/fold.h \
-	kernels/fastdiv.h kernels/mla_types.h $(PMLA_GPU_INCS)
+	kernels/hd.h kernels/fastdiv.h kernels/mla_types.h $(PMLA_GPU_INCS)
 PMLA_HIP_OBJS = $(PMLA_HIP_FILES:.hip=.lo)
 EXTRA_DIST += $(PMLA_HIP_FILES) $(PMLA_GPU_INCS) kernels/mla_gpu.h
 SUFFIXES = .hip .lo

@@ -41,11 +41,8 @@
 
 #include <stdint.h>
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define PMLA_HD __host__ __device__
-#else
-#define PMLA_HD
-#endif
+#include "fastdiv.h"
+#include "hd.h"
 
 #define PMLA_BLOCK_TOKENS 64
 /* >= 1: every piece must cost something; FlashMLA's 5, kept against the
@@ -271,6 +268,31 @@ PMLA_HD static inline int32_t pmla_plan_fill_step32(pmla_plan_fill32 *f, int32_t
   const int32_t OH = PMLA_SPLIT_OVERHEAD, take = f->room - OH;
   const int fit = f->room >= OH + blocks || f->unit >= units - 1;
   f->room = fit ? f->room - OH - blocks : capacity - OH - blocks + (take > 0 ? take : 0);
+  f->unit += !fit;
+  return fit ? 1 : 1 + (take > 0);
+}
+
+/* pmla_plan_fill_next on 32-bit values for any request, for steps whose C
+ * is below 2^30 (rooms in [-C, P], so no value leaves int32): the rest of
+ * a request longer than a fresh unit counts its units with per_div, the
+ * step's P - OH as a multiply-high division (a 64-bit division is a
+ * software loop on the GPU, ~10 us a step for 64 such requests). Equal to
+ * pmla_plan_fill_next there (tested). */
+PMLA_HD static inline int32_t pmla_plan_fill_step32_long(pmla_plan_fill32 *f, int32_t blocks,
+                                                         int32_t capacity, int32_t units,
+                                                         pmla_fastdiv per_div) {
+  const int32_t OH = PMLA_SPLIT_OVERHEAD, per = capacity - OH, take = f->room - OH;
+  const int32_t rest = blocks - (take > 0 ? take : 0);
+  const int fit = f->room >= OH + blocks || f->unit >= units - 1;
+  if (!fit && rest > per && f->unit < units - 2) { /* the rest spans fresh units */
+    int32_t m = (int32_t)pmla_fastdiv_q(per_div, (uint32_t)(rest - 1));
+    if (m > units - 2 - f->unit)
+      m = units - 2 - f->unit;
+    f->unit += 1 + m;
+    f->room = per - (rest - m * per);
+    return (take > 0) + m + 1;
+  }
+  f->room = fit ? f->room - OH - blocks : per - rest;
   f->unit += !fit;
   return fit ? 1 : 1 + (take > 0);
 }

@@ -539,6 +539,18 @@ START_TEST(test_planner_fill_step_and_pieces_equal_the_walk) {
              f.unit, f.room, units, capacity, blocks, gots, s32.unit, s32.room, want_pieces,
              want.unit, want.room);
     }
+    /* the 32-bit step for any request, where the caller may use it (C <
+     * 2^30) */
+    if (capacity < (1 << 29) && f.room > -(1 << 29) && blocks < (1 << 29)) {
+      pmla_plan_fill32 l32 = {f.unit, (int32_t)f.room};
+      const pmla_fastdiv per = pmla_fastdiv_make((uint32_t)(capacity - OH));
+      int32_t gotl = pmla_plan_fill_step32_long(&l32, (int32_t)blocks, (int32_t)capacity, units, per);
+      EXPECT(gotl == want_pieces && l32.unit == want.unit && l32.room == want.room,
+             "long 32-bit fill step from unit %d room %" PRId64 " (units %d, P %" PRId64
+             ", %" PRId64 " blocks): %d pieces, unit %d room %d; reference %d, %d, %" PRId64,
+             f.unit, f.room, units, capacity, blocks, gotl, l32.unit, l32.room, want_pieces,
+             want.unit, want.room);
+    }
     /* each piece in closed form (the device places pieces in parallel) is
      * the piece the walk places */
     pmla_plan_fill walk = f;

@@ -51,19 +51,27 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   return inclusive - x;
 }
 
-/* The fill steps the walk chains (planner.h): the short 32-bit step when
- * the step's C < 2^30 and no request is longer than a fresh unit takes,
- * else pmla_plan_fill_next. */
+/* The fill steps the walk chains (planner.h): for steps whose C < 2^30,
+ * the short 32-bit step when no request is longer than a fresh unit takes,
+ * else the 32-bit step with P - OH as a multiply-high division; else
+ * pmla_plan_fill_next. */
 struct Step64 {
   typedef pmla_plan_fill Fill;
-  static __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) {
+  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) const {
     return pmla_plan_fill_next(&f, b, cap, n);
   }
 };
 struct Short32 {
   typedef pmla_plan_fill32 Fill;
-  static __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) {
+  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) const {
     return pmla_plan_fill_step32(&f, (int32_t)b, (int32_t)cap, n);
+  }
+};
+struct Long32 {
+  typedef pmla_plan_fill32 Fill;
+  pmla_fastdiv per; /* P - OH */
+  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) const {
+    return pmla_plan_fill_step32_long(&f, (int32_t)b, (int32_t)cap, n, per);
   }
 };
 
@@ -78,7 +86,8 @@ struct Short32 {
  * runs past the last unit's room (never expected: planner.h proves it
  * cannot). */
 template <bool REC, typename Step>
-__device__ __forceinline__ void walk_chunk(const int64_t *__restrict__ blocks, int32_t n,
+__device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restrict__ blocks,
+                                           int32_t n,
                                            int64_t capacity, int32_t units, int32_t cap,
                                            pmla_plan_fill &state, int32_t *__restrict__ unit_at,
                                            int64_t *__restrict__ room_at,
@@ -94,7 +103,7 @@ __device__ __forceinline__ void walk_chunk(const int64_t *__restrict__ blocks, i
       unit_at[i] = run.unit;
       room_at[i] = run.room;
     }
-    const int32_t np = Step::next(run, b, capacity, units);
+    const int32_t np = st.next(run, b, capacity, units);
     if (REC)
       pieces[i] = np;
     ov |= np > cap;
@@ -125,11 +134,14 @@ __device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const in
                                      pmla_plan_fill &run, int32_t *unit_at, int64_t *room_at,
                                      int32_t *pieces, int *over, int *overflow) {
   if (total < (1 << 30) && max_blocks <= capacity - PMLA_SPLIT_OVERHEAD)
-    walk_chunk<REC, Short32>(blocks, n, capacity, units, cap, run, unit_at, room_at, pieces, over,
-                             overflow);
+    walk_chunk<REC>(Short32{}, blocks, n, capacity, units, cap, run, unit_at, room_at, pieces,
+                    over, overflow);
+  else if (total < (1 << 30))
+    walk_chunk<REC>(Long32{pmla_fastdiv_make((uint32_t)(capacity - PMLA_SPLIT_OVERHEAD))}, blocks,
+                    n, capacity, units, cap, run, unit_at, room_at, pieces, over, overflow);
   else
-    walk_chunk<REC, Step64>(blocks, n, capacity, units, cap, run, unit_at, room_at, pieces, over,
-                            overflow);
+    walk_chunk<REC>(Step64{}, blocks, n, capacity, units, cap, run, unit_at, room_at, pieces,
+                    over, overflow);
 }
 
 /* Sum and maximum over the block of one value per thread, one shared
