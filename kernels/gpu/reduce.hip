@@ -215,13 +215,15 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
 struct Entry {
   int r, p0, p1, qb, qe;
 };
+/* read past L1: a warp's first entry is read before the wait for the
+ * decode, where only L2 is sure to hold the metadata kernel's writes */
 __device__ __forceinline__ Entry entry_at(const pmla_gpu_problem &p, int k) {
   Entry e;
-  e.r = p.reduce_final_map[k];
-  e.p0 = p.reduce_indptr[k];
-  e.p1 = p.reduce_indptr[k + 1];
-  e.qb = p.qo_indptr ? p.qo_indptr[e.r] : e.r;
-  e.qe = p.qo_indptr ? p.qo_indptr[e.r + 1] : e.r + 1;
+  e.r = ld_past_l1(p.reduce_final_map + k);
+  e.p0 = ld_past_l1(p.reduce_indptr + k);
+  e.p1 = ld_past_l1(p.reduce_indptr + k + 1);
+  e.qb = p.qo_indptr ? ld_past_l1(p.qo_indptr + e.r) : e.r;
+  e.qe = p.qo_indptr ? ld_past_l1(p.qo_indptr + e.r + 1) : e.r + 1;
   return e;
 }
 /* PARTS warps per (reduce entry, row). The schedule is the metadata
@@ -232,7 +234,7 @@ template <int PARTS, bool FOLD>
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
   const int H = p.num_heads, mq = p.max_q_len;
   const int64_t rows_max = (int64_t)mq * H;
-  const int nred = p.work_meta_data[PMLA_META_NUM_REDUCE];
+  const int nred = ld_past_l1(p.work_meta_data + PMLA_META_NUM_REDUCE);
   const int64_t npairs = nred * rows_max * PARTS;
   const int lane = threadIdx.x % WARP;
   const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP);
