@@ -2,6 +2,9 @@
 /* decode_sm90.hip - the persistent split-KV MLA decode kernel for 64-row
  * head tiles on sm_90a: wgmma from shared-memory descriptors, whole-page
  * KV blocks by TMA. Same work items, masking and outputs as decode_mma.hip.
+ * Tiles of at most 16 rows take the NARROW form of the same body (the
+ * block's tokens as the wgmma M side; see nar_k below); the rest of this
+ * comment describes the 64-row form.
  *
  * Shared memory holds every 576-dim row (Q and each of two KV stages) as 9
  * column blocks of 64 rows x 64 16-bit values (128 B; bf16, or f16 for an
