@@ -19,7 +19,9 @@
 #include <cstring>
 #include <vector>
 
+#include <csignal>
 #include <ucontext.h>
+#include <unistd.h>
 
 /* the CPU stands in for the GPU: no HIP or CUDA header, these names instead */
 #define PMLA_HIP_COMPAT_H
@@ -160,7 +162,19 @@ static uint32_t below(uint32_t n) { /* xorshift64 */
   return n ? (uint32_t)(g_rng % n) : 0;
 }
 
+/* A barrier that never opens (a kernel whose threads wait at different
+ * barriers) spins the scheduler forever: fail instead of hanging the
+ * suite. 300 plans take ~10 s. */
+static void on_alarm(int) {
+  static const char msg[] = "plan-emu: no end after 600 s (a barrier that never opens?)\n";
+  ssize_t n = write(2, msg, sizeof msg - 1);
+  (void)n;
+  _exit(1);
+}
+
 int main(int argc, char **argv) {
+  signal(SIGALRM, on_alarm);
+  alarm(600);
   const int plans = argc > 1 ? atoi(argv[1]) : 300;
   g_rng = argc > 2 ? strtoull(argv[2], NULL, 10) | 1 : 1;
   static const int32_t edge_r[] = {0, 1, 511, 512, 513, 1024, 1025};
