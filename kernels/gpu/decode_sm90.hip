@@ -158,6 +158,28 @@ __device__ __forceinline__ uint64_t before64(int lim, int pos0) {
     return 0;
   return lim - pos0 >= 64 ? ~0ull : (1ull << (lim - pos0)) - 1;
 }
+/* the last KV position + 1 that row i of an item attends: causal (query
+ * token i / H of qlen, the request's KV length len) and within the item's
+ * KV range; INT32_MIN for a padding row past the item's rows */
+__device__ __forceinline__ int row_limit(int i, int rows_item, int H, int len, int qlen, int ke) {
+  const int causal = len - qlen + 1 + i / H;
+  return i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+}
+/* A row's running maximum m (scaled, log2 units) after a block whose
+ * maximum is mx; *muse: the maximum P is taken against (0 for a row still
+ * at -inf), *corr: the factor for what was summed so far. The maximum
+ * moves only when a block exceeds it by more than RESCALE_SLACK: P then
+ * stays below 2^RESCALE_SLACK, which bf16 and the fp32 sums hold with the
+ * same relative precision, and O is rescaled far less often (a row starting
+ * at -inf always moves: the difference is +inf). */
+__device__ __forceinline__ void move_max(float &m_run, float mx, float *muse, float *corr) {
+  float m = fmaxf(m_run, mx);
+  if (m - m_run <= RESCALE_SLACK)
+    m = m_run;
+  *muse = m == -INFINITY ? 0.f : m;
+  *corr = fast_exp2(m_run - *muse);
+  m_run = m;
+}
 /* masks S in place (raw scores; -inf where a token is invalid or causally
  * after the row) and returns the row maxima scaled to base 2 */
 __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
@@ -687,9 +709,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       float m_run[4], l_run[4];
 #pragma unroll
       for (int k = 0; k < 4; k++) {
-        const int i = row0 + nar_col(lane, k);
-        const int causal = len - qlen + 1 + i / H;
-        lim[k] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+        lim[k] = row_limit(row0 + nar_col(lane, k), rows_item, H, len, qlen, ke);
         sc[k] = scale_log2;
         m_run[k] = -INFINITY;
         l_run[k] = 0.f;
@@ -749,12 +769,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         for (int k = 0; k < 4; k++) {
           const int c = nar_col(lane, k);
           const float bm = fmaxf(fmaxf(mxb[c], mxb[16 + c]), fmaxf(mxb[32 + c], mxb[48 + c]));
-          float m = fmaxf(m_run[k], bm * sc[k]);
-          if (m - m_run[k] <= RESCALE_SLACK) /* as in softmax_pv below */
-            m = m_run[k];
-          muse[k] = m == -INFINITY ? 0.f : m;
-          corr[k] = fast_exp2(m_run[k] - muse[k]);
-          m_run[k] = m;
+          move_max(m_run[k], bm * sc[k], &muse[k], &corr[k]);
           sum[k] = 0.f;
           if (wi == 0 && lane < 4)
             sCorr[(b & 1) * ROWS + c] = corr[k];
@@ -809,11 +824,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
       int lim[2];
 #pragma unroll
-      for (int s = 0; s < 2; s++) {
-        int i = row0 + myrow[s];
-        int causal = len - qlen + 1 + i / H;
-        lim[s] = i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
-      }
+      for (int s = 0; s < 2; s++)
+        lim[s] = row_limit(row0 + myrow[s], rows_item, H, len, qlen, ke);
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
       float sc[2] = {scale_log2, scale_log2}; /* by row; F16: times Q's row factor */
       /* S(b) of block b: waits for the block, issues its 36 wgmma and
@@ -851,17 +863,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
-          float m = fmaxf(m_run[sl], mx[sl]);
-          /* the running maximum moves only when a block exceeds it by more
-           * than RESCALE_SLACK (log2 units): P then stays below
-           * 2^RESCALE_SLACK, which bf16 and the fp32 sums hold with the same
-           * relative precision, and O is rescaled far less often (a row
-           * starting at -inf always moves: the difference is +inf) */
-          if (m - m_run[sl] <= RESCALE_SLACK)
-            m = m_run[sl];
-          muse[sl] = m == -INFINITY ? 0.f : m;
-          corr[sl] = fast_exp2(m_run[sl] - muse[sl]);
-          m_run[sl] = m;
+          move_max(m_run[sl], mx[sl], &muse[sl], &corr[sl]);
           if (row_leader(lane))
             sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
         }

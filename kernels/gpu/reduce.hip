@@ -39,7 +39,7 @@ template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
 #endif
 }
 
-/* PARTS warps merge row i of reduce entry k (pieces [p0, p1); its
+/* PARTS warps merge row i of a reduce entry (pieces [p0, p1); its
  * request's query rows start at token qb), each a PARTS-th of the columns,
  * by lse into bf16 out (+ lse). The lanes take 32 pieces at a time (each
  * its slot and lse, one load chain per 32 pieces), the running maximum
