@@ -292,9 +292,7 @@ PMLA_HD static inline int32_t pmla_plan_fill_step32_long(pmla_plan_fill32 *f, in
     f->room = per - (rest - m * per);
     return (take > 0) + m + 1;
   }
-  f->room = fit ? f->room - OH - blocks : per - rest;
-  f->unit += !fit;
-  return fit ? 1 : 1 + (take > 0);
+  return pmla_plan_fill_step32(f, blocks, capacity, units); /* it fits, or its rest does */
 }
 
 /* Fill mode, closed form: piece p of the npieces a request of `blocks`
