@@ -202,8 +202,9 @@ static void run_dense(uint32_t layout, uint64_t seed) {
   cache_make(&c, &rng);
   req probe;
   req_random(&probe, &rng, 3000);
-  /* more than one chunk (2048 tokens), so that alone it is split */
-  req_set_len(&probe, &rng, 2100 + (int32_t)rng_below(&rng, 1900));
+  /* more than one chunk (longer than the 4096 tokens a dense request keeps
+   * whole; then 2048-token chunks), so that alone it is split */
+  req_set_len(&probe, &rng, 4200 + (int32_t)rng_below(&rng, 1900));
   result alone = result_make((size_t)probe.q_len * H), got = result_make(alone.rows);
   req *one[1] = {&probe};
   decode_batch(&c, one, 1, 0, layout, 1, alone.out, alone.lse);

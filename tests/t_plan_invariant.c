@@ -21,7 +21,7 @@ typedef struct inv_buffers {
 static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const inv_buffers *b,
                            const char *what) {
   const int32_t R = in->num_requests, N = in->num_units, budget = in->max_partials - N;
-  const int32_t least = in->uniform_len ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
+  const int32_t least = pmla_inv_least(in->uniform_len);
   const int32_t items = b->meta[PMLA_META_NUM_ITEMS], reduces = b->meta[PMLA_META_NUM_REDUCE];
   EXPECT(b->meta[PMLA_META_MODE] == 2, "%s: mode %d", what, b->meta[PMLA_META_MODE]);
   EXPECT(b->meta[PMLA_META_NUM_PARTIALS] <= budget, "%s: %d slots over the budget %d", what,
@@ -36,7 +36,7 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
   }
   int32_t k = 0, red = 0;
   for (int32_t r = 0; r < R; r++) {
-    const int32_t L = lens[r], C = pmla_inv_chunk(L, least), n = pmla_inv_chunks(L, C);
+    const int32_t L = lens[r], C = pmla_inv_chunk(L, in->uniform_len), n = pmla_inv_chunks(L, C);
     EXPECT(n <= PMLA_INV_MAX_CHUNKS && C % PMLA_BLOCK_TOKENS == 0 && C >= least,
            "%s: request %d (len %d): chunk %d, %d chunks", what, r, L, C, n);
     const int split = red < reduces && b->rfinal[red] == r;
@@ -184,10 +184,11 @@ END_TEST
 START_TEST(test_chunk_size_is_a_function_of_the_length) {
   for (int32_t L = 0; L < 5000000; L = L * 3 / 2 + 1) {
     for (int sparse = 0; sparse < 2; sparse++) {
-      const int32_t least = sparse ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
-      const int32_t C = pmla_inv_chunk(L, least), n = pmla_inv_chunks(L, C);
+      const int32_t least = pmla_inv_least(sparse);
+      const int32_t C = pmla_inv_chunk(L, sparse), n = pmla_inv_chunks(L, C);
       EXPECT(C >= least && C % PMLA_BLOCK_TOKENS == 0, "len %d: chunk %d", L, C);
       EXPECT(n >= 1 && n <= PMLA_INV_MAX_CHUNKS, "len %d: %d chunks", L, n);
+      EXPECT(sparse || L > PMLA_INV_WHOLE || n == 1, "len %d: %d dense chunks", L, n);
       EXPECT(L == 0 || ((int64_t)(n - 1) * C < L && (int64_t)n * C >= L),
              "len %d: %d chunks of %d do not cover it exactly", L, n, C);
     }
@@ -202,8 +203,7 @@ START_TEST(test_closed_forms_equal_the_serial_walk) {
   uint64_t rng = harness_seed() ^ 0x2b8u;
   for (int i = 0; i < 200000; i++) {
     const int32_t L = (int32_t)rng_below(&rng, i % 2 ? 5000 : 3000000);
-    const int32_t least = i % 3 ? PMLA_INV_MIN_CHUNK : PMLA_INV_MIN_CHUNK_SPARSE;
-    const int32_t C = pmla_inv_chunk(L, least), n = pmla_inv_chunks(L, C);
+    const int32_t C = pmla_inv_chunk(L, i % 3 == 0), n = pmla_inv_chunks(L, C);
     const int64_t cum = (int64_t)rng_below(&rng, 1u << 30);
     int64_t c = cum;
     for (int32_t j = 0; j < n; j++) {

@@ -176,7 +176,6 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units, OH = PMLA_SPLIT_OVERHEAD;
   const int32_t budget = in.max_partials - N; /* slots for splits; then one per unit */
-  const int32_t least = in.uniform_len ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
   if (t == 0) {
     *s_total = *s_items = 0;
     *s_err = *s_rows = *s_max_pieces = 0;
@@ -186,7 +185,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   unsigned long long part = 0, nitems = 0;
   for (int32_t r = t; r < R; r += PLAN_THREADS) {
     const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
-    const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, least));
+    const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len));
     part += (unsigned long long)pmla_inv_cost(n, q.blocks);
     nitems += (unsigned long long)n;
   }
@@ -209,7 +208,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
     int32_t chunk = 0, n = 0;
     if (valid) {
       q = pmla_plan_describe(&in, r, &scratch);
-      chunk = pmla_inv_chunk(q.len, least);
+      chunk = pmla_inv_chunk(q.len, in.uniform_len);
       n = pmla_inv_chunks(q.len, chunk);
     }
     int64_t cost_sum;
