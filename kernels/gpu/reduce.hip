@@ -29,6 +29,15 @@ constexpr int64_t REDUCE_MAX_BLOCKS = 2048; /* 16 resident blocks x 128 SMs */
  * hold at once (64 warps each), so no warp then loops over a second row. */
 constexpr int64_t FEW_ROWS = 2048;
 constexpr int SPLIT = PMLA_V_DIM / 4 / WARP; /* 4 (32-lane warps), 2 (64-lane) */
+/* Steps of at most GROUPED_ROWS query rows whose requests are split into
+ * at least MANY_PIECES pieces on average (num_units per query token): a
+ * block's warps share each (row, part), each walking a part of the pieces
+ * (reduce_row_grouped). At most 128 rows keeps the blocks within one wave;
+ * with fewer pieces a row, or a second wave, the warp-per-(row, part) walk
+ * was faster (H200: b=4 L=32768 h=128 82.2 -> 91.8 us grouped, b=8
+ * L=8192 h=16 40.0 -> 41.2; a lone request b=1 L=65536 h=16 52.6 -> 41.6). */
+constexpr int64_t GROUPED_ROWS = 128;
+constexpr int64_t MANY_PIECES = 32;
 
 /* a load that skips L1 (NVIDIA); a plain load elsewhere */
 template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
@@ -39,26 +48,29 @@ template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
 #endif
 }
 
-/* PARTS warps merge row i of a reduce entry (pieces [p0, p1); its
- * request's query rows start at token qb), each a PARTS-th of the columns,
- * by lse into bf16 out (+ lse). The lanes take 32 pieces at a time (each
- * its slot and lse, one load chain per 32 pieces), the running maximum
- * rescales what is summed so far when a later 32 raise it, and the warp
- * then walks those pieces AHEAD at a time, every lane loading its columns of
- * all AHEAD rows before adding them: 16 float4 in flight per lane whatever
- * PARTS. Few rows (a lone or small batch of long requests) take SPLIT warps
- * a row, so a row's pieces are read in a SPLIT-th of the steps; many rows take
- * one (the extra index loads would cost more than the shorter walk).
- * Partials are read once, past L1. */
+/* A warp's sum over pieces [q0, q1) of one row (and a PARTS-th of its
+ * columns): the largest lse it met (best), this lane's share of the pieces'
+ * weights exp(lse - best) (total) and its columns of their weighted rows. */
+template <int PARTS> struct RowSum {
+  static constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS; /* float4 per lane */
+  float best, total;
+  float4 acc[V4];
+};
+
+/* The lanes take 32 pieces at a time (each its slot and lse, one load
+ * chain per 32 pieces), the running maximum rescales what is summed so far
+ * when a later 32 raise it, and the warp then walks those pieces AHEAD at a
+ * time, every lane loading its columns of all AHEAD rows before adding
+ * them: 16 float4 in flight per lane whatever PARTS. Partials are read
+ * once, past L1. */
 template <int PARTS>
-__device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int qb, int p0,
-                                          int p1, int part, int lane) {
-  constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS; /* float4 per lane */
+__device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int q0, int q1,
+                                           int part, int lane, RowSum<PARTS> &rs) {
+  constexpr int V4 = RowSum<PARTS>::V4;
   constexpr int AHEAD = 16 / V4;
   static_assert(WARP % AHEAD == 0, "a chunk's pieces j0 + a stay below WARP");
   const int col4 = lane + part * WARP * V4; /* this lane's first float4 */
-  const int H = p.num_heads;
-  const int64_t rows_max = (int64_t)p.max_q_len * H;
+  const int64_t rows_max = (int64_t)p.max_q_len * p.num_heads;
   const int64_t max_slots = p.max_slots;
   float best = -INFINITY;
   float4 acc[V4];
@@ -66,11 +78,11 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int
   for (int v = 0; v < V4; v++)
     acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
   float total = 0.f; /* this lane's pieces' weights */
-  for (int c0 = p0; c0 < p1; c0 += WARP) {
+  for (int c0 = q0; c0 < q1; c0 += WARP) {
     const int q = c0 + lane;
     int64_t row = 0; /* this lane's piece: its partial row, lse and weight */
     float l = -INFINITY;
-    if (q < p1) {
+    if (q < q1) {
       const int s = p.reduce_partial_map[q];
       if (s >= 0 && s < max_slots) {
         row = (int64_t)s * rows_max + i;
@@ -94,7 +106,7 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int
     }
     const float wgt = l == -INFINITY ? 0.f : expf(l - best);
     total += wgt;
-    const int n = p1 - c0 < WARP ? p1 - c0 : WARP;
+    const int n = q1 - c0 < WARP ? q1 - c0 : WARP;
     for (int j0 = 0; j0 < n; j0 += AHEAD) {
       float w[AHEAD];
       float4 x[AHEAD][V4];
@@ -118,18 +130,91 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int
         }
     }
   }
-  total = warp_sum(total);
+  rs.best = best;
+  rs.total = total;
+#pragma unroll
+  for (int v = 0; v < V4; v++)
+    rs.acc[v] = acc[v];
+}
+
+/* Row i of the request whose query rows start at token qb from a warp's
+ * sum over all its pieces: bf16 out (this part's columns) and the lse. */
+template <int PARTS>
+__device__ __forceinline__ void write_row(const pmla_gpu_problem &p, int i, int qb, int part,
+                                          int lane, const RowSum<PARTS> &rs) {
+  constexpr int V4 = RowSum<PARTS>::V4;
+  const int col4 = lane + part * WARP * V4;
+  const float total = warp_sum(rs.total);
   const float inv = total > 0.f ? 1.f / total : 0.f;
-  uint16_t *dst = p.out + ((int64_t)qb * H + i) * PMLA_V_DIM;
+  uint16_t *dst = p.out + ((int64_t)qb * p.num_heads + i) * PMLA_V_DIM;
 #pragma unroll
   for (int v = 0; v < V4; v++) {
     uint2 pk;
-    pk.x = pack_bf16x2(acc[v].x * inv, acc[v].y * inv);
-    pk.y = pack_bf16x2(acc[v].z * inv, acc[v].w * inv);
+    pk.x = pack_bf16x2(rs.acc[v].x * inv, rs.acc[v].y * inv);
+    pk.y = pack_bf16x2(rs.acc[v].z * inv, rs.acc[v].w * inv);
     *(uint2 *)(dst + (col4 + v * WARP) * 4) = pk;
   }
   if (lane == 0 && part == 0 && p.lse)
-    p.lse[(int64_t)qb * H + i] = total > 0.f ? best + logf(total) : -INFINITY;
+    p.lse[(int64_t)qb * p.num_heads + i] = total > 0.f ? rs.best + logf(total) : -INFINITY;
+}
+
+/* PARTS warps merge row i of a reduce entry (pieces [p0, p1); its
+ * request's query rows start at token qb), each a PARTS-th of the columns,
+ * by lse into bf16 out (+ lse). Few rows (a lone or small batch of long
+ * requests) take SPLIT warps a row, so a row's pieces are read in a
+ * SPLIT-th of the steps; many rows take one (the extra index loads would
+ * cost more than the shorter walk). */
+template <int PARTS>
+__device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int qb, int p0,
+                                          int p1, int part, int lane) {
+  RowSum<PARTS> rs;
+  sum_pieces<PARTS>(p, i, p0, p1, part, lane, rs);
+  write_row<PARTS>(p, i, qb, part, lane, rs);
+}
+
+/* The G warps of a block share one (row, part) of an entry with many
+ * pieces: warp w sums the w-th G-th of them, and warp 0 merges the G sums
+ * by their maxima, so a row's pieces are walked in a G-th of the steps (a
+ * lone 131072-token request has 66 pieces a row). sh: G RowSums. */
+template <int PARTS, int G>
+__device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, int i, int qb,
+                                                  int p0, int p1, int part, int lane, int w,
+                                                  RowSum<PARTS> (*sh)[WARP]) {
+  constexpr int V4 = RowSum<PARTS>::V4;
+  const int n = p1 - p0;
+  RowSum<PARTS> rs;
+  sum_pieces<PARTS>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, rs);
+  sh[w][lane] = rs;
+  __syncthreads();
+  if (w == 0) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < G; k++)
+      m = fmaxf(m, sh[k][lane].best);
+    RowSum<PARTS> all;
+    all.best = m;
+    all.total = 0.f;
+#pragma unroll
+    for (int v = 0; v < V4; v++)
+      all.acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+      const RowSum<PARTS> &o = sh[k][lane];
+      if (o.best == -INFINITY) /* no piece of this warp had weight */
+        continue;
+      const float c = expf(o.best - m);
+      all.total += o.total * c;
+#pragma unroll
+      for (int v = 0; v < V4; v++) {
+        all.acc[v].x += o.acc[v].x * c;
+        all.acc[v].y += o.acc[v].y * c;
+        all.acc[v].z += o.acc[v].z * c;
+        all.acc[v].w += o.acc[v].w * c;
+      }
+    }
+    write_row<PARTS>(p, i, qb, part, lane, all);
+  }
+  __syncthreads(); /* sh is reused by the block's next pair */
 }
 /* Batch-invariant: the left fold of the pieces in order (fold.h), the same
  * fold the decode items of a whole request perform, so a split request
@@ -226,29 +311,33 @@ __device__ __forceinline__ Entry entry_at(const pmla_gpu_problem &p, int k) {
   e.qe = p.qo_indptr ? ld_past_l1(p.qo_indptr + e.r + 1) : e.r + 1;
   return e;
 }
-/* PARTS warps per (reduce entry, row). The schedule is the metadata
- * kernel's, complete before the decode kernel began, so a warp reads its
- * first entry before waiting for the decode: under programmatic dependent
- * launch that chain of loads runs while the decode finishes. */
-template <int PARTS, bool FOLD>
+/* PARTS warps per (reduce entry, row), or with GROUPED a block's warps
+ * per (entry, row, part). The schedule is the metadata kernel's, complete
+ * before the decode kernel began, so a warp reads its first entry before
+ * waiting for the decode: under programmatic dependent launch that chain of
+ * loads runs while the decode finishes. */
+template <int PARTS, bool FOLD, bool GROUPED>
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
+  constexpr int G = GROUPED ? REDUCE_THREADS / WARP : 1; /* warps per pair */
+  __shared__ RowSum<PARTS> sh[GROUPED ? G : 1][WARP];
   const int H = p.num_heads, mq = p.max_q_len;
   const int64_t rows_max = (int64_t)mq * H;
   const int nred = ld_past_l1(p.work_meta_data + PMLA_META_NUM_REDUCE);
   const int64_t npairs = nred * rows_max * PARTS;
-  const int lane = threadIdx.x % WARP;
-  const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP);
-  const int64_t first = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+  const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+  const int64_t nw = (int64_t)gridDim.x * (blockDim.x / WARP) / G;
+  const int64_t first =
+      GROUPED ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * (blockDim.x / WARP) + w;
   const Entry e0 = first < npairs ? entry_at(p, (int)(first / PARTS / rows_max)) : Entry{};
   pdl_wait();
   pdl_trigger();
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
-  for (int64_t pair = first; pair < npairs; pair += nw) {
+  for (int64_t pair = first; pair < npairs; pair += nw) { /* GROUPED: uniform over the block */
     const int part = (int)(pair % PARTS);
     const int k = (int)(pair / PARTS / rows_max), i = (int)(pair / PARTS % rows_max);
     const Entry e = pair == first ? e0 : entry_at(p, k);
     if (e.qb < 0 || e.qe < e.qb || e.qe > p.num_tokens || e.qe - e.qb > mq) {
-      if (lane == 0 && i == 0 && part == 0)
+      if (lane == 0 && (!GROUPED || w == 0) && i == 0 && part == 0)
         atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
       continue;
     }
@@ -256,12 +345,14 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
       continue;
     if (FOLD)
       reduce_row_fold(p, i, e.qb, e.p0, e.p1, part, lane);
+    else if (GROUPED)
+      reduce_row_grouped<PARTS, G>(p, i, e.qb, e.p0, e.p1, part, lane, w, sh);
     else
       reduce_row<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane);
   }
 }
 
-template <int PARTS, bool FOLD>
+template <int PARTS, bool FOLD, bool GROUPED = false>
 hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
   /* entries < num_units (a split request spans a boundary between units,
    * in both planners) and, but for requests without query rows (which
@@ -272,12 +363,13 @@ hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
    * needs 16 blocks, not 2048). */
   const int64_t entries = p.num_tokens < p.num_units ? p.num_tokens : p.num_units;
   int64_t pairs = entries * p.max_q_len * p.num_heads * PARTS;
-  int64_t blocks = (pairs + REDUCE_THREADS / WARP - 1) / (REDUCE_THREADS / WARP);
+  const int per_block = GROUPED ? 1 : REDUCE_THREADS / WARP;
+  int64_t blocks = (pairs + per_block - 1) / per_block;
   if (blocks > REDUCE_MAX_BLOCKS)
     blocks = REDUCE_MAX_BLOCKS;
   if (blocks < 1)
     blocks = 1;
-  return pdl_launch(pmla_reduce_kernel<PARTS, FOLD>, dim3((unsigned)blocks),
+  return pdl_launch(pmla_reduce_kernel<PARTS, FOLD, GROUPED>, dim3((unsigned)blocks),
                     dim3(REDUCE_THREADS), 0, stream, p);
 }
 
@@ -286,7 +378,10 @@ hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
 hipError_t pmla_launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
   if (p.fold)
     return launch_reduce<SPLIT, true>(p, stream);
-  if (p.num_tokens * p.num_heads <= FEW_ROWS)
+  const int64_t rows = p.num_tokens * p.num_heads;
+  if (rows <= GROUPED_ROWS && (int64_t)p.num_units >= MANY_PIECES * p.num_tokens)
+    return launch_reduce<SPLIT, false, true>(p, stream);
+  if (rows <= FEW_ROWS)
     return launch_reduce<SPLIT, false>(p, stream);
   return launch_reduce<1, false>(p, stream);
 }
