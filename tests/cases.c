@@ -40,6 +40,10 @@ const dense_case dense_cases[] = {
     {"heads 9, page 1, CSR, q_len 3", 9, 1, 2, CSR, 2, {3, 1}, {40, 17}, 0, 0, 0, 0},
     {"heads 63, page 64, long, cu 4", 63, 64, 4, BT, 2, {2, 1}, {1400, 90}, 0, 0, 0, 0},
     {"heads 126, page 64, CSR, q_len 2", 126, 64, 7, CSR, 2, {2, 1}, {450, 1000}, 0, 0, 0, 0},
+    /* a lone request over many units: rows of 32 or more pieces, which the
+     * GPU reduce merges a block per row (four warps, each some pieces) */
+    {"lone request over 64 units", 16, 64, 64, BT, 1, {1}, {4000}, 0, 1, 1, 0},
+    {"lone request over 64 units, heads 128, CSR", 128, 16, 64, CSR, 1, {1}, {2100}, 0, 0, 1, 0},
 };
 const int n_dense_cases = (int)(sizeof dense_cases / sizeof dense_cases[0]);
 
