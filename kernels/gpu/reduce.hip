@@ -175,12 +175,12 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int
 /* The G warps of a block share one (row, part) of an entry with many
  * pieces: warp w sums the w-th G-th of them, and warp 0 merges the G sums
  * by their maxima, so a row's pieces are walked in a G-th of the steps (a
- * lone 131072-token request has 66 pieces a row). sh: G RowSums. */
+ * lone 131072-token request has 66 pieces a row). */
 template <int PARTS, int G>
 __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, int i, int qb,
-                                                  int p0, int p1, int part, int lane, int w,
-                                                  RowSum<PARTS> (*sh)[WARP]) {
+                                                  int p0, int p1, int part, int lane, int w) {
   constexpr int V4 = RowSum<PARTS>::V4;
+  __shared__ RowSum<PARTS> sh[G][WARP];
   const int n = p1 - p0;
   RowSum<PARTS> rs;
   sum_pieces<PARTS>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, rs);
@@ -319,7 +319,6 @@ __device__ __forceinline__ Entry entry_at(const pmla_gpu_problem &p, int k) {
 template <int PARTS, bool FOLD, bool GROUPED>
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
   constexpr int G = GROUPED ? REDUCE_THREADS / WARP : 1; /* warps per pair */
-  __shared__ RowSum<PARTS> sh[GROUPED ? G : 1][WARP];
   const int H = p.num_heads, mq = p.max_q_len;
   const int64_t rows_max = (int64_t)mq * H;
   const int nred = ld_past_l1(p.work_meta_data + PMLA_META_NUM_REDUCE);
@@ -346,7 +345,7 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     if (FOLD)
       reduce_row_fold(p, i, e.qb, e.p0, e.p1, part, lane);
     else if (GROUPED)
-      reduce_row_grouped<PARTS, G>(p, i, e.qb, e.p0, e.p1, part, lane, w, sh);
+      reduce_row_grouped<PARTS, G>(p, i, e.qb, e.p0, e.p1, part, lane, w);
     else
       reduce_row<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane);
   }
