@@ -968,6 +968,513 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   if (staged && wi == 0)
     bulk_wait_read();
 }
+/* E4M3 tiles of at most 16 rows: the cache's bytes as stored are the
+ * operands, nothing is converted into a 16-bit tile. Per 64-token block,
+ * in one of NS raw stages (whole pages by TMA, anything else by cp.async):
+ *   S^T = K Q^T   18 wgmma m64n32k32 e4m3 (warpgroup 0): A = the K rows
+ *                 as stored, B = Q split into two e4m3 parts stacked as 32
+ *                 rows, hi and lo = 16 (q - hi), each row scaled by a power
+ *                 of two so that its largest magnitude lies in [2^7, 2^8):
+ *                 hi + lo / 16 keeps 8 significant bits, as bf16 does
+ *   O^T += V^T P^T  per warpgroup 16 wgmma m64n16k16 f16, A = V^T from
+ *                 registers: ldmatrix.trans of the e4m3 bytes as 16-bit
+ *                 pairs, one byte permute and two conversions per four
+ *                 values, issued while S^T runs (warpgroup 0) or before
+ *                 P^T is ready (warpgroup 1); B = P^T in the stage
+ * Element rows of the V^T fragments: row q of a warp's 16 is dim 2q of its
+ * 16-dim chunk, row q + 8 dim 2q + 1 (the pairs ldmatrix hands out).
+ * Hand-offs per stage s: FULL[s] (loader's 128 threads + TMA bytes),
+ * PREADY[s] (warpgroup 0's 128 threads: P^T and corr written), EMPTY[s]
+ * (all 256 threads: both P V done, the loader may refill it). Stages and
+ * parities run on across items (gb counts the blocks of the work-group). */
+namespace e4n {
+constexpr int NS = 4;                /* raw stages */
+constexpr int CB = 64 * 128;         /* a column block: 64 tokens x 128 e4m3 */
+constexpr int KB = 5 * CB;           /* 576-byte rows in five column blocks (the last half used) */
+constexpr int PB = 16 * 128;         /* P^T: 16 rows x 64 f16 */
+constexpr int STG = KB + PB;         /* one stage */
+constexpr int QB = 32 * 128;         /* a column block of Q: rows 0..15 hi, 16..31 lo */
+constexpr int QT = 5 * QB;           /* Q */
+constexpr int ROWB = 576;
+static_assert(STG % 1024 == 0 && QT % 1024 == 0, "128B-swizzle blocks stay 1024-byte aligned");
+static_assert(1024 + QT + NS * STG + 2048 <= SMEM, "fits the body's shared memory");
+static_assert(16 * Staged<true>::STRIDE <= NS * STG, "staged O fits the stages");
+
+/* byte offset of 16-byte chunk c (0..39) of row r in a column-blocked tile of blk bytes a block */
+__device__ __forceinline__ uint32_t koff(int r, int c, int blk) {
+  return (uint32_t)((c >> 3) * blk + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+/* this warpgroup's V^T fragments of the stage at aS: a[m][kk] for dims
+ * 256 g + 64 m .. (M tile m) and tokens 16 kk .. (k-step kk) */
+__device__ __forceinline__ void v_frags(uint32_t (&a)[4][4][4], uint32_t aS, int g, int wi,
+                                        int lane) {
+#pragma unroll
+  for (int m = 0; m < 4; m++) {
+    const int cb = 2 * g + (m >> 1), j = 4 * (m & 1) + wi;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int t = 32 * h + lane;
+      uint32_t R[4];
+      ldsm_x4_t(aS + cb * CB + t * 128 + ((j ^ (t & 7)) << 4), R[0], R[1], R[2], R[3]);
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        /* bytes (token 2c: dim 2q, 2q + 1; token 2c + 1: dim 2q, 2q + 1)
+         * -> (dim 2q: tokens 2c, 2c + 1), (dim 2q + 1: tokens 2c, 2c + 1) */
+        const uint32_t x = __byte_perm(R[i], 0, 0x3120);
+        const int kk = 2 * h + (i >> 1), o = (i & 1) * 2;
+        a[m][kk][o] = e4m3x2_to_f16x2(x);
+        a[m][kk][o + 1] = e4m3x2_to_f16x2(x >> 16);
+      }
+    }
+  }
+}
+/* O^T += V^T P^T for this warpgroup's dims, issued and committed */
+__device__ __forceinline__ void pv(float (&o)[32], const uint32_t (&a)[4][4][4], uint32_t aP) {
+  const uint64_t dp = desc(aP, 16, 1024);
+  wg_fence();
+#pragma unroll
+  for (int m = 0; m < 4; m++)
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+      mma_n16_rs_f16(o + 8 * m, a[m][kk], desc_at(dp, kk * 32));
+  wg_commit();
+}
+/* the epilogue's staging: column c of O^T is row c of the item */
+template <bool PARTIAL>
+__device__ __forceinline__ void stage_o(char *sO, const float (&o)[32], const float *sL, int g,
+                                        int wi, int lane, int nrows, float out_scale) {
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const int c = nar_col(lane, k);
+    if (c >= nrows)
+      continue;
+    const float l = sL[c], inv = l > 0.f ? out_scale / l : 0.f;
+    char *row = sO + c * Staged<PARTIAL>::STRIDE;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+      const int e = 8 * m + 4 * (k >> 1) + (k & 1); /* dim d; e + 2: dim d + 1 */
+      const int d = 256 * g + 64 * m + 16 * wi + 2 * (lane >> 2);
+      if (PARTIAL)
+        *(float2 *)(row + d * 4) = make_float2(o[e] * inv, o[e + 2] * inv);
+      else
+        *(uint32_t *)(row + d * 2) = pack_bf16x2(o[e] * inv, o[e + 2] * inv);
+    }
+  }
+}
+/* Q rows of an item as the two e4m3 parts (module comment), loaded by
+ * warpgroup 1 (t = 0..127: row t / 8, chunks t % 8 + 8 k of its 72), and
+ * each row's factor 2^-e into sQf; rows past nrows are zero */
+__device__ __forceinline__ void q_parts(const pmla_gpu_problem &p, char *sQ, float *sQf, int64_t qrow0, int nrows, int t) {
+  const int row = t >> 3, sub = t & 7;
+  const bool v = row < nrows;
+  const char *src = (const char *)(p.q + (qrow0 + (v ? row : 0)) * PMLA_QK_DIM);
+  uint4 c[9];
+#pragma unroll
+  for (int k = 0; k < 9; k++)
+    c[k] = v ? ldg16(src + (sub + 8 * k) * 16) : make_uint4(0, 0, 0, 0);
+  uint32_t amax = 0; /* the largest |value| as bf16 bits */
+#pragma unroll
+  for (int k = 0; k < 9; k++) {
+    const uint32_t w[4] = {c[k].x, c[k].y, c[k].z, c[k].w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t a = w[i] & 0x7fff7fffu;
+      amax = max(amax, max(a & 0xffffu, a >> 16));
+    }
+  }
+#pragma unroll
+  for (int d = 1; d < 8; d <<= 1)
+    amax = max(amax, (uint32_t)__shfl_xor_sync(0xffffffffu, amax, d));
+  /* e from the largest exponent: amax * 2^e in [2^7, 2^8), e in [-120, 64]
+   * (a row below 2^-57 scores too little to move exp2 at any e) */
+  int e = 7 - ((int)(amax >> 7) - 127);
+  e = e < -120 ? -120 : e > 64 ? 64 : e;
+  const float f = __uint_as_float((uint32_t)(127 + e) << 23);
+#pragma unroll
+  for (int k = 0; k < 9; k++) {
+    const int cc = sub + 8 * k; /* 8 values: dims 8 cc .. */
+    const uint32_t w[4] = {c[k].x, c[k].y, c[k].z, c[k].w};
+    uint32_t hi[2] = {0, 0}, lo[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float x0 = __uint_as_float(w[i] << 16) * f, x1 = __uint_as_float(w[i] & 0xffff0000u) * f;
+      const uint32_t h = f32x2_to_e4m3x2(x0, x1);
+      float hf[2];
+      f16x2_to_f32(e4m3x2_to_f16x2(h), hf);
+      /* exact: hi is x rounded, so x - hi fits fp32 */
+      const uint32_t l = f32x2_to_e4m3x2((x0 - hf[0]) * 16.f, (x1 - hf[1]) * 16.f);
+      hi[i >> 1] |= h << (16 * (i & 1));
+      lo[i >> 1] |= l << (16 * (i & 1));
+    }
+    *(uint2 *)(sQ + koff(row, cc >> 1, QB) + 8 * (cc & 1)) = make_uint2(hi[0], hi[1]);
+    *(uint2 *)(sQ + koff(row + 16, cc >> 1, QB) + 8 * (cc & 1)) = make_uint2(lo[0], lo[1]);
+  }
+  /* a row holding inf or NaN scores NaN, as it would in bf16 (satfinite
+   * would have made it finite) */
+  if (sub == 0)
+    sQf[row] = amax >= 0x7f80u ? __uint_as_float(0x7fc00000u)
+                               : __uint_as_float((uint32_t)(127 - e) << 23);
+}
+} /* namespace e4n */
+
+__device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, float scale_log2,
+                                                 const CUtensorMap *kv_tmap, int use_tma) {
+  using namespace e4n;
+  bool scale_ok;
+  const float out_scale = kv_out_scale<PMLA_KV_E4M3>(p, scale_ok);
+  scale_log2 *= out_scale;
+  extern __shared__ __align__(1024) char smem_e4[];
+  char *sQ = smem_e4 + ((1024u - (smem_u32(smem_e4) & 1023u)) & 1023u);
+  char *sSt = sQ + QT;                                    /* [NS] stages */
+  uint64_t *bars = (uint64_t *)(sSt + NS * STG);          /* FULL, PREADY, EMPTY [NS], DONE */
+  uint64_t *sVm = bars + 3 * NS + 1;                      /* [NS] token validity bits */
+  float *sCorr = (float *)(sVm + NS);                     /* [NS][16] */
+  float *sM = sCorr + NS * 16, *sL = sM + 16, *sQf = sL + 16;
+  float *sMx = sQf + 16; /* [2][4 warps][16] column maxima, then [2][4] votes, by block parity */
+  const uint32_t aFull = smem_u32(bars), aPready = aFull + 8 * NS, aEmpty = aPready + 8 * NS,
+                 aDone = aEmpty + 8 * NS;
+
+  const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < NS; s++) {
+      mbar_init(aFull + 8 * s, 128);
+      mbar_init(aPready + 8 * s, 128);
+      mbar_init(aEmpty + 8 * s, 256);
+    }
+    mbar_init(aDone, 128);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  uint32_t done_phase = 0;
+  uint32_t gb = 0; /* blocks this work-group has run before the item */
+  const int H = p.num_heads;
+  const int u = blockIdx.y, row0 = blockIdx.x * ROWS;
+  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  const char *kvbase = (const char *)p.kv;
+  int32_t q_rows[2] = {-1, -1};
+  bool staged = false;
+  const int it_end = p.work_indptr[u + 1];
+  for (int it = p.work_indptr[u]; it < it_end; it++) {
+    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int qlen = qe - qb, rows_item = qlen * H;
+    if (qlen <= 0 || row0 >= rows_item)
+      continue;
+    if (qb < 0 || qe > p.num_tokens || qlen > p.max_q_len) {
+      if (tid == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
+    }
+    const int nrows = rows_item - row0 < 16 ? rows_item - row0 : 16;
+    const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
+    float o[32];
+#pragma unroll
+    for (int e = 0; e < 32; e++)
+      o[e] = 0.f;
+    const bool q_new = qb != q_rows[0] || qe != q_rows[1];
+    q_rows[0] = qb;
+    q_rows[1] = qe;
+    auto stage_of = [&](int b) { return (gb + (uint32_t)b) % NS; };
+    auto phase_of = [&](int b) { return ((gb + (uint32_t)b) / NS) & 1u; };
+    uint32_t a[4][4][4];
+
+    if (g == 1) {
+      /* ---------------- warpgroup 1: Q, loader, P V dims 256.. */
+      const int t = tid - 128;
+      if (staged) {
+        if (wi == 0)
+          bulk_wait_read();
+        asm volatile("bar.sync 4, 128;\n" ::: "memory");
+        staged = false;
+      }
+      if (q_new) {
+        q_parts(p, sQ, sQf, (int64_t)qb * H + row0, nrows, t);
+        proxy_fence(); /* published with block 0, or by the item's end */
+      }
+      const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+      const int ld_t = t >> 1, ld_sub = t & 1;
+      auto raw_at = [&](int blk) -> int32_t {
+        const int pos = kb + blk * BN + ld_t;
+        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+      };
+      int32_t raw_next = nblk > 0 ? raw_at(0) : -1;
+      uint32_t pend = 0; /* bit s: stage s awaits this thread's cp.async publication */
+      /* block blk into its stage, once both P V of the stage's last block are done */
+      auto issue = [&](int blk) {
+        const uint32_t G = gb + (uint32_t)blk, s = G % NS;
+        if (G >= NS)
+          mbar_wait(aEmpty + 8 * s, ((G / NS) - 1) & 1u);
+        char *dst = sSt + s * STG;
+        const uint32_t bar = aFull + 8 * s;
+#if PMLA_WG_TMA
+        const int64_t first = use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+        if (first >= 0) {
+          if (t == 0) {
+            mbar_expect_tx(bar, KB);
+#pragma unroll
+            for (int c = 0; c < 5; c++)
+              tma_box(smem_u32(dst) + c * CB, kv_tmap, c * 128, (int)first, bar);
+          }
+          if (lane == 0)
+            ((uint16_t *)sVm)[s * 4 + wi] = 0xffffu;
+          mbar_arrive(bar);
+          raw_next = raw_at(blk + 1);
+          return;
+        }
+#endif
+        const int pos = kb + blk * BN + ld_t;
+        const int64_t slot =
+            pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.x == 0) : -1;
+        const bool v = slot >= 0;
+        store_token_bits<2>(sVm, (int)s, wi, lane, v);
+        const char *src = v ? kvbase + slot * ROWB : kvbase;
+#pragma unroll
+        for (int k = 0; k < 18; k++) {
+          const int c = ld_sub + 2 * k;
+          cp16(dst + koff(ld_t, c, CB), src + (v ? c * 16 : 0), v);
+        }
+        pend |= 1u << s;
+        raw_next = raw_at(blk + 1);
+      };
+      /* stage s's cp.async rows have landed (n groups younger than its own
+       * may still be pending): visible to wgmma, published */
+      auto publish = [&](int blk) {
+        const uint32_t s = stage_of(blk);
+        if (!(pend & (1u << s)))
+          return;
+        cp_wait<NS - 2>();
+        proxy_fence();
+        mbar_arrive(aFull + 8 * s);
+        pend &= ~(1u << s);
+      };
+      for (int j = 0; j < NS - 1; j++) { /* one group per block, empty ones too */
+        if (j < nblk)
+          issue(j);
+        cp_commit();
+      }
+      if (nblk > 0 && (pend & (1u << stage_of(0)))) {
+        cp_wait<NS - 2>();
+        proxy_fence();
+        mbar_arrive(aFull + 8 * stage_of(0));
+        pend &= ~(1u << stage_of(0));
+      }
+      for (int b = 0; b < nblk; b++) {
+        if (b + NS - 1 < nblk)
+          issue(b + NS - 1);
+        cp_commit();
+        const uint32_t s = stage_of(b), ph = phase_of(b);
+        char *sS = sSt + s * STG;
+        mbar_wait(aFull + 8 * s, ph);
+        v_frags(a, smem_u32(sS), 1, wi, lane);
+        /* block b + 1 published while this block's work goes on */
+        if (b + 1 < nblk)
+          publish(b + 1);
+        mbar_wait(aPready + 8 * s, ph);
+        float c[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          c[k] = sCorr[s * 16 + nar_col(lane, k)];
+        nar_scale_o(o, c);
+        reg_fence<32>(o);
+        pv(o, a, smem_u32(sS + KB));
+        wg_wait0();
+        reg_fence<32>(o);
+        mbar_arrive(aEmpty + 8 * s);
+      }
+      cp_wait<0>();
+      mbar_wait(aDone, done_phase);
+      done_phase ^= 1;
+    } else {
+      /* ---------------- warpgroup 0: S^T + softmax + P V dims 0..255 */
+      int lim[4];
+      float sc[4], m_run[4], l_run[4];
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        lim[k] = row_limit(row0 + nar_col(lane, k), rows_item, H, len, qlen, ke);
+        sc[k] = scale_log2;
+        m_run[k] = -INFINITY;
+        l_run[k] = 0.f;
+      }
+      const int t0 = 16 * wi + (lane >> 2);
+      /* the least limit over this thread's real columns (padding columns'
+       * scores never reach a stored row) */
+      int lim_min = INT32_MAX;
+#pragma unroll
+      for (int k = 0; k < 4; k++)
+        if (row0 + nar_col(lane, k) < rows_item)
+          lim_min = min(lim_min, lim[k]);
+      const uint64_t dQ = desc(smem_u32(sQ), 16, 1024);
+      for (int b = 0; b < nblk; b++) {
+        const uint32_t s = stage_of(b), ph = phase_of(b);
+        char *sS = sSt + s * STG;
+        const uint32_t aS = smem_u32(sS);
+        mbar_wait(aFull + 8 * s, ph);
+        float sq[16]; /* columns 0..15: K hi^T, 16..31: K lo^T (element e + 8) */
+#pragma unroll
+        for (int e = 0; e < 16; e++)
+          sq[e] = 0.f;
+        reg_fence<16>(sq);
+        wg_fence();
+        const uint64_t dK = desc(aS, 16, 1024);
+#pragma unroll
+        for (int ks = 0; ks < 18; ks++) {
+          const uint32_t ko = (ks >> 2) * CB + (ks & 3) * 32, qo = (ks >> 2) * QB + (ks & 3) * 32;
+          mma_n32_e4m3(sq, desc_at(dK, ko), desc_at(dQ, qo));
+        }
+        wg_commit();
+        v_frags(a, aS, 0, wi, lane); /* under the S^T wgmma */
+        if (b == 0)
+#pragma unroll
+          for (int k = 0; k < 4; k++)
+            sc[k] = scale_log2 * sQf[nar_col(lane, k)];
+        wg_wait0();
+        reg_fence<16>(sq);
+        /* scaled scores (log2 units), -inf where a token is invalid or
+         * causally after the column's row; a block whose tokens are all
+         * valid for every real column of this thread skips the mask */
+        float sv[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          sv[e] = fmaf(sq[e + 8], 0.0625f, sq[e]) * sc[nar_k(e)];
+        const int pos0 = kb + b * BN;
+        const uint64_t vm = sVm[s];
+        if (!(vm == ~0ull && lim_min >= pos0 + BN)) {
+#pragma unroll
+          for (int e = 0; e < 8; e++) {
+            const int k = nar_k(e), tt = t0 + 8 * ((e >> 1) & 1);
+            if (!((vm & before64(lim[k], pos0)) >> tt & 1))
+              sv[e] = -INFINITY;
+          }
+        }
+        /* P against the running maximum, unless some score of the block
+         * exceeds it by more than RESCALE_SLACK (move_max): every warp's
+         * vote is read after the barrier that P^T needs anyway, and only a
+         * block that moves a maximum takes the second pass */
+        bool grow = false;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          grow |= sv[e] > m_run[nar_k(e)] + RESCALE_SLACK;
+        grow = __any_sync(0xffffffffu, grow);
+        int *votes = (int *)(sMx + 128) + (b & 1) * 4;
+        if (lane == 0)
+          votes[wi] = grow;
+        float muse[4], corr[4], sum[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          muse[k] = m_run[k] == -INFINITY ? 0.f : m_run[k];
+          corr[k] = 1.f;
+        }
+        char *sP = sS + KB;
+        /* P^T rows by stmatrix.trans: matrix i of the warp's 16 tokens x 16
+         * columns is tokens 8 (i & 1).., columns 8 (i >> 1)..; lane l
+         * addresses row l % 8 of matrix l / 8 */
+        const int pc = (lane & 7) + 8 * (lane >> 4), ptok = 16 * wi + 8 * ((lane >> 3) & 1);
+        const uint32_t aProw = smem_u32(sP) + pc * 128 + (((ptok >> 3) ^ (pc & 7)) << 4);
+        auto write_p = [&]() {
+          uint32_t pk[4];
+#pragma unroll
+          for (int k = 0; k < 4; k++)
+            sum[k] = 0.f;
+#pragma unroll
+          for (int e = 0; e < 8; e += 2) {
+            const float p0 = fast_exp2(sv[e] - muse[nar_k(e)]);
+            const float p1 = fast_exp2(sv[e + 1] - muse[nar_k(e + 1)]);
+            sum[nar_k(e)] += p0;
+            sum[nar_k(e + 1)] += p1;
+            pk[e >> 1] = pack_f16x2(p0, p1);
+          }
+          stsm_x4_t(aProw, pk[0], pk[1], pk[2], pk[3]);
+        };
+        write_p();
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+        if (votes[0] | votes[1] | votes[2] | votes[3]) {
+          /* the block's column maxima over the four warps, then P again */
+          float *mxb = sMx + (b & 1) * 64;
+          float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+          for (int e = 0; e < 8; e++)
+            mx[nar_k(e)] = fmaxf(mx[nar_k(e)], sv[e]);
+#pragma unroll
+          for (int k = 0; k < 4; k++) {
+            mx[k] = col_max(mx[k]);
+            if (lane < 4)
+              mxb[wi * 16 + nar_col(lane, k)] = mx[k];
+          }
+          asm volatile("bar.sync 7, 128;\n" ::: "memory");
+#pragma unroll
+          for (int k = 0; k < 4; k++) {
+            const int c = nar_col(lane, k);
+            const float bm = fmaxf(fmaxf(mxb[c], mxb[16 + c]), fmaxf(mxb[32 + c], mxb[48 + c]));
+            move_max(m_run[k], bm, &muse[k], &corr[k]);
+          }
+          write_p();
+        }
+        if (wi == 0 && lane < 4)
+#pragma unroll
+          for (int k = 0; k < 4; k++)
+            sCorr[s * 16 + nar_col(lane, k)] = corr[k];
+        proxy_fence();
+        mbar_arrive(aPready + 8 * s);
+        /* this warpgroup's P V reads every warp's P^T rows */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          l_run[k] = l_run[k] * corr[k] + sum[k];
+        nar_scale_o(o, corr);
+        reg_fence<32>(o);
+        pv(o, a, smem_u32(sP));
+        wg_wait0();
+        reg_fence<32>(o);
+        mbar_arrive(aEmpty + 8 * s);
+      }
+      float *sb = sMx + (nblk & 1) * 64;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        l_run[k] = col_sum(l_run[k]);
+        if (lane < 4)
+          sb[wi * 16 + nar_col(lane, k)] = l_run[k];
+      }
+      asm volatile("bar.sync 7, 128;\n" ::: "memory");
+      if (wi == 0 && lane < 4) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const int c = nar_col(lane, k);
+          sM[c] = m_run[k];
+          sL[c] = sb[c] + sb[16 + c] + sb[32 + c] + sb[48 + c];
+        }
+      }
+      mbar_arrive(aDone);
+    }
+    gb += (uint32_t)nblk;
+    __syncthreads();
+
+    if (pslot >= 0)
+      stage_o<true>(sSt, o, sL, g, wi, lane, nrows, out_scale);
+    else
+      stage_o<false>(sSt, o, sL, g, wi, lane, nrows, out_scale);
+    proxy_fence();
+    __syncthreads();
+    if (g == 1) {
+      staged = true;
+      if (wi == 0) {
+        const int rowb = pslot >= 0 ? Staged<true>::ROW : Staged<false>::ROW;
+        const int stride = pslot >= 0 ? Staged<true>::STRIDE : Staged<false>::STRIDE;
+        char *dst = pslot >= 0 ? (char *)(p.partial_out +
+                                          ((int64_t)pslot * p.max_q_len * H + row0) * PMLA_V_DIM)
+                               : (char *)(p.out + ((int64_t)qb * H + row0) * PMLA_V_DIM);
+        for (int rr = lane; rr < nrows; rr += 32)
+          bulk_store(dst + (int64_t)rr * rowb, smem_u32(sSt) + rr * stride, rowb);
+        bulk_commit();
+      }
+    }
+    store_lse<false>(p, sM, sL, tid, nrows, pslot, qb, row0, 0);
+    __syncthreads();
+  }
+  if (staged && wi == 0)
+    bulk_wait_read();
+}
 #endif /* PMLA_SM90_DEVICE */
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
@@ -979,7 +1486,10 @@ __global__ void __launch_bounds__(NT, 1)
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
+  if constexpr (F == PMLA_KV_E4M3 && NARROW && !FOLD)
+    body_e4m3_narrow(p, scale_log2, &kv_tmap, use_tma);
+  else
+    body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -1002,21 +1512,25 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = lookup_tensor_map_encoder();
   return fn;
 }
-/* The KV cache as a 2-D tensor map for body_pp's whole-page loads; 0 when
- * TMA does not apply (top-k gather, page size not a multiple of 64, a cache
- * the map cannot describe) */
-int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
+/* The KV cache as a 2-D tensor map for the whole-page loads: bf16 rows
+ * (body_pp: 64 x 64 boxes), or E4M3 rows as bytes (body_e4m3_narrow:
+ * 128 x 64 boxes, the fifth reaching past the row's 576 bytes, which TMA
+ * fills with zeros); 0 when TMA does not apply (top-k gather, page size not
+ * a multiple of 64, a cache the map cannot describe, another format) */
+int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p, bool e4m3_rows) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-  if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_BF16 || p.map.topk ||
-      p.map.page_size % BN != 0 ||
+  const int fmt = e4m3_rows ? PMLA_KV_E4M3 : PMLA_KV_BF16;
+  if (!PMLA_WG_TMA || !enc || p.kv_format != fmt || p.map.topk || p.map.page_size % BN != 0 ||
       p.map.num_slots < BN || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
     return 0;
-  cuuint64_t dim[2] = {PMLA_QK_DIM, (cuuint64_t)p.map.num_slots};
-  cuuint64_t stride[1] = {PITCH};
-  cuuint32_t box[2] = {64, (cuuint32_t)BN}, estride[2] = {1, 1};
-  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p.kv, dim, stride, box, estride,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  cuuint64_t dim[2] = {e4m3_rows ? (cuuint64_t)pmla_kv::KvFmt<PMLA_KV_E4M3>::ROW_BYTES : PMLA_QK_DIM,
+                       (cuuint64_t)p.map.num_slots};
+  cuuint64_t stride[1] = {e4m3_rows ? (cuuint64_t)pmla_kv::KvFmt<PMLA_KV_E4M3>::ROW_BYTES : (cuuint64_t)PITCH};
+  cuuint32_t box[2] = {e4m3_rows ? 128u : 64u, (cuuint32_t)BN}, estride[2] = {1, 1};
+  return enc(m, e4m3_rows ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+             (void *)p.kv, dim, stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 template <int F, bool FOLD, bool NARROW = false>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
@@ -1031,7 +1545,7 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
   const dim3 grid((unsigned)tiles, (unsigned)p.num_units);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
-  const int use_tma = kv_tensor_map(&tmap, p);
+  const int use_tma = kv_tensor_map(&tmap, p, F == PMLA_KV_E4M3 && NARROW && !FOLD);
   return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
