@@ -96,6 +96,15 @@ constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr size_t SMEM = 1024 /* alignment slack */ + 3 * (size_t)TILE +
                         sizeof(float) * 8 * ROWS + sizeof(int) * 2 * BN;
 static_assert(SMEM <= 232448, "shared memory per block (sm_90)");
+/* body_e4m3_narrow for nc columns (16 or 32 rows): Q's two parts, four raw
+ * stages with their P^T, barriers and row statistics (e4n::Geo) */
+constexpr size_t smem_e4n(int nc) {
+  return 1024 + 9 * (size_t)nc * 128 + 4 * (5 * 64 * 128 + (size_t)nc * 128) + 3072;
+}
+static_assert(smem_e4n(32) <= 232448, "shared memory per block (sm_90)");
+constexpr size_t smem_bytes(int f, bool fold, int ncol) {
+  return f == PMLA_KV_E4M3 && ncol && !fold ? smem_e4n(ncol) : SMEM;
+}
 
 #ifdef PMLA_SM90_DEVICE
 using namespace pmla_mma;
@@ -968,19 +977,22 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   if (staged && wi == 0)
     bulk_wait_read();
 }
-/* E4M3 tiles of at most 16 rows: the cache's bytes as stored are the
- * operands, nothing is converted into a 16-bit tile. Per 64-token block,
- * in one of NS raw stages (whole pages by TMA, anything else by cp.async):
- *   S^T = K Q^T   18 wgmma m64n32k32 e4m3 (warpgroup 0): A = the K rows
- *                 as stored, B = Q split into two e4m3 parts stacked as 32
- *                 rows, hi and lo = 16 (q - hi), each row scaled by a power
- *                 of two so that its largest magnitude lies in [2^7, 2^8):
- *                 hi + lo / 16 keeps 8 significant bits, as bf16 does
- *   O^T += V^T P^T  per warpgroup 16 wgmma m64n16k16 f16, A = V^T from
+/* E4M3 tiles of at most 32 rows (NC = 16 or 32 columns of S^T and O^T,
+ * one per row of the item): the cache's bytes stay as stored in shared
+ * memory and reach the tensor cores through registers, converted there;
+ * no 16-bit KV tile. Per 64-token block, in one of NS raw stages (whole
+ * pages by TMA, anything else by cp.async):
+ *   S^T = K Q^T   36 wgmma m64nNCk16 f16 (warpgroup 0): A = the K rows in
+ *                 registers (ldmatrix of the e4m3 bytes as 16-bit pairs,
+ *                 two conversions per four values, exact), B = Q as f16
+ *                 with each row scaled by a power of two (exact) and its
+ *                 columns in the order the fragments hold them (k_of)
+ *   O^T += V^T P^T  per warpgroup 16 wgmma m64nNCk16 f16, A = V^T from
  *                 registers: ldmatrix.trans of the e4m3 bytes as 16-bit
  *                 pairs, one byte permute and two conversions per four
- *                 values, issued while S^T runs (warpgroup 0) or before
- *                 P^T is ready (warpgroup 1); B = P^T in the stage
+ *                 values; B = P^T in the stage
+ * e4m3 wgmma for S^T (Q split into two e4m3 parts) was faster but lost
+ * precision in its accumulation (docs/performance.md).
  * Element rows of the V^T fragments: row q of a warp's 16 is dim 2q of its
  * 16-dim chunk, row q + 8 dim 2q + 1 (the pairs ldmatrix hands out).
  * Hand-offs per stage s: FULL[s] (loader's 128 threads + TMA bytes),
@@ -991,15 +1003,22 @@ namespace e4n {
 constexpr int NS = 4;                /* raw stages */
 constexpr int CB = 64 * 128;         /* a column block: 64 tokens x 128 e4m3 */
 constexpr int KB = 5 * CB;           /* 576-byte rows in five column blocks (the last half used) */
-constexpr int PB = 16 * 128;         /* P^T: 16 rows x 64 f16 */
-constexpr int STG = KB + PB;         /* one stage */
-constexpr int QB = 32 * 128;         /* a column block of Q: rows 0..15 hi, 16..31 lo */
-constexpr int QT = 5 * QB;           /* Q */
 constexpr int ROWB = 576;
-static_assert(STG % 1024 == 0 && QT % 1024 == 0, "128B-swizzle blocks stay 1024-byte aligned");
-static_assert(1024 + QT + NS * STG + 2048 <= SMEM, "fits the body's shared memory");
-static_assert(16 * Staged<true>::STRIDE <= NS * STG, "staged O fits the stages");
+template <int NC> struct Geo {
+  static constexpr int PB = NC * 128;     /* P^T: NC rows x 64 f16 */
+  static constexpr int STG = KB + PB;     /* one stage */
+  static constexpr int QB = NC * 128;     /* a column block of Q: NC rows x 64 f16 */
+  static constexpr int QT = 9 * QB;       /* Q */
+  static constexpr int MISC = 3072;       /* barriers, validity bits, row statistics */
+  static_assert(STG % 1024 == 0 && QT % 1024 == 0, "128B-swizzle blocks stay 1024-byte aligned");
+  static_assert(1024 + QT + NS * STG + MISC == smem_e4n(NC), "the launch's shared memory");
+  static_assert(NC * Staged<true>::STRIDE <= NS * STG, "staged O fits the stages");
+};
 
+/* the logical column (as K fragments and Q hold it) of dim p of a 16-dim
+ * k-step: thread c's fragment holds dims 4c..4c + 3 as columns 2c, 2c + 1,
+ * 2c + 8, 2c + 9, and a dot product does not care in which order */
+__device__ __forceinline__ int k_of(int p) { return 8 * ((p >> 1) & 1) + 2 * (p >> 2) + (p & 1); }
 /* byte offset of 16-byte chunk c (0..39) of row r in a column-blocked tile of blk bytes a block */
 __device__ __forceinline__ uint32_t koff(int r, int c, int blk) {
   return (uint32_t)((c >> 3) * blk + r * 128 + (((c & 7) ^ (r & 7)) << 4));
@@ -1029,22 +1048,39 @@ __device__ __forceinline__ void v_frags(uint32_t (&a)[4][4][4], uint32_t aS, int
   }
 }
 /* O^T += V^T P^T for this warpgroup's dims, issued and committed */
-__device__ __forceinline__ void pv(float (&o)[32], const uint32_t (&a)[4][4][4], uint32_t aP) {
+template <int NC>
+__device__ __forceinline__ void pv(float (&o)[2 * NC], const uint32_t (&a)[4][4][4], uint32_t aP) {
   const uint64_t dp = desc(aP, 16, 1024);
   wg_fence();
 #pragma unroll
   for (int m = 0; m < 4; m++)
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-      mma_n16_rs_f16(o + 8 * m, a[m][kk], desc_at(dp, kk * 32));
+    for (int kk = 0; kk < 4; kk++) {
+      if (NC == 16)
+        mma_n16_rs_f16(o + 8 * m, a[m][kk], desc_at(dp, kk * 32));
+      else
+        mma_n32_rs_f16(o + 16 * m, a[m][kk], desc_at(dp, kk * 32));
+    }
   wg_commit();
 }
+/* O^T *= corr by column; skipped when no column of the warp moved */
+template <int NC> __device__ __forceinline__ void scale_o(float (&o)[2 * NC], const float *c) {
+  bool moved = false;
+#pragma unroll
+  for (int k = 0; k < NC / 4; k++)
+    moved |= c[k] != 1.f;
+  if (!__any_sync(0xffffffffu, moved))
+    return;
+#pragma unroll
+  for (int e = 0; e < 2 * NC; e++)
+    o[e] *= c[nar_k(e & (NC / 2 - 1))];
+}
 /* the epilogue's staging: column c of O^T is row c of the item */
-template <bool PARTIAL>
-__device__ __forceinline__ void stage_o(char *sO, const float (&o)[32], const float *sL, int g,
+template <bool PARTIAL, int NC>
+__device__ __forceinline__ void stage_o(char *sO, const float (&o)[2 * NC], const float *sL, int g,
                                         int wi, int lane, int nrows, float out_scale) {
 #pragma unroll
-  for (int k = 0; k < 4; k++) {
+  for (int k = 0; k < NC / 4; k++) {
     const int c = nar_col(lane, k);
     if (c >= nrows)
       continue;
@@ -1052,7 +1088,7 @@ __device__ __forceinline__ void stage_o(char *sO, const float (&o)[32], const fl
     char *row = sO + c * Staged<PARTIAL>::STRIDE;
 #pragma unroll
     for (int m = 0; m < 4; m++) {
-      const int e = 8 * m + 4 * (k >> 1) + (k & 1); /* dim d; e + 2: dim d + 1 */
+      const int e = NC / 2 * m + 4 * (k >> 1) + (k & 1); /* dim d; e + 2: dim d + 1 */
       const int d = 256 * g + 64 * m + 16 * wi + 2 * (lane >> 2);
       if (PARTIAL)
         *(float2 *)(row + d * 4) = make_float2(o[e] * inv, o[e + 2] * inv);
@@ -1061,20 +1097,26 @@ __device__ __forceinline__ void stage_o(char *sO, const float (&o)[32], const fl
     }
   }
 }
-/* Q rows of an item as the two e4m3 parts (module comment), loaded by
- * warpgroup 1 (t = 0..127: row t / 8, chunks t % 8 + 8 k of its 72), and
- * each row's factor 2^-e into sQf; rows past nrows are zero */
-__device__ __forceinline__ void q_parts(const pmla_gpu_problem &p, char *sQ, float *sQf, int64_t qrow0, int nrows, int t) {
-  const int row = t >> 3, sub = t & 7;
+/* Q rows of an item as f16 with their columns permuted as the K fragments
+ * take them (k_of), loaded by warpgroup 1 (t = 0..127: TPR threads a row,
+ * chunks t % TPR + TPR k of its 72): each row times 2^e so that its largest
+ * magnitude lies in [2^14, 2^15), which keeps every bf16 value down to
+ * 2^-28 of it exactly (inf and NaN stay so); 2^-e into sQf; rows past
+ * nrows are zero */
+template <int NC>
+__device__ __forceinline__ void q_f16(const pmla_gpu_problem &p, char *sQ, float *sQf,
+                                      int64_t qrow0, int nrows, int t) {
+  constexpr int TPR = 128 / NC, CH = PMLA_TILE_CHUNKS / TPR, QB = Geo<NC>::QB;
+  const int row = t / TPR, sub = t % TPR;
   const bool v = row < nrows;
   const char *src = (const char *)(p.q + (qrow0 + (v ? row : 0)) * PMLA_QK_DIM);
-  uint4 c[9];
+  uint4 c[CH];
 #pragma unroll
-  for (int k = 0; k < 9; k++)
-    c[k] = v ? ldg16(src + (sub + 8 * k) * 16) : make_uint4(0, 0, 0, 0);
+  for (int k = 0; k < CH; k++)
+    c[k] = v ? ldg16(src + (sub + TPR * k) * 16) : make_uint4(0, 0, 0, 0);
   uint32_t amax = 0; /* the largest |value| as bf16 bits */
 #pragma unroll
-  for (int k = 0; k < 9; k++) {
+  for (int k = 0; k < CH; k++) {
     const uint32_t w[4] = {c[k].x, c[k].y, c[k].z, c[k].w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -1083,43 +1125,51 @@ __device__ __forceinline__ void q_parts(const pmla_gpu_problem &p, char *sQ, flo
     }
   }
 #pragma unroll
-  for (int d = 1; d < 8; d <<= 1)
+  for (int d = 1; d < TPR; d <<= 1)
     amax = max(amax, (uint32_t)__shfl_xor_sync(0xffffffffu, amax, d));
-  /* e from the largest exponent: amax * 2^e in [2^7, 2^8), e in [-120, 64]
-   * (a row below 2^-57 scores too little to move exp2 at any e) */
-  int e = 7 - ((int)(amax >> 7) - 127);
-  e = e < -120 ? -120 : e > 64 ? 64 : e;
+  int e = 14 - ((int)(amax >> 7) - 127); /* as q_row_to_f16 */
+  e = e < -114 ? -114 : e > 64 ? 64 : e;
   const float f = __uint_as_float((uint32_t)(127 + e) << 23);
 #pragma unroll
-  for (int k = 0; k < 9; k++) {
-    const int cc = sub + 8 * k; /* 8 values: dims 8 cc .. */
+  for (int k = 0; k < CH; k++) {
+    const int cc = sub + TPR * k; /* dims 8 cc .. 8 cc + 7: pairs 2i, 2i + 1 */
     const uint32_t w[4] = {c[k].x, c[k].y, c[k].z, c[k].w};
-    uint32_t hi[2] = {0, 0}, lo[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-      const float x0 = __uint_as_float(w[i] << 16) * f, x1 = __uint_as_float(w[i] & 0xffff0000u) * f;
-      const uint32_t h = f32x2_to_e4m3x2(x0, x1);
-      float hf[2];
-      f16x2_to_f32(e4m3x2_to_f16x2(h), hf);
-      /* exact: hi is x rounded, so x - hi fits fp32 */
-      const uint32_t l = f32x2_to_e4m3x2((x0 - hf[0]) * 16.f, (x1 - hf[1]) * 16.f);
-      hi[i >> 1] |= h << (16 * (i & 1));
-      lo[i >> 1] |= l << (16 * (i & 1));
+      const int d = 16 * (cc >> 1) + k_of(8 * (cc & 1) + 2 * i), col = d & 63;
+      *(uint32_t *)(sQ + (d >> 6) * QB + row * 128 + ((((col >> 3) ^ row) & 7) << 4) +
+                    (col & 7) * 2) = pack_f16x2(__uint_as_float(w[i] << 16) * f,
+                                                __uint_as_float(w[i] & 0xffff0000u) * f);
     }
-    *(uint2 *)(sQ + koff(row, cc >> 1, QB) + 8 * (cc & 1)) = make_uint2(hi[0], hi[1]);
-    *(uint2 *)(sQ + koff(row + 16, cc >> 1, QB) + 8 * (cc & 1)) = make_uint2(lo[0], lo[1]);
   }
-  /* a row holding inf or NaN scores NaN, as it would in bf16 (satfinite
-   * would have made it finite) */
   if (sub == 0)
-    sQf[row] = amax >= 0x7f80u ? __uint_as_float(0x7fc00000u)
-                               : __uint_as_float((uint32_t)(127 - e) << 23);
+    sQf[row] = __uint_as_float((uint32_t)(127 - e) << 23);
+}
+/* this warp's K fragments of k-steps ks, ks + 1 (16 tokens x 16 dims each,
+ * raw chunks ks and ks + 1) from the stage at aS: ldmatrix of the e4m3
+ * bytes as 16-bit pairs gives the thread bytes 4c..4c + 3 of its two
+ * tokens, i.e. logical columns 2c, 2c + 1 (dims 4c, 4c + 1) and 2c + 8,
+ * 2c + 9 (dims 4c + 2, 4c + 3): k_of */
+__device__ __forceinline__ void k_frags(uint32_t (&a)[2][4], uint32_t aS, int ks, int wi,
+                                        int lane) {
+  const int m = lane >> 3, t = 16 * wi + (lane & 7) + 8 * (m & 1), c = ks + (m >> 1);
+  uint32_t R[4];
+  ldsm_x4(aS + (c >> 3) * CB + t * 128 + (((c & 7) ^ (t & 7)) << 4), R[0], R[1], R[2], R[3]);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    a[h][0] = e4m3x2_to_f16x2(R[2 * h]);
+    a[h][1] = e4m3x2_to_f16x2(R[2 * h + 1]);
+    a[h][2] = e4m3x2_to_f16x2(R[2 * h] >> 16);
+    a[h][3] = e4m3x2_to_f16x2(R[2 * h + 1] >> 16);
+  }
 }
 } /* namespace e4n */
 
+template <int NC>
 __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, float scale_log2,
                                                  const CUtensorMap *kv_tmap, int use_tma) {
   using namespace e4n;
+  constexpr int QT = Geo<NC>::QT, QB = Geo<NC>::QB, STG = Geo<NC>::STG, NK = NC / 4;
   bool scale_ok;
   const float out_scale = kv_out_scale<PMLA_KV_E4M3>(p, scale_ok);
   scale_log2 *= out_scale;
@@ -1128,9 +1178,9 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
   char *sSt = sQ + QT;                                    /* [NS] stages */
   uint64_t *bars = (uint64_t *)(sSt + NS * STG);          /* FULL, PREADY, EMPTY [NS], DONE */
   uint64_t *sVm = bars + 3 * NS + 1;                      /* [NS] token validity bits */
-  float *sCorr = (float *)(sVm + NS);                     /* [NS][16] */
-  float *sM = sCorr + NS * 16, *sL = sM + 16, *sQf = sL + 16;
-  float *sMx = sQf + 16; /* [2][4 warps][16] column maxima, then [2][4] votes, by block parity */
+  float *sCorr = (float *)(sVm + NS);                     /* [NS][NC] */
+  float *sM = sCorr + NS * NC, *sL = sM + NC, *sQf = sL + NC;
+  float *sMx = sQf + NC; /* [2][4 warps][NC] column maxima, then [2][4] votes, by block parity */
   const uint32_t aFull = smem_u32(bars), aPready = aFull + 8 * NS, aEmpty = aPready + 8 * NS,
                  aDone = aEmpty + 8 * NS;
 
@@ -1167,11 +1217,11 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
       continue;
     }
-    const int nrows = rows_item - row0 < 16 ? rows_item - row0 : 16;
+    const int nrows = rows_item - row0 < NC ? rows_item - row0 : NC;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-    float o[32];
+    float o[2 * NC];
 #pragma unroll
-    for (int e = 0; e < 32; e++)
+    for (int e = 0; e < 2 * NC; e++)
       o[e] = 0.f;
     const bool q_new = qb != q_rows[0] || qe != q_rows[1];
     q_rows[0] = qb;
@@ -1190,7 +1240,7 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         staged = false;
       }
       if (q_new) {
-        q_parts(p, sQ, sQf, (int64_t)qb * H + row0, nrows, t);
+        q_f16<NC>(p, sQ, sQf, (int64_t)qb * H + row0, nrows, t);
         proxy_fence(); /* published with block 0, or by the item's end */
       }
       const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
@@ -1272,15 +1322,15 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         if (b + 1 < nblk)
           publish(b + 1);
         mbar_wait(aPready + 8 * s, ph);
-        float c[4];
+        float c[NK];
 #pragma unroll
-        for (int k = 0; k < 4; k++)
-          c[k] = sCorr[s * 16 + nar_col(lane, k)];
-        nar_scale_o(o, c);
-        reg_fence<32>(o);
-        pv(o, a, smem_u32(sS + KB));
+        for (int k = 0; k < NK; k++)
+          c[k] = sCorr[s * NC + nar_col(lane, k)];
+        scale_o<NC>(o, c);
+        reg_fence<2 * NC>(o);
+        pv<NC>(o, a, smem_u32(sS + KB));
         wg_wait0();
-        reg_fence<32>(o);
+        reg_fence<2 * NC>(o);
         mbar_arrive(aEmpty + 8 * s);
       }
       cp_wait<0>();
@@ -1288,10 +1338,10 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
       done_phase ^= 1;
     } else {
       /* ---------------- warpgroup 0: S^T + softmax + P V dims 0..255 */
-      int lim[4];
-      float sc[4], m_run[4], l_run[4];
+      int lim[NK];
+      float sc[NK], m_run[NK], l_run[NK];
 #pragma unroll
-      for (int k = 0; k < 4; k++) {
+      for (int k = 0; k < NK; k++) {
         lim[k] = row_limit(row0 + nar_col(lane, k), rows_item, H, len, qlen, ke);
         sc[k] = scale_log2;
         m_run[k] = -INFINITY;
@@ -1302,7 +1352,7 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
        * scores never reach a stored row) */
       int lim_min = INT32_MAX;
 #pragma unroll
-      for (int k = 0; k < 4; k++)
+      for (int k = 0; k < NK; k++)
         if (row0 + nar_col(lane, k) < rows_item)
           lim_min = min(lim_min, lim[k]);
       const uint64_t dQ = desc(smem_u32(sQ), 16, 1024);
@@ -1311,38 +1361,60 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         char *sS = sSt + s * STG;
         const uint32_t aS = smem_u32(sS);
         mbar_wait(aFull + 8 * s, ph);
-        float sq[16]; /* columns 0..15: K hi^T, 16..31: K lo^T (element e + 8) */
+        /* S^T: the K rows converted into registers (exactly: every e4m3
+         * value is an f16 value), 36 wgmma m64nNCk16 f16 with B = Q; in
+         * parts of KP k-steps, each waited for before the next part's
+         * registers are written (one part where the registers allow) */
+        constexpr int KP = NC == 16 ? 36 : 18;
+        float sq[NC / 2];
 #pragma unroll
-        for (int e = 0; e < 16; e++)
+        for (int e = 0; e < NC / 2; e++)
           sq[e] = 0.f;
-        reg_fence<16>(sq);
-        wg_fence();
-        const uint64_t dK = desc(aS, 16, 1024);
 #pragma unroll
-        for (int ks = 0; ks < 18; ks++) {
-          const uint32_t ko = (ks >> 2) * CB + (ks & 3) * 32, qo = (ks >> 2) * QB + (ks & 3) * 32;
-          mma_n32_e4m3(sq, desc_at(dK, ko), desc_at(dQ, qo));
+        for (int k0 = 0; k0 < 36; k0 += KP) {
+          uint32_t ka[KP][4];
+#pragma unroll
+          for (int j = 0; j < KP / 2; j++) {
+            uint32_t two[2][4];
+            k_frags(two, aS, k0 + 2 * j, wi, lane);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              ka[2 * j][i] = two[0][i];
+              ka[2 * j + 1][i] = two[1][i];
+            }
+          }
+          reg_fence<NC / 2>(sq);
+          wg_fence();
+#pragma unroll
+          for (int kk = 0; kk < KP; kk++) {
+            const int ks = k0 + kk;
+            const uint64_t db = desc_at(dQ, (ks >> 2) * QB + (ks & 3) * 32);
+            if (NC == 16)
+              mma_n16_rs_f16(sq, ka[kk], db);
+            else
+              mma_n32_rs_f16(sq, ka[kk], db);
+          }
+          wg_commit();
+          if (b == 0 && k0 == 0)
+#pragma unroll
+            for (int k = 0; k < NK; k++)
+              sc[k] = scale_log2 * sQf[nar_col(lane, k)];
+          wg_wait0();
+          reg_fence<NC / 2>(sq);
         }
-        wg_commit();
-        v_frags(a, aS, 0, wi, lane); /* under the S^T wgmma */
-        if (b == 0)
-#pragma unroll
-          for (int k = 0; k < 4; k++)
-            sc[k] = scale_log2 * sQf[nar_col(lane, k)];
-        wg_wait0();
-        reg_fence<16>(sq);
+        v_frags(a, aS, 0, wi, lane);
         /* scaled scores (log2 units), -inf where a token is invalid or
          * causally after the column's row; a block whose tokens are all
          * valid for every real column of this thread skips the mask */
-        float sv[8];
+        float sv[NC / 2];
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-          sv[e] = fmaf(sq[e + 8], 0.0625f, sq[e]) * sc[nar_k(e)];
+        for (int e = 0; e < NC / 2; e++)
+          sv[e] = sq[e] * sc[nar_k(e)];
         const int pos0 = kb + b * BN;
         const uint64_t vm = sVm[s];
         if (!(vm == ~0ull && lim_min >= pos0 + BN)) {
 #pragma unroll
-          for (int e = 0; e < 8; e++) {
+          for (int e = 0; e < NC / 2; e++) {
             const int k = nar_k(e), tt = t0 + 8 * ((e >> 1) & 1);
             if (!((vm & before64(lim[k], pos0)) >> tt & 1))
               sv[e] = -INFINITY;
@@ -1354,95 +1426,100 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
          * block that moves a maximum takes the second pass */
         bool grow = false;
 #pragma unroll
-        for (int e = 0; e < 8; e++)
+        for (int e = 0; e < NC / 2; e++)
           grow |= sv[e] > m_run[nar_k(e)] + RESCALE_SLACK;
         grow = __any_sync(0xffffffffu, grow);
-        int *votes = (int *)(sMx + 128) + (b & 1) * 4;
+        int *votes = (int *)(sMx + 8 * NC) + (b & 1) * 4;
         if (lane == 0)
           votes[wi] = grow;
-        float muse[4], corr[4], sum[4];
+        float muse[NK], corr[NK], sum[NK];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < NK; k++) {
           muse[k] = m_run[k] == -INFINITY ? 0.f : m_run[k];
           corr[k] = 1.f;
         }
         char *sP = sS + KB;
-        /* P^T rows by stmatrix.trans: matrix i of the warp's 16 tokens x 16
-         * columns is tokens 8 (i & 1).., columns 8 (i >> 1)..; lane l
-         * addresses row l % 8 of matrix l / 8 */
+        /* P^T rows by stmatrix.trans, one x4 per 16 columns: matrix i of
+         * the warp's 16 tokens x 16 columns is tokens 8 (i & 1)..,
+         * columns 8 (i >> 1)..; lane l addresses row l % 8 of matrix l / 8 */
         const int pc = (lane & 7) + 8 * (lane >> 4), ptok = 16 * wi + 8 * ((lane >> 3) & 1);
         const uint32_t aProw = smem_u32(sP) + pc * 128 + (((ptok >> 3) ^ (pc & 7)) << 4);
         auto write_p = [&]() {
-          uint32_t pk[4];
+          uint32_t pk[NK];
 #pragma unroll
-          for (int k = 0; k < 4; k++)
+          for (int k = 0; k < NK; k++)
             sum[k] = 0.f;
 #pragma unroll
-          for (int e = 0; e < 8; e += 2) {
+          for (int e = 0; e < NC / 2; e += 2) {
             const float p0 = fast_exp2(sv[e] - muse[nar_k(e)]);
             const float p1 = fast_exp2(sv[e + 1] - muse[nar_k(e + 1)]);
             sum[nar_k(e)] += p0;
             sum[nar_k(e + 1)] += p1;
             pk[e >> 1] = pack_f16x2(p0, p1);
           }
-          stsm_x4_t(aProw, pk[0], pk[1], pk[2], pk[3]);
+#pragma unroll
+          for (int j = 0; j < NC / 16; j++)
+            stsm_x4_t(aProw + j * 16 * 128, pk[4 * j], pk[4 * j + 1], pk[4 * j + 2], pk[4 * j + 3]);
         };
         write_p();
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
         if (votes[0] | votes[1] | votes[2] | votes[3]) {
           /* the block's column maxima over the four warps, then P again */
-          float *mxb = sMx + (b & 1) * 64;
-          float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+          float *mxb = sMx + (b & 1) * 4 * NC;
+          float mx[NK];
 #pragma unroll
-          for (int e = 0; e < 8; e++)
+          for (int k = 0; k < NK; k++)
+            mx[k] = -INFINITY;
+#pragma unroll
+          for (int e = 0; e < NC / 2; e++)
             mx[nar_k(e)] = fmaxf(mx[nar_k(e)], sv[e]);
 #pragma unroll
-          for (int k = 0; k < 4; k++) {
+          for (int k = 0; k < NK; k++) {
             mx[k] = col_max(mx[k]);
             if (lane < 4)
-              mxb[wi * 16 + nar_col(lane, k)] = mx[k];
+              mxb[wi * NC + nar_col(lane, k)] = mx[k];
           }
           asm volatile("bar.sync 7, 128;\n" ::: "memory");
 #pragma unroll
-          for (int k = 0; k < 4; k++) {
+          for (int k = 0; k < NK; k++) {
             const int c = nar_col(lane, k);
-            const float bm = fmaxf(fmaxf(mxb[c], mxb[16 + c]), fmaxf(mxb[32 + c], mxb[48 + c]));
+            const float bm = fmaxf(fmaxf(mxb[c], mxb[NC + c]), fmaxf(mxb[2 * NC + c], mxb[3 * NC + c]));
             move_max(m_run[k], bm, &muse[k], &corr[k]);
           }
           write_p();
         }
         if (wi == 0 && lane < 4)
 #pragma unroll
-          for (int k = 0; k < 4; k++)
-            sCorr[s * 16 + nar_col(lane, k)] = corr[k];
+          for (int k = 0; k < NK; k++)
+            sCorr[s * NC + nar_col(lane, k)] = corr[k];
         proxy_fence();
         mbar_arrive(aPready + 8 * s);
         /* this warpgroup's P V reads every warp's P^T rows */
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
 #pragma unroll
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < NK; k++)
           l_run[k] = l_run[k] * corr[k] + sum[k];
-        nar_scale_o(o, corr);
-        reg_fence<32>(o);
-        pv(o, a, smem_u32(sP));
+        scale_o<NC>(o, corr);
+        reg_fence<2 * NC>(o);
+        pv<NC>(o, a, smem_u32(sP));
         wg_wait0();
-        reg_fence<32>(o);
+        reg_fence<2 * NC>(o);
         mbar_arrive(aEmpty + 8 * s);
       }
-      float *sb = sMx + (nblk & 1) * 64;
+      float *sb = sMx + (nblk & 1) * 4 * NC;
 #pragma unroll
-      for (int k = 0; k < 4; k++) {
+      for (int k = 0; k < NK; k++) {
         l_run[k] = col_sum(l_run[k]);
         if (lane < 4)
-          sb[wi * 16 + nar_col(lane, k)] = l_run[k];
+          sb[wi * NC + nar_col(lane, k)] = l_run[k];
       }
       asm volatile("bar.sync 7, 128;\n" ::: "memory");
       if (wi == 0 && lane < 4) {
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < NK; k++) {
           const int c = nar_col(lane, k);
           sM[c] = m_run[k];
-          sL[c] = sb[c] + sb[16 + c] + sb[32 + c] + sb[48 + c];
+          sL[c] = sb[c] + sb[NC + c] + sb[2 * NC + c] + sb[3 * NC + c];
         }
       }
       mbar_arrive(aDone);
@@ -1451,9 +1528,9 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
     __syncthreads();
 
     if (pslot >= 0)
-      stage_o<true>(sSt, o, sL, g, wi, lane, nrows, out_scale);
+      stage_o<true, NC>(sSt, o, sL, g, wi, lane, nrows, out_scale);
     else
-      stage_o<false>(sSt, o, sL, g, wi, lane, nrows, out_scale);
+      stage_o<false, NC>(sSt, o, sL, g, wi, lane, nrows, out_scale);
     proxy_fence();
     __syncthreads();
     if (g == 1) {
@@ -1479,17 +1556,19 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
  * boxes, 128B swizzle), valid when use_tma */
-template <int F, bool FOLD, bool NARROW>
+/* NCOL: 0 for 64-row tiles, else the columns of a narrow tile (16; 32 for
+ * E4M3, which alone has a 32-column body) */
+template <int F, bool FOLD, int NCOL>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  if constexpr (F == PMLA_KV_E4M3 && NARROW && !FOLD)
-    body_e4m3_narrow(p, scale_log2, &kv_tmap, use_tma);
+  if constexpr (F == PMLA_KV_E4M3 && NCOL != 0 && !FOLD)
+    body_e4m3_narrow<NCOL>(p, scale_log2, &kv_tmap, use_tma);
   else
-    body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
+    body_pp<F, FOLD, NCOL != 0>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -1532,11 +1611,12 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p, bool e4m3_rows) {
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-template <int F, bool FOLD, bool NARROW = false>
+template <int F, bool FOLD, int NCOL = 0>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
   hipError_t e =
-      pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW>, SMEM, &opted_in);
+      pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD, NCOL>,
+                       smem_bytes(F, FOLD, NCOL), &opted_in);
   if (e != hipSuccess)
     return e;
   /* head tiles on x: a unit's tiles are neighbouring blocks, started
@@ -1545,8 +1625,9 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
   const dim3 grid((unsigned)tiles, (unsigned)p.num_units);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
-  const int use_tma = kv_tensor_map(&tmap, p, F == PMLA_KV_E4M3 && NARROW && !FOLD);
-  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st, p,
+  const int use_tma = kv_tensor_map(&tmap, p, F == PMLA_KV_E4M3 && NCOL != 0 && !FOLD);
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NCOL>, grid, dim3(NT),
+                    smem_bytes(F, FOLD, NCOL), st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
@@ -1556,15 +1637,18 @@ hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStre
   /* the batch-invariant epilogue is a variant of its own: its registers
    * would otherwise spill in the default one */
   /* tiles of at most 16 rows (a step's rows: heads x query tokens) take
-   * the NARROW body, outside the batch-invariant mode */
-  const bool narrow = (int64_t)p.num_heads * p.max_q_len <= 16;
+   * the NARROW body, outside the batch-invariant mode; E4M3 has a narrow
+   * body for up to 32 rows */
+  const int64_t rows = (int64_t)p.num_heads * p.max_q_len;
+  const bool narrow = rows <= 16 || (p.kv_format == PMLA_KV_E4M3 && rows <= 32);
   switch (p.kv_format * 4 + (p.fold != 0) * 2 + (narrow && !p.fold)) {
   case PMLA_KV_E4M3 * 4 + 1:
-    return launch_decode_wg<PMLA_KV_E4M3, false, true>(p, tiles, st);
+    return rows <= 16 ? launch_decode_wg<PMLA_KV_E4M3, false, 16>(p, tiles, st)
+                      : launch_decode_wg<PMLA_KV_E4M3, false, 32>(p, tiles, st);
   case PMLA_KV_DS_MLA * 4 + 1:
-    return launch_decode_wg<PMLA_KV_DS_MLA, false, true>(p, tiles, st);
+    return launch_decode_wg<PMLA_KV_DS_MLA, false, 16>(p, tiles, st);
   case PMLA_KV_BF16 * 4 + 1:
-    return launch_decode_wg<PMLA_KV_BF16, false, true>(p, tiles, st);
+    return launch_decode_wg<PMLA_KV_BF16, false, 16>(p, tiles, st);
   case PMLA_KV_E4M3 * 4:
     return launch_decode_wg<PMLA_KV_E4M3, false>(p, tiles, st);
   case PMLA_KV_E4M3 * 4 + 2:
@@ -1584,7 +1668,7 @@ void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
 bool pmla_sm90_image_runs() {
   /* binaryVersion 90: the sm_90a image (the one with the body) runs here */
   cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, false>) !=
+  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, 0>) !=
       cudaSuccess) {
     cudaGetLastError(); /* no image for this device: no error left behind */
     return false;

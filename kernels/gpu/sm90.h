@@ -89,18 +89,6 @@ __device__ __forceinline__ void mma_n16_ta(float *d, uint64_t da, uint64_t db) {
   else
     PMLA_WG_N16("bf16", "1");
 }
-/* m64n32k32 with e4m3 operands (an E4M3 cache's K tile as stored, and Q
- * split into two e4m3 parts stacked as 32 rows), both K-major in shared
- * memory: FP8 wgmma has no transposed form */
-__device__ __forceinline__ void mma_n32_e4m3(float *d, uint64_t da, uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
-               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-               : "l"(da), "l"(db));
-}
 /* m64n16k16 f16 with A from registers (four b32 per thread, the layout of
  * mma_n256_rs) and B K-major in shared memory */
 __device__ __forceinline__ void mma_n16_rs_f16(float *d, const uint32_t *a, uint64_t db) {
@@ -109,6 +97,17 @@ __device__ __forceinline__ void mma_n16_rs_f16(float *d, const uint32_t *a, uint
                "%0,%1,%2,%3,%4,%5,%6,%7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                  "+f"(d[6]), "+f"(d[7])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+/* the same for 32 columns (B: 32 rows) */
+__device__ __forceinline__ void mma_n32_rs_f16(float *d, const uint32_t *a, uint64_t db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16, %17, %18, %19}, %20,"
+               " p, 1, 1, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 /* two e4m3 (the first in the low byte) as f16x2, exactly */
@@ -124,17 +123,6 @@ __device__ __forceinline__ void stsm_x4_t(uint32_t addr, uint32_t a, uint32_t b,
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
                "r"(a), "r"(b), "r"(c), "r"(d)
                : "memory");
-}
-/* f16x2 as two floats */
-__device__ __forceinline__ void f16x2_to_f32(uint32_t v, float (&f)[2]) {
-  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f[0]) : "h"((uint16_t)(v & 0xffffu)));
-  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f[1]) : "h"((uint16_t)(v >> 16)));
-}
-/* (lo, hi) rounded to e4m3, saturating (the first in the low byte) */
-__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float lo, float hi) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
 }
 /* the 128 fp32 accumulators of an m64n256 wgmma as asm operands %0..%127
  * (both n256 forms below) */
