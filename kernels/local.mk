@@ -13,10 +13,11 @@ kernels_libpmla_kernels_la_LIBADD = $(LIBM)
 # GPU device code (HIP), built by hipcc (AMD) or nvcc (NVIDIA) as libtool
 # objects by the suffix rule below; the plugin links them when configured.
 PMLA_HIP_FILES = kernels/gpu/metadata.hip kernels/gpu/decode_mma.hip \
-	kernels/gpu/decode_sm90.hip kernels/gpu/reduce.hip kernels/gpu/dispatch.hip
+	kernels/gpu/decode_sm90.hip kernels/gpu/decode_sm90_e4m3.hip kernels/gpu/reduce.hip \
+	kernels/gpu/dispatch.hip
 PMLA_GPU_INCS = kernels/gpu/hip_compat.h kernels/gpu/config.h kernels/gpu/traits.h \
 	kernels/gpu/launch.h kernels/gpu/mma.h kernels/gpu/sm90.h kernels/gpu/kv_map.h \
-	kernels/gpu/kv_load.h \
+	kernels/gpu/kv_load.h kernels/gpu/sm90_parts.h \
 	kernels/gpu/pdl.h
 PMLA_HIP_DEPS = kernels/mla_gpu.h kernels/planner.h kernels/plan_invariant.h kernels/fold.h \
 	kernels/hd.h kernels/fastdiv.h kernels/mla_types.h $(PMLA_GPU_INCS)

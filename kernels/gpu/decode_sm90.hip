@@ -85,26 +85,18 @@
 #include "pdl.h"
 #include "plan_invariant.h"
 #include "sm90.h"
+#include "sm90_parts.h"
 #include <cudaTypedefs.h> /* CUtensorMap, PFN_cuTensorMapEncodeTiled */
 
 namespace {
+using namespace pmla_sm90_parts;
 
-constexpr int BN = 64, ROWS = 64, NT = 256;
 constexpr int BLK = 64 * 128; /* one column block: 64 rows x 128 B */
 constexpr int TILE = 9 * BLK; /* 64 rows x 576 bf16 */
 constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr size_t SMEM = 1024 /* alignment slack */ + 3 * (size_t)TILE +
                         sizeof(float) * 8 * ROWS + sizeof(int) * 2 * BN;
 static_assert(SMEM <= 232448, "shared memory per block (sm_90)");
-/* body_e4m3_narrow for nc columns (16 or 32 rows): Q's two parts, four raw
- * stages with their P^T, barriers and row statistics (e4n::Geo) */
-constexpr size_t smem_e4n(int nc) {
-  return 1024 + 9 * (size_t)nc * 128 + 4 * (5 * 64 * 128 + (size_t)nc * 128) + 3072;
-}
-static_assert(smem_e4n(32) <= 232448, "shared memory per block (sm_90)");
-constexpr size_t smem_bytes(int f, bool fold, int ncol) {
-  return f == PMLA_KV_E4M3 && ncol && !fold ? smem_e4n(ncol) : SMEM;
-}
 
 #ifdef PMLA_SM90_DEVICE
 using namespace pmla_mma;
@@ -112,22 +104,10 @@ using namespace pmla_kv;
 using namespace pmla_sm90;
 
 constexpr int KSTEPS = PMLA_QK_DIM / 16;
-constexpr float RESCALE_SLACK = 8.f;
 
 /* byte offset of 16-byte chunk c (0..71) of row r (0..63) */
 __device__ __forceinline__ uint32_t off(int r, int c) {
   return (uint32_t)((c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-/* The first slot of block [pos_blk, pos_blk + BN) when the block is one
- * whole valid run of BN slots inside a single page (page size a multiple of
- * BN, block page-aligned, before ke), else -1. Every loader thread holds
- * the same raw entry for such a block, so all of them decide alike. */
-__device__ __forceinline__ int64_t whole_page_slot(const pmla_kv_map &m, int32_t raw, int pos_blk,
-                                                   int ke) {
-  if (m.topk || m.page_size % BN != 0 || pos_blk % BN != 0 || pos_blk + BN > ke || raw < 0)
-    return -1;
-  const int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)pos_blk);
-  return slot + BN <= m.num_slots ? slot : -1;
 }
 /* a whole 64-token block (nine 64-column boxes) into the stage at dst */
 __device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, int64_t slot,
@@ -141,54 +121,6 @@ __device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, 
  * accumulator holds row myrow[(e >> 1) & 1], token 8 (e >> 2) + 2 (lane & 3)
  * + (e & 1) of the block. */
 
-/* a loader warp's token validity as bits (the TPT lanes of a token agree):
- * bit k = the warp's k-th token; read back as one word instead of one shared
- * load per element (those loads sat on the softmax's critical path) */
-template <int TPT> __device__ __forceinline__ uint32_t token_bits(bool v) {
-  const uint32_t b = __ballot_sync(0xffffffffu, v);
-  uint32_t m = 0;
-#pragma unroll
-  for (int k = 0; k < 32 / TPT; k++)
-    m |= ((b >> (k * TPT)) & 1u) << k;
-  return m;
-}
-/* publishes a loader warp's validity bits as its 16-bit quarter of the
- * stage's 64-bit word (four loader warps, 16 tokens each) */
-template <int TPT>
-__device__ __forceinline__ void store_token_bits(uint64_t *sVm, int st, int wi, int lane, bool v) {
-  static_assert(32 / TPT == 16, "four loader warps of 16 tokens per 64-token block");
-  const uint32_t bits = token_bits<TPT>(v);
-  if (lane == 0)
-    ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
-}
-/* tokens pos0 + [0, 64) that lie before lim */
-__device__ __forceinline__ uint64_t before64(int lim, int pos0) {
-  if (lim <= pos0)
-    return 0;
-  return lim - pos0 >= 64 ? ~0ull : (1ull << (lim - pos0)) - 1;
-}
-/* the last KV position + 1 that row i of an item attends: causal (query
- * token i / H of qlen, the request's KV length len) and within the item's
- * KV range; INT32_MIN for a padding row past the item's rows */
-__device__ __forceinline__ int row_limit(int i, int rows_item, int H, int len, int qlen, int ke) {
-  const int causal = len - qlen + 1 + i / H;
-  return i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
-}
-/* A row's running maximum m (scaled, log2 units) after a block whose
- * maximum is mx; *muse: the maximum P is taken against (0 for a row still
- * at -inf), *corr: the factor for what was summed so far. The maximum
- * moves only when a block exceeds it by more than RESCALE_SLACK: P then
- * stays below 2^RESCALE_SLACK, which bf16 and the fp32 sums hold with the
- * same relative precision, and O is rescaled far less often (a row starting
- * at -inf always moves: the difference is +inf). */
-__device__ __forceinline__ void move_max(float &m_run, float mx, float *muse, float *corr) {
-  float m = fmaxf(m_run, mx);
-  if (m - m_run <= RESCALE_SLACK)
-    m = m_run;
-  *muse = m == -INFINITY ? 0.f : m;
-  *corr = fast_exp2(m_run - *muse);
-  m_run = m;
-}
 /* masks S in place (raw scores; -inf where a token is invalid or causally
  * after the row) and returns the row maxima scaled to base 2 */
 __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
@@ -289,33 +221,6 @@ __device__ __forceinline__ void store_o(const pmla_gpu_problem &p, const float (
     }
   }
 }
-/* the lse of row tid of the tile (tid < nrows); in a folding item it
- * replaces the accumulator's, which every store_o of the item reads first */
-template <bool FOLD>
-__device__ __forceinline__ void store_lse(const pmla_gpu_problem &p, const float *sM,
-                                          const float *sL, int tid, int nrows, int32_t pslot,
-                                          int32_t qb, int row0, int32_t flags) {
-  const int H = p.num_heads;
-  const int64_t obase =
-      pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
-  const int64_t fbase = (int64_t)qb * H + row0;
-  const bool fold = FOLD && pslot >= 0 && (flags & PMLA_WI_FOLD), final = flags & PMLA_WI_FINAL;
-  if (tid < nrows) {
-    float l = sL[tid];
-    float lse = l > 0.f ? __fmul_rn(sM[tid] + log2f(l), LN2_F) : -INFINITY;
-    if (fold) {
-      const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
-      if (!final)
-        p.partial_lse[obase + tid] = fw.lse;
-      else if (p.lse)
-        p.lse[fbase + tid] = fw.lse;
-    } else if (pslot >= 0) {
-      p.partial_lse[obase + tid] = lse;
-    } else if (p.lse) {
-      p.lse[obase + tid] = lse;
-    }
-  }
-}
 /* an item's O and lse (see store_o) */
 template <bool FOLD>
 __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const float (&o)[128],
@@ -328,17 +233,8 @@ __device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const floa
     __syncthreads();
   store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, flags);
 }
-/* The epilogue of an item that writes rows outright (bf16 out, or an fp32
- * partial): this warpgroup's normalised O into shared memory, each row as
- * it is in global memory, rows STRIDE bytes apart (the padding puts the
- * eight rows of one store on distinct banks), for bulk copies that leave
- * while the next item starts. Stored from registers, the rows held both
- * warpgroups ~6 us per item at h=128 (docs/performance.md). */
-template <bool PARTIAL> struct Staged {
-  static constexpr int ROW = PARTIAL ? PMLA_V_DIM * 4 : PMLA_V_DIM * 2;
-  static constexpr int STRIDE = ROW + (PARTIAL ? 32 : 16);
-};
 static_assert(ROWS * Staged<true>::STRIDE <= 2 * TILE, "staged O fits the two stages");
+/* this warpgroup's normalised O into the staged rows (Staged) */
 template <bool PARTIAL>
 __device__ __forceinline__ void stage_o(char *sO, const float (&o)[128], const float *sL, int g,
                                         int lane, const int (&myrow)[2], int nrows,
@@ -366,25 +262,8 @@ __device__ __forceinline__ void stage_o(char *sO, const float (&o)[128], const f
  * m64n16k16 (A = the K tile, B = Q), its softmax runs down the columns
  * (one per row of the item), and O^T += V^T P^T is 16 m64n16k16 per
  * warpgroup (A = the stage's V read transposed, four 64-dim column blocks;
- * B = P^T, 16 rows of 64 tokens in the stage's rope block). Element e of a
- * thread's 8-value S^T or O^T tile sits at M index 16 w + lane / 4 + 8 ((e
- * >> 1) & 1) (w: the warp in its warpgroup) and column nar_col(lane,
- * nar_k(e)); a thread holds four columns, k = 0..3. */
-__device__ __forceinline__ int nar_k(int e) { return 2 * (e >> 2) + (e & 1); }
-__device__ __forceinline__ int nar_col(int lane, int k) {
-  return 8 * (k >> 1) + 2 * (lane & 3) + (k & 1);
-}
-/* max / sum over the eight lanes of a warp that share lane & 3 */
-__device__ __forceinline__ float col_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-}
-__device__ __forceinline__ float col_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 4);
-  v += __shfl_xor_sync(0xffffffffu, v, 8);
-  return v + __shfl_xor_sync(0xffffffffu, v, 16);
-}
+ * B = P^T, 16 rows of 64 tokens in the stage's rope block). Element
+ * layout: nar_k / nar_col (sm90_parts.h). */
 /* O^T *= corr by column; skipped when no column of the warp moved */
 __device__ __forceinline__ void nar_scale_o(float (&o)[32], const float (&c)[4]) {
   if (!__any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f || c[2] != 1.f || c[3] != 1.f))
@@ -977,598 +856,18 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   if (staged && wi == 0)
     bulk_wait_read();
 }
-/* E4M3 tiles of at most 32 rows (NC = 16 or 32 columns of S^T and O^T,
- * one per row of the item): the cache's bytes stay as stored in shared
- * memory and reach the tensor cores through registers, converted there;
- * no 16-bit KV tile. Per 64-token block, in one of NS raw stages (whole
- * pages by TMA, anything else by cp.async):
- *   S^T = K Q^T   36 wgmma m64nNCk16 f16 (warpgroup 0): A = the K rows in
- *                 registers (ldmatrix of the e4m3 bytes as 16-bit pairs,
- *                 two conversions per four values, exact), B = Q as f16
- *                 with each row scaled by a power of two (exact) and its
- *                 columns in the order the fragments hold them (k_of)
- *   O^T += V^T P^T  per warpgroup 16 wgmma m64nNCk16 f16, A = V^T from
- *                 registers: ldmatrix.trans of the e4m3 bytes as 16-bit
- *                 pairs, one byte permute and two conversions per four
- *                 values; B = P^T in the stage
- * e4m3 wgmma for S^T (Q split into two e4m3 parts) was faster but lost
- * precision in its accumulation (docs/performance.md).
- * Element rows of the V^T fragments: row q of a warp's 16 is dim 2q of its
- * 16-dim chunk, row q + 8 dim 2q + 1 (the pairs ldmatrix hands out).
- * Hand-offs per stage s: FULL[s] (loader's 128 threads + TMA bytes),
- * PREADY[s] (warpgroup 0's 128 threads: P^T and corr written), EMPTY[s]
- * (all 256 threads: both P V done, the loader may refill it). Stages and
- * parities run on across items (gb counts the blocks of the work-group). */
-namespace e4n {
-constexpr int NS = 4;                /* raw stages */
-constexpr int CB = 64 * 128;         /* a column block: 64 tokens x 128 e4m3 */
-constexpr int KB = 5 * CB;           /* 576-byte rows in five column blocks (the last half used) */
-constexpr int ROWB = 576;
-template <int NC> struct Geo {
-  static constexpr int PB = NC * 128;     /* P^T: NC rows x 64 f16 */
-  static constexpr int STG = KB + PB;     /* one stage */
-  static constexpr int QB = NC * 128;     /* a column block of Q: NC rows x 64 f16 */
-  static constexpr int QT = 9 * QB;       /* Q */
-  static constexpr int MISC = 3072;       /* barriers, validity bits, row statistics */
-  static_assert(STG % 1024 == 0 && QT % 1024 == 0, "128B-swizzle blocks stay 1024-byte aligned");
-  static_assert(1024 + QT + NS * STG + MISC == smem_e4n(NC), "the launch's shared memory");
-  static_assert(NC * Staged<true>::STRIDE <= NS * STG, "staged O fits the stages");
-};
-
-/* the logical column (as K fragments and Q hold it) of dim p of a 16-dim
- * k-step: thread c's fragment holds dims 4c..4c + 3 as columns 2c, 2c + 1,
- * 2c + 8, 2c + 9, and a dot product does not care in which order */
-__device__ __forceinline__ int k_of(int p) { return 8 * ((p >> 1) & 1) + 2 * (p >> 2) + (p & 1); }
-/* byte offset of 16-byte chunk c (0..39) of row r in a column-blocked tile of blk bytes a block */
-__device__ __forceinline__ uint32_t koff(int r, int c, int blk) {
-  return (uint32_t)((c >> 3) * blk + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-/* this warpgroup's V^T fragments of the stage at aS: a[m][kk] for dims
- * 256 g + 64 m .. (M tile m) and tokens 16 kk .. (k-step kk) */
-__device__ __forceinline__ void v_frags(uint32_t (&a)[4][4][4], uint32_t aS, int g, int wi,
-                                        int lane) {
-#pragma unroll
-  for (int m = 0; m < 4; m++) {
-    const int cb = 2 * g + (m >> 1), j = 4 * (m & 1) + wi;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int t = 32 * h + lane;
-      uint32_t R[4];
-      ldsm_x4_t(aS + cb * CB + t * 128 + ((j ^ (t & 7)) << 4), R[0], R[1], R[2], R[3]);
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        /* bytes (token 2c: dim 2q, 2q + 1; token 2c + 1: dim 2q, 2q + 1)
-         * -> (dim 2q: tokens 2c, 2c + 1), (dim 2q + 1: tokens 2c, 2c + 1) */
-        const uint32_t x = __byte_perm(R[i], 0, 0x3120);
-        const int kk = 2 * h + (i >> 1), o = (i & 1) * 2;
-        a[m][kk][o] = e4m3x2_to_f16x2(x);
-        a[m][kk][o + 1] = e4m3x2_to_f16x2(x >> 16);
-      }
-    }
-  }
-}
-/* O^T += V^T P^T for this warpgroup's dims, issued and committed */
-template <int NC>
-__device__ __forceinline__ void pv(float (&o)[2 * NC], const uint32_t (&a)[4][4][4], uint32_t aP) {
-  const uint64_t dp = desc(aP, 16, 1024);
-  wg_fence();
-#pragma unroll
-  for (int m = 0; m < 4; m++)
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-      if (NC == 16)
-        mma_n16_rs_f16(o + 8 * m, a[m][kk], desc_at(dp, kk * 32));
-      else
-        mma_n32_rs_f16(o + 16 * m, a[m][kk], desc_at(dp, kk * 32));
-    }
-  wg_commit();
-}
-/* O^T *= corr by column; skipped when no column of the warp moved */
-template <int NC> __device__ __forceinline__ void scale_o(float (&o)[2 * NC], const float *c) {
-  bool moved = false;
-#pragma unroll
-  for (int k = 0; k < NC / 4; k++)
-    moved |= c[k] != 1.f;
-  if (!__any_sync(0xffffffffu, moved))
-    return;
-#pragma unroll
-  for (int e = 0; e < 2 * NC; e++)
-    o[e] *= c[nar_k(e & (NC / 2 - 1))];
-}
-/* the epilogue's staging: column c of O^T is row c of the item */
-template <bool PARTIAL, int NC>
-__device__ __forceinline__ void stage_o(char *sO, const float (&o)[2 * NC], const float *sL, int g,
-                                        int wi, int lane, int nrows, float out_scale) {
-#pragma unroll
-  for (int k = 0; k < NC / 4; k++) {
-    const int c = nar_col(lane, k);
-    if (c >= nrows)
-      continue;
-    const float l = sL[c], inv = l > 0.f ? out_scale / l : 0.f;
-    char *row = sO + c * Staged<PARTIAL>::STRIDE;
-#pragma unroll
-    for (int m = 0; m < 4; m++) {
-      const int e = NC / 2 * m + 4 * (k >> 1) + (k & 1); /* dim d; e + 2: dim d + 1 */
-      const int d = 256 * g + 64 * m + 16 * wi + 2 * (lane >> 2);
-      if (PARTIAL)
-        *(float2 *)(row + d * 4) = make_float2(o[e] * inv, o[e + 2] * inv);
-      else
-        *(uint32_t *)(row + d * 2) = pack_bf16x2(o[e] * inv, o[e + 2] * inv);
-    }
-  }
-}
-/* Q rows of an item as f16 with their columns permuted as the K fragments
- * take them (k_of), loaded by warpgroup 1 (t = 0..127: TPR threads a row,
- * chunks t % TPR + TPR k of its 72): each row times 2^e so that its largest
- * magnitude lies in [2^14, 2^15), which keeps every bf16 value down to
- * 2^-28 of it exactly (inf and NaN stay so); 2^-e into sQf; rows past
- * nrows are zero */
-template <int NC>
-__device__ __forceinline__ void q_f16(const pmla_gpu_problem &p, char *sQ, float *sQf,
-                                      int64_t qrow0, int nrows, int t) {
-  constexpr int TPR = 128 / NC, CH = PMLA_TILE_CHUNKS / TPR, QB = Geo<NC>::QB;
-  const int row = t / TPR, sub = t % TPR;
-  const bool v = row < nrows;
-  const char *src = (const char *)(p.q + (qrow0 + (v ? row : 0)) * PMLA_QK_DIM);
-  uint4 c[CH];
-#pragma unroll
-  for (int k = 0; k < CH; k++)
-    c[k] = v ? ldg16(src + (sub + TPR * k) * 16) : make_uint4(0, 0, 0, 0);
-  uint32_t amax = 0; /* the largest |value| as bf16 bits */
-#pragma unroll
-  for (int k = 0; k < CH; k++) {
-    const uint32_t w[4] = {c[k].x, c[k].y, c[k].z, c[k].w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const uint32_t a = w[i] & 0x7fff7fffu;
-      amax = max(amax, max(a & 0xffffu, a >> 16));
-    }
-  }
-#pragma unroll
-  for (int d = 1; d < TPR; d <<= 1)
-    amax = max(amax, (uint32_t)__shfl_xor_sync(0xffffffffu, amax, d));
-  int e = 14 - ((int)(amax >> 7) - 127); /* as q_row_to_f16 */
-  e = e < -114 ? -114 : e > 64 ? 64 : e;
-  const float f = __uint_as_float((uint32_t)(127 + e) << 23);
-#pragma unroll
-  for (int k = 0; k < CH; k++) {
-    const int cc = sub + TPR * k; /* dims 8 cc .. 8 cc + 7: pairs 2i, 2i + 1 */
-    const uint32_t w[4] = {c[k].x, c[k].y, c[k].z, c[k].w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const int d = 16 * (cc >> 1) + k_of(8 * (cc & 1) + 2 * i), col = d & 63;
-      *(uint32_t *)(sQ + (d >> 6) * QB + row * 128 + ((((col >> 3) ^ row) & 7) << 4) +
-                    (col & 7) * 2) = pack_f16x2(__uint_as_float(w[i] << 16) * f,
-                                                __uint_as_float(w[i] & 0xffff0000u) * f);
-    }
-  }
-  if (sub == 0)
-    sQf[row] = __uint_as_float((uint32_t)(127 - e) << 23);
-}
-/* this warp's K fragments of k-steps ks, ks + 1 (16 tokens x 16 dims each,
- * raw chunks ks and ks + 1) from the stage at aS: ldmatrix of the e4m3
- * bytes as 16-bit pairs gives the thread bytes 4c..4c + 3 of its two
- * tokens, i.e. logical columns 2c, 2c + 1 (dims 4c, 4c + 1) and 2c + 8,
- * 2c + 9 (dims 4c + 2, 4c + 3): k_of */
-__device__ __forceinline__ void k_frags(uint32_t (&a)[2][4], uint32_t aS, int ks, int wi,
-                                        int lane) {
-  const int m = lane >> 3, t = 16 * wi + (lane & 7) + 8 * (m & 1), c = ks + (m >> 1);
-  uint32_t R[4];
-  ldsm_x4(aS + (c >> 3) * CB + t * 128 + (((c & 7) ^ (t & 7)) << 4), R[0], R[1], R[2], R[3]);
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    a[h][0] = e4m3x2_to_f16x2(R[2 * h]);
-    a[h][1] = e4m3x2_to_f16x2(R[2 * h + 1]);
-    a[h][2] = e4m3x2_to_f16x2(R[2 * h] >> 16);
-    a[h][3] = e4m3x2_to_f16x2(R[2 * h + 1] >> 16);
-  }
-}
-} /* namespace e4n */
-
-template <int NC>
-__device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, float scale_log2,
-                                                 const CUtensorMap *kv_tmap, int use_tma) {
-  using namespace e4n;
-  constexpr int QT = Geo<NC>::QT, QB = Geo<NC>::QB, STG = Geo<NC>::STG, NK = NC / 4;
-  bool scale_ok;
-  const float out_scale = kv_out_scale<PMLA_KV_E4M3>(p, scale_ok);
-  scale_log2 *= out_scale;
-  extern __shared__ __align__(1024) char smem_e4[];
-  char *sQ = smem_e4 + ((1024u - (smem_u32(smem_e4) & 1023u)) & 1023u);
-  char *sSt = sQ + QT;                                    /* [NS] stages */
-  uint64_t *bars = (uint64_t *)(sSt + NS * STG);          /* FULL, PREADY, EMPTY [NS], DONE */
-  uint64_t *sVm = bars + 3 * NS + 1;                      /* [NS] token validity bits */
-  float *sCorr = (float *)(sVm + NS);                     /* [NS][NC] */
-  float *sM = sCorr + NS * NC, *sL = sM + NC, *sQf = sL + NC;
-  float *sMx = sQf + NC; /* [2][4 warps][NC] column maxima, then [2][4] votes, by block parity */
-  const uint32_t aFull = smem_u32(bars), aPready = aFull + 8 * NS, aEmpty = aPready + 8 * NS,
-                 aDone = aEmpty + 8 * NS;
-
-  const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
-  if (tid == 0) {
-    for (int s = 0; s < NS; s++) {
-      mbar_init(aFull + 8 * s, 128);
-      mbar_init(aPready + 8 * s, 128);
-      mbar_init(aEmpty + 8 * s, 256);
-    }
-    mbar_init(aDone, 128);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  uint32_t done_phase = 0;
-  uint32_t gb = 0; /* blocks this work-group has run before the item */
-  const int H = p.num_heads;
-  const int u = blockIdx.y, row0 = blockIdx.x * ROWS;
-  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
-  const char *kvbase = (const char *)p.kv;
-  int32_t q_rows[2] = {-1, -1};
-  bool staged = false;
-  const int it_end = p.work_indptr[u + 1];
-  for (int it = p.work_indptr[u]; it < it_end; it++) {
-    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
-    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
-    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
-    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
-    const int qlen = qe - qb, rows_item = qlen * H;
-    if (qlen <= 0 || row0 >= rows_item)
-      continue;
-    if (qb < 0 || qe > p.num_tokens || qlen > p.max_q_len) {
-      if (tid == 0)
-        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
-      continue;
-    }
-    const int nrows = rows_item - row0 < NC ? rows_item - row0 : NC;
-    const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-    float o[2 * NC];
-#pragma unroll
-    for (int e = 0; e < 2 * NC; e++)
-      o[e] = 0.f;
-    const bool q_new = qb != q_rows[0] || qe != q_rows[1];
-    q_rows[0] = qb;
-    q_rows[1] = qe;
-    auto stage_of = [&](int b) { return (gb + (uint32_t)b) % NS; };
-    auto phase_of = [&](int b) { return ((gb + (uint32_t)b) / NS) & 1u; };
-    uint32_t a[4][4][4];
-
-    if (g == 1) {
-      /* ---------------- warpgroup 1: Q, loader, P V dims 256.. */
-      const int t = tid - 128;
-      if (staged) {
-        if (wi == 0)
-          bulk_wait_read();
-        asm volatile("bar.sync 4, 128;\n" ::: "memory");
-        staged = false;
-      }
-      if (q_new) {
-        q_f16<NC>(p, sQ, sQf, (int64_t)qb * H + row0, nrows, t);
-        proxy_fence(); /* published with block 0, or by the item's end */
-      }
-      const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
-      const int ld_t = t >> 1, ld_sub = t & 1;
-      auto raw_at = [&](int blk) -> int32_t {
-        const int pos = kb + blk * BN + ld_t;
-        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
-      };
-      int32_t raw_next = nblk > 0 ? raw_at(0) : -1;
-      uint32_t pend = 0; /* bit s: stage s awaits this thread's cp.async publication */
-      /* block blk into its stage, once both P V of the stage's last block are done */
-      auto issue = [&](int blk) {
-        const uint32_t G = gb + (uint32_t)blk, s = G % NS;
-        if (G >= NS)
-          mbar_wait(aEmpty + 8 * s, ((G / NS) - 1) & 1u);
-        char *dst = sSt + s * STG;
-        const uint32_t bar = aFull + 8 * s;
-#if PMLA_WG_TMA
-        const int64_t first = use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
-        if (first >= 0) {
-          if (t == 0) {
-            mbar_expect_tx(bar, KB);
-#pragma unroll
-            for (int c = 0; c < 5; c++)
-              tma_box(smem_u32(dst) + c * CB, kv_tmap, c * 128, (int)first, bar);
-          }
-          if (lane == 0)
-            ((uint16_t *)sVm)[s * 4 + wi] = 0xffffu;
-          mbar_arrive(bar);
-          raw_next = raw_at(blk + 1);
-          return;
-        }
-#endif
-        const int pos = kb + blk * BN + ld_t;
-        const int64_t slot =
-            pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.x == 0) : -1;
-        const bool v = slot >= 0;
-        store_token_bits<2>(sVm, (int)s, wi, lane, v);
-        const char *src = v ? kvbase + slot * ROWB : kvbase;
-#pragma unroll
-        for (int k = 0; k < 18; k++) {
-          const int c = ld_sub + 2 * k;
-          cp16(dst + koff(ld_t, c, CB), src + (v ? c * 16 : 0), v);
-        }
-        pend |= 1u << s;
-        raw_next = raw_at(blk + 1);
-      };
-      /* stage s's cp.async rows have landed (n groups younger than its own
-       * may still be pending): visible to wgmma, published */
-      auto publish = [&](int blk) {
-        const uint32_t s = stage_of(blk);
-        if (!(pend & (1u << s)))
-          return;
-        cp_wait<NS - 2>();
-        proxy_fence();
-        mbar_arrive(aFull + 8 * s);
-        pend &= ~(1u << s);
-      };
-      for (int j = 0; j < NS - 1; j++) { /* one group per block, empty ones too */
-        if (j < nblk)
-          issue(j);
-        cp_commit();
-      }
-      if (nblk > 0 && (pend & (1u << stage_of(0)))) {
-        cp_wait<NS - 2>();
-        proxy_fence();
-        mbar_arrive(aFull + 8 * stage_of(0));
-        pend &= ~(1u << stage_of(0));
-      }
-      for (int b = 0; b < nblk; b++) {
-        if (b + NS - 1 < nblk)
-          issue(b + NS - 1);
-        cp_commit();
-        const uint32_t s = stage_of(b), ph = phase_of(b);
-        char *sS = sSt + s * STG;
-        mbar_wait(aFull + 8 * s, ph);
-        v_frags(a, smem_u32(sS), 1, wi, lane);
-        /* block b + 1 published while this block's work goes on */
-        if (b + 1 < nblk)
-          publish(b + 1);
-        mbar_wait(aPready + 8 * s, ph);
-        float c[NK];
-#pragma unroll
-        for (int k = 0; k < NK; k++)
-          c[k] = sCorr[s * NC + nar_col(lane, k)];
-        scale_o<NC>(o, c);
-        reg_fence<2 * NC>(o);
-        pv<NC>(o, a, smem_u32(sS + KB));
-        wg_wait0();
-        reg_fence<2 * NC>(o);
-        mbar_arrive(aEmpty + 8 * s);
-      }
-      cp_wait<0>();
-      mbar_wait(aDone, done_phase);
-      done_phase ^= 1;
-    } else {
-      /* ---------------- warpgroup 0: S^T + softmax + P V dims 0..255 */
-      int lim[NK];
-      float sc[NK], m_run[NK], l_run[NK];
-#pragma unroll
-      for (int k = 0; k < NK; k++) {
-        lim[k] = row_limit(row0 + nar_col(lane, k), rows_item, H, len, qlen, ke);
-        sc[k] = scale_log2;
-        m_run[k] = -INFINITY;
-        l_run[k] = 0.f;
-      }
-      const int t0 = 16 * wi + (lane >> 2);
-      /* the least limit over this thread's real columns (padding columns'
-       * scores never reach a stored row) */
-      int lim_min = INT32_MAX;
-#pragma unroll
-      for (int k = 0; k < NK; k++)
-        if (row0 + nar_col(lane, k) < rows_item)
-          lim_min = min(lim_min, lim[k]);
-      const uint64_t dQ = desc(smem_u32(sQ), 16, 1024);
-      for (int b = 0; b < nblk; b++) {
-        const uint32_t s = stage_of(b), ph = phase_of(b);
-        char *sS = sSt + s * STG;
-        const uint32_t aS = smem_u32(sS);
-        mbar_wait(aFull + 8 * s, ph);
-        /* S^T: the K rows converted into registers (exactly: every e4m3
-         * value is an f16 value), 36 wgmma m64nNCk16 f16 with B = Q; in
-         * parts of KP k-steps, each waited for before the next part's
-         * registers are written (one part where the registers allow) */
-        constexpr int KP = NC == 16 ? 36 : 18;
-        float sq[NC / 2];
-#pragma unroll
-        for (int e = 0; e < NC / 2; e++)
-          sq[e] = 0.f;
-#pragma unroll
-        for (int k0 = 0; k0 < 36; k0 += KP) {
-          uint32_t ka[KP][4];
-#pragma unroll
-          for (int j = 0; j < KP / 2; j++) {
-            uint32_t two[2][4];
-            k_frags(two, aS, k0 + 2 * j, wi, lane);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-              ka[2 * j][i] = two[0][i];
-              ka[2 * j + 1][i] = two[1][i];
-            }
-          }
-          reg_fence<NC / 2>(sq);
-          wg_fence();
-#pragma unroll
-          for (int kk = 0; kk < KP; kk++) {
-            const int ks = k0 + kk;
-            const uint64_t db = desc_at(dQ, (ks >> 2) * QB + (ks & 3) * 32);
-            if (NC == 16)
-              mma_n16_rs_f16(sq, ka[kk], db);
-            else
-              mma_n32_rs_f16(sq, ka[kk], db);
-          }
-          wg_commit();
-          if (b == 0 && k0 == 0)
-#pragma unroll
-            for (int k = 0; k < NK; k++)
-              sc[k] = scale_log2 * sQf[nar_col(lane, k)];
-          wg_wait0();
-          reg_fence<NC / 2>(sq);
-        }
-        v_frags(a, aS, 0, wi, lane);
-        /* scaled scores (log2 units), -inf where a token is invalid or
-         * causally after the column's row; a block whose tokens are all
-         * valid for every real column of this thread skips the mask */
-        float sv[NC / 2];
-#pragma unroll
-        for (int e = 0; e < NC / 2; e++)
-          sv[e] = sq[e] * sc[nar_k(e)];
-        const int pos0 = kb + b * BN;
-        const uint64_t vm = sVm[s];
-        if (!(vm == ~0ull && lim_min >= pos0 + BN)) {
-#pragma unroll
-          for (int e = 0; e < NC / 2; e++) {
-            const int k = nar_k(e), tt = t0 + 8 * ((e >> 1) & 1);
-            if (!((vm & before64(lim[k], pos0)) >> tt & 1))
-              sv[e] = -INFINITY;
-          }
-        }
-        /* P against the running maximum, unless some score of the block
-         * exceeds it by more than RESCALE_SLACK (move_max): every warp's
-         * vote is read after the barrier that P^T needs anyway, and only a
-         * block that moves a maximum takes the second pass */
-        bool grow = false;
-#pragma unroll
-        for (int e = 0; e < NC / 2; e++)
-          grow |= sv[e] > m_run[nar_k(e)] + RESCALE_SLACK;
-        grow = __any_sync(0xffffffffu, grow);
-        int *votes = (int *)(sMx + 8 * NC) + (b & 1) * 4;
-        if (lane == 0)
-          votes[wi] = grow;
-        float muse[NK], corr[NK], sum[NK];
-#pragma unroll
-        for (int k = 0; k < NK; k++) {
-          muse[k] = m_run[k] == -INFINITY ? 0.f : m_run[k];
-          corr[k] = 1.f;
-        }
-        char *sP = sS + KB;
-        /* P^T rows by stmatrix.trans, one x4 per 16 columns: matrix i of
-         * the warp's 16 tokens x 16 columns is tokens 8 (i & 1)..,
-         * columns 8 (i >> 1)..; lane l addresses row l % 8 of matrix l / 8 */
-        const int pc = (lane & 7) + 8 * (lane >> 4), ptok = 16 * wi + 8 * ((lane >> 3) & 1);
-        const uint32_t aProw = smem_u32(sP) + pc * 128 + (((ptok >> 3) ^ (pc & 7)) << 4);
-        auto write_p = [&]() {
-          uint32_t pk[NK];
-#pragma unroll
-          for (int k = 0; k < NK; k++)
-            sum[k] = 0.f;
-#pragma unroll
-          for (int e = 0; e < NC / 2; e += 2) {
-            const float p0 = fast_exp2(sv[e] - muse[nar_k(e)]);
-            const float p1 = fast_exp2(sv[e + 1] - muse[nar_k(e + 1)]);
-            sum[nar_k(e)] += p0;
-            sum[nar_k(e + 1)] += p1;
-            pk[e >> 1] = pack_f16x2(p0, p1);
-          }
-#pragma unroll
-          for (int j = 0; j < NC / 16; j++)
-            stsm_x4_t(aProw + j * 16 * 128, pk[4 * j], pk[4 * j + 1], pk[4 * j + 2], pk[4 * j + 3]);
-        };
-        write_p();
-        asm volatile("bar.sync 7, 128;\n" ::: "memory");
-        if (votes[0] | votes[1] | votes[2] | votes[3]) {
-          /* the block's column maxima over the four warps, then P again */
-          float *mxb = sMx + (b & 1) * 4 * NC;
-          float mx[NK];
-#pragma unroll
-          for (int k = 0; k < NK; k++)
-            mx[k] = -INFINITY;
-#pragma unroll
-          for (int e = 0; e < NC / 2; e++)
-            mx[nar_k(e)] = fmaxf(mx[nar_k(e)], sv[e]);
-#pragma unroll
-          for (int k = 0; k < NK; k++) {
-            mx[k] = col_max(mx[k]);
-            if (lane < 4)
-              mxb[wi * NC + nar_col(lane, k)] = mx[k];
-          }
-          asm volatile("bar.sync 7, 128;\n" ::: "memory");
-#pragma unroll
-          for (int k = 0; k < NK; k++) {
-            const int c = nar_col(lane, k);
-            const float bm = fmaxf(fmaxf(mxb[c], mxb[NC + c]), fmaxf(mxb[2 * NC + c], mxb[3 * NC + c]));
-            move_max(m_run[k], bm, &muse[k], &corr[k]);
-          }
-          write_p();
-        }
-        if (wi == 0 && lane < 4)
-#pragma unroll
-          for (int k = 0; k < NK; k++)
-            sCorr[s * NC + nar_col(lane, k)] = corr[k];
-        proxy_fence();
-        mbar_arrive(aPready + 8 * s);
-        /* this warpgroup's P V reads every warp's P^T rows */
-        asm volatile("bar.sync 7, 128;\n" ::: "memory");
-#pragma unroll
-        for (int k = 0; k < NK; k++)
-          l_run[k] = l_run[k] * corr[k] + sum[k];
-        scale_o<NC>(o, corr);
-        reg_fence<2 * NC>(o);
-        pv<NC>(o, a, smem_u32(sP));
-        wg_wait0();
-        reg_fence<2 * NC>(o);
-        mbar_arrive(aEmpty + 8 * s);
-      }
-      float *sb = sMx + (nblk & 1) * 4 * NC;
-#pragma unroll
-      for (int k = 0; k < NK; k++) {
-        l_run[k] = col_sum(l_run[k]);
-        if (lane < 4)
-          sb[wi * NC + nar_col(lane, k)] = l_run[k];
-      }
-      asm volatile("bar.sync 7, 128;\n" ::: "memory");
-      if (wi == 0 && lane < 4) {
-#pragma unroll
-        for (int k = 0; k < NK; k++) {
-          const int c = nar_col(lane, k);
-          sM[c] = m_run[k];
-          sL[c] = sb[c] + sb[NC + c] + sb[2 * NC + c] + sb[3 * NC + c];
-        }
-      }
-      mbar_arrive(aDone);
-    }
-    gb += (uint32_t)nblk;
-    __syncthreads();
-
-    if (pslot >= 0)
-      stage_o<true, NC>(sSt, o, sL, g, wi, lane, nrows, out_scale);
-    else
-      stage_o<false, NC>(sSt, o, sL, g, wi, lane, nrows, out_scale);
-    proxy_fence();
-    __syncthreads();
-    if (g == 1) {
-      staged = true;
-      if (wi == 0) {
-        const int rowb = pslot >= 0 ? Staged<true>::ROW : Staged<false>::ROW;
-        const int stride = pslot >= 0 ? Staged<true>::STRIDE : Staged<false>::STRIDE;
-        char *dst = pslot >= 0 ? (char *)(p.partial_out +
-                                          ((int64_t)pslot * p.max_q_len * H + row0) * PMLA_V_DIM)
-                               : (char *)(p.out + ((int64_t)qb * H + row0) * PMLA_V_DIM);
-        for (int rr = lane; rr < nrows; rr += 32)
-          bulk_store(dst + (int64_t)rr * rowb, smem_u32(sSt) + rr * stride, rowb);
-        bulk_commit();
-      }
-    }
-    store_lse<false>(p, sM, sL, tid, nrows, pslot, qb, row0, 0);
-    __syncthreads();
-  }
-  if (staged && wi == 0)
-    bulk_wait_read();
-}
 #endif /* PMLA_SM90_DEVICE */
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
  * boxes, 128B swizzle), valid when use_tma */
-/* NCOL: 0 for 64-row tiles, else the columns of a narrow tile (16; 32 for
- * E4M3, which alone has a 32-column body) */
-template <int F, bool FOLD, int NCOL>
+template <int F, bool FOLD, bool NARROW>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  if constexpr (F == PMLA_KV_E4M3 && NCOL != 0 && !FOLD)
-    body_e4m3_narrow<NCOL>(p, scale_log2, &kv_tmap, use_tma);
-  else
-    body_pp<F, FOLD, NCOL != 0>(p, scale_log2, &kv_tmap, use_tma);
+  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -1591,32 +890,27 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = lookup_tensor_map_encoder();
   return fn;
 }
-/* The KV cache as a 2-D tensor map for the whole-page loads: bf16 rows
- * (body_pp: 64 x 64 boxes), or E4M3 rows as bytes (body_e4m3_narrow:
- * 128 x 64 boxes, the fifth reaching past the row's 576 bytes, which TMA
- * fills with zeros); 0 when TMA does not apply (top-k gather, page size not
- * a multiple of 64, a cache the map cannot describe, another format) */
-int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p, bool e4m3_rows) {
+/* The KV cache as a 2-D tensor map for body_pp's whole-page loads; 0 when
+ * TMA does not apply (top-k gather, page size not a multiple of 64, a cache
+ * the map cannot describe) */
+int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-  const int fmt = e4m3_rows ? PMLA_KV_E4M3 : PMLA_KV_BF16;
-  if (!PMLA_WG_TMA || !enc || p.kv_format != fmt || p.map.topk || p.map.page_size % BN != 0 ||
+  if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_BF16 || p.map.topk ||
+      p.map.page_size % BN != 0 ||
       p.map.num_slots < BN || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
     return 0;
-  cuuint64_t dim[2] = {e4m3_rows ? (cuuint64_t)pmla_kv::KvFmt<PMLA_KV_E4M3>::ROW_BYTES : PMLA_QK_DIM,
-                       (cuuint64_t)p.map.num_slots};
-  cuuint64_t stride[1] = {e4m3_rows ? (cuuint64_t)pmla_kv::KvFmt<PMLA_KV_E4M3>::ROW_BYTES : (cuuint64_t)PITCH};
-  cuuint32_t box[2] = {e4m3_rows ? 128u : 64u, (cuuint32_t)BN}, estride[2] = {1, 1};
-  return enc(m, e4m3_rows ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-             (void *)p.kv, dim, stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  cuuint64_t dim[2] = {PMLA_QK_DIM, (cuuint64_t)p.map.num_slots};
+  cuuint64_t stride[1] = {PITCH};
+  cuuint32_t box[2] = {64, (cuuint32_t)BN}, estride[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p.kv, dim, stride, box, estride,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-template <int F, bool FOLD, int NCOL = 0>
+template <int F, bool FOLD, bool NARROW = false>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
   hipError_t e =
-      pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD, NCOL>,
-                       smem_bytes(F, FOLD, NCOL), &opted_in);
+      pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW>, SMEM, &opted_in);
   if (e != hipSuccess)
     return e;
   /* head tiles on x: a unit's tiles are neighbouring blocks, started
@@ -1625,30 +919,30 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
   const dim3 grid((unsigned)tiles, (unsigned)p.num_units);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
-  const int use_tma = kv_tensor_map(&tmap, p, F == PMLA_KV_E4M3 && NCOL != 0 && !FOLD);
-  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NCOL>, grid, dim3(NT),
-                    smem_bytes(F, FOLD, NCOL), st, p,
+  const int use_tma = kv_tensor_map(&tmap, p);
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
 } /* namespace */
 
+void *pmla_sm90_tensor_map_encoder() { return (void *)tensor_map_encoder(); }
+
 hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   /* the batch-invariant epilogue is a variant of its own: its registers
    * would otherwise spill in the default one */
   /* tiles of at most 16 rows (a step's rows: heads x query tokens) take
-   * the NARROW body, outside the batch-invariant mode; E4M3 has a narrow
-   * body for up to 32 rows */
+   * the NARROW body, outside the batch-invariant mode; an E4M3 cache with
+   * at most 32 rows has a body of its own (decode_sm90_e4m3.hip) */
   const int64_t rows = (int64_t)p.num_heads * p.max_q_len;
-  const bool narrow = rows <= 16 || (p.kv_format == PMLA_KV_E4M3 && rows <= 32);
+  if (p.kv_format == PMLA_KV_E4M3 && rows <= 32 && !p.fold)
+    return pmla_launch_decode_sm90_e4m3(p, tiles, st);
+  const bool narrow = rows <= 16;
   switch (p.kv_format * 4 + (p.fold != 0) * 2 + (narrow && !p.fold)) {
-  case PMLA_KV_E4M3 * 4 + 1:
-    return rows <= 16 ? launch_decode_wg<PMLA_KV_E4M3, false, 16>(p, tiles, st)
-                      : launch_decode_wg<PMLA_KV_E4M3, false, 32>(p, tiles, st);
   case PMLA_KV_DS_MLA * 4 + 1:
-    return launch_decode_wg<PMLA_KV_DS_MLA, false, 16>(p, tiles, st);
+    return launch_decode_wg<PMLA_KV_DS_MLA, false, true>(p, tiles, st);
   case PMLA_KV_BF16 * 4 + 1:
-    return launch_decode_wg<PMLA_KV_BF16, false, 16>(p, tiles, st);
+    return launch_decode_wg<PMLA_KV_BF16, false, true>(p, tiles, st);
   case PMLA_KV_E4M3 * 4:
     return launch_decode_wg<PMLA_KV_E4M3, false>(p, tiles, st);
   case PMLA_KV_E4M3 * 4 + 2:
@@ -1668,7 +962,7 @@ void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
 bool pmla_sm90_image_runs() {
   /* binaryVersion 90: the sm_90a image (the one with the body) runs here */
   cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, 0>) !=
+  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, false>) !=
       cudaSuccess) {
     cudaGetLastError(); /* no image for this device: no error left behind */
     return false;

@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: MIT */
+/* sm90_parts.h - the pieces both sm_90a decode bodies are built from
+ * (decode_sm90.hip's body_pp, decode_sm90_e4m3.hip's narrow E4M3 body):
+ * the KV block and row tile, whether a block is one whole page, the
+ * validity bits of a loaded block, causal limits, the running maximum, the
+ * column helpers of tiles whose tokens are the wgmma M side, and the
+ * epilogue's staged rows and lse. Device parts only where the sm_90a body
+ * is compiled (config.h's PMLA_SM90_DEVICE). */
+#ifndef PMLA_GPU_SM90_PARTS_H
+#define PMLA_GPU_SM90_PARTS_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "fold.h"
+#include "hip_compat.h"
+#include "kv_map.h"
+#include "mla_gpu.h"
+#include "mma.h"
+#include "plan_invariant.h"
+
+namespace pmla_sm90_parts {
+
+/* tokens of a KV block, rows of a head tile, threads of a work-group */
+constexpr int BN = 64, ROWS = 64, NT = 256;
+
+/* an item's normalised O staged in shared memory row for row as in global
+ * memory, rows STRIDE bytes apart (the padding puts the eight rows of one
+ * store on distinct banks), for bulk copies that leave while the next item
+ * starts. Stored from registers, the rows held both warpgroups ~6 us per
+ * item at h=128 (docs/performance.md). */
+template <bool PARTIAL> struct Staged {
+  static constexpr int ROW = PARTIAL ? PMLA_V_DIM * 4 : PMLA_V_DIM * 2;
+  static constexpr int STRIDE = ROW + (PARTIAL ? 32 : 16);
+};
+
+#ifdef PMLA_SM90_DEVICE
+using pmla_mma::fast_exp2;
+using pmla_mma::LN2_F;
+
+constexpr float RESCALE_SLACK = 8.f;
+
+/* The first slot of block [pos_blk, pos_blk + BN) when the block is one
+ * whole valid run of BN slots inside a single page (page size a multiple of
+ * BN, block page-aligned, before ke), else -1. Every loader thread holds
+ * the same raw entry for such a block, so all of them decide alike. */
+__device__ __forceinline__ int64_t whole_page_slot(const pmla_kv_map &m, int32_t raw, int pos_blk,
+                                                   int ke) {
+  if (m.topk || m.page_size % BN != 0 || pos_blk % BN != 0 || pos_blk + BN > ke || raw < 0)
+    return -1;
+  const int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)pos_blk);
+  return slot + BN <= m.num_slots ? slot : -1;
+}
+/* a loader warp's token validity as bits (the TPT lanes of a token agree):
+ * bit k = the warp's k-th token; read back as one word instead of one shared
+ * load per element (those loads sat on the softmax's critical path) */
+template <int TPT> __device__ __forceinline__ uint32_t token_bits(bool v) {
+  const uint32_t b = __ballot_sync(0xffffffffu, v);
+  uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < 32 / TPT; k++)
+    m |= ((b >> (k * TPT)) & 1u) << k;
+  return m;
+}
+/* publishes a loader warp's validity bits as its 16-bit quarter of the
+ * stage's 64-bit word (four loader warps, 16 tokens each) */
+template <int TPT>
+__device__ __forceinline__ void store_token_bits(uint64_t *sVm, int st, int wi, int lane, bool v) {
+  static_assert(32 / TPT == 16, "four loader warps of 16 tokens per 64-token block");
+  const uint32_t bits = token_bits<TPT>(v);
+  if (lane == 0)
+    ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
+}
+/* tokens pos0 + [0, 64) that lie before lim */
+__device__ __forceinline__ uint64_t before64(int lim, int pos0) {
+  if (lim <= pos0)
+    return 0;
+  return lim - pos0 >= 64 ? ~0ull : (1ull << (lim - pos0)) - 1;
+}
+/* the last KV position + 1 that row i of an item attends: causal (query
+ * token i / H of qlen, the request's KV length len) and within the item's
+ * KV range; INT32_MIN for a padding row past the item's rows */
+__device__ __forceinline__ int row_limit(int i, int rows_item, int H, int len, int qlen, int ke) {
+  const int causal = len - qlen + 1 + i / H;
+  return i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+}
+/* A row's running maximum m (scaled, log2 units) after a block whose
+ * maximum is mx; *muse: the maximum P is taken against (0 for a row still
+ * at -inf), *corr: the factor for what was summed so far. The maximum
+ * moves only when a block exceeds it by more than RESCALE_SLACK: P then
+ * stays below 2^RESCALE_SLACK, which bf16 and the fp32 sums hold with the
+ * same relative precision, and O is rescaled far less often (a row starting
+ * at -inf always moves: the difference is +inf). */
+__device__ __forceinline__ void move_max(float &m_run, float mx, float *muse, float *corr) {
+  float m = fmaxf(m_run, mx);
+  if (m - m_run <= RESCALE_SLACK)
+    m = m_run;
+  *muse = m == -INFINITY ? 0.f : m;
+  *corr = fast_exp2(m_run - *muse);
+  m_run = m;
+}
+/* Tiles whose block tokens are the wgmma M side (S^T = K Q^T, O^T +=
+ * V^T P^T; body_pp's NARROW form and the narrow E4M3 body): element e of a
+ * thread's m64nN tile (N / 2 values) sits at M index 16 w + lane / 4 + 8
+ * ((e >> 1) & 1) (w: the warp in its warpgroup) and column nar_col(lane,
+ * nar_k(e)); a thread holds N / 4 columns. */
+__device__ __forceinline__ int nar_k(int e) { return 2 * (e >> 2) + (e & 1); }
+__device__ __forceinline__ int nar_col(int lane, int k) {
+  return 8 * (k >> 1) + 2 * (lane & 3) + (k & 1);
+}
+/* max / sum over the eight lanes of a warp that share lane & 3 */
+__device__ __forceinline__ float col_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+}
+__device__ __forceinline__ float col_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 8);
+  return v + __shfl_xor_sync(0xffffffffu, v, 16);
+}
+/* the lse of row tid of the tile (tid < nrows); in a folding item it
+ * replaces the accumulator's, which every store_o of the item reads first */
+template <bool FOLD>
+__device__ __forceinline__ void store_lse(const pmla_gpu_problem &p, const float *sM,
+                                          const float *sL, int tid, int nrows, int32_t pslot,
+                                          int32_t qb, int row0, int32_t flags) {
+  const int H = p.num_heads;
+  const int64_t obase =
+      pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
+  const int64_t fbase = (int64_t)qb * H + row0;
+  const bool fold = FOLD && pslot >= 0 && (flags & PMLA_WI_FOLD), final = flags & PMLA_WI_FINAL;
+  if (tid < nrows) {
+    float l = sL[tid];
+    float lse = l > 0.f ? __fmul_rn(sM[tid] + log2f(l), LN2_F) : -INFINITY;
+    if (fold) {
+      const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
+      if (!final)
+        p.partial_lse[obase + tid] = fw.lse;
+      else if (p.lse)
+        p.lse[fbase + tid] = fw.lse;
+    } else if (pslot >= 0) {
+      p.partial_lse[obase + tid] = lse;
+    } else if (p.lse) {
+      p.lse[obase + tid] = lse;
+    }
+  }
+}
+#endif /* PMLA_SM90_DEVICE */
+
+} /* namespace pmla_sm90_parts */
+#endif
