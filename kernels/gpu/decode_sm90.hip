@@ -264,14 +264,6 @@ __device__ __forceinline__ void stage_o(char *sO, const float (&o)[128], const f
  * warpgroup (A = the stage's V read transposed, four 64-dim column blocks;
  * B = P^T, 16 rows of 64 tokens in the stage's rope block). Element
  * layout: nar_k / nar_col (sm90_parts.h). */
-/* O^T *= corr by column; skipped when no column of the warp moved */
-__device__ __forceinline__ void nar_scale_o(float (&o)[32], const float (&c)[4]) {
-  if (!__any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f || c[2] != 1.f || c[3] != 1.f))
-    return;
-#pragma unroll
-  for (int e = 0; e < 32; e++)
-    o[e] *= c[nar_k(e & 7)];
-}
 /* this warpgroup's O^T += V^T P^T for dims 256 g.. of the stage at aK (P^T
  * in its rope block), issued and committed */
 template <bool F16>
@@ -494,7 +486,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
           for (int k = 0; k < 4; k++)
             c[k] = sCorr[(b & 1) * ROWS + nar_col(lane, k)];
-          nar_scale_o(o, c);
+          nar_scale_o<16>(o, c);
           reg_fence<OR>(o);
           nar_pv<F16>(o, aK, 1);
         } else {
@@ -681,7 +673,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
         for (int k = 0; k < 4; k++)
           l_run[k] = l_run[k] * corr[k] + sum[k];
-        nar_scale_o(o, corr);
+        nar_scale_o<16>(o, corr);
         reg_fence<32>(o);
         nar_pv<F16>(o, aK, 0);
         wg_wait0();
@@ -689,24 +681,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         if (!FP8 && b + 2 < nblk)
           nb_arrive(EMPTY + (b & 1));
       }
-      /* the columns' sums over the four warps (sMx's other half is free:
-       * every warp has passed the last block's barrier) */
-      float *sb = sMx + (nblk & 1) * 64;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        l_run[k] = col_sum(l_run[k]);
-        if (lane < 4)
-          sb[wi * 16 + nar_col(lane, k)] = l_run[k];
-      }
-      asm volatile("bar.sync 7, 128;\n" ::: "memory");
-      if (wi == 0 && lane < 4) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-          const int c = nar_col(lane, k);
-          sM[c] = m_run[k];
-          sL[c] = sb[c] + sb[16 + c] + sb[32 + c] + sb[48 + c];
-        }
-      }
+      nar_row_stats<16>(sMx, m_run, l_run, sM, sL, nblk, wi, lane);
       mbar_arrive(aDone);
     } else {
       /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
@@ -832,17 +807,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       __syncthreads();
       if (g == 1) {
         staged = true;
-        if (wi == 0) {
-          const int rowb = pslot >= 0 ? Staged<true>::ROW : Staged<false>::ROW;
-          const int stride = pslot >= 0 ? Staged<true>::STRIDE : Staged<false>::STRIDE;
-          char *dst = pslot >= 0
-                          ? (char *)(p.partial_out +
-                                     ((int64_t)pslot * p.max_q_len * H + row0) * PMLA_V_DIM)
-                          : (char *)(p.out + ((int64_t)qb * H + row0) * PMLA_V_DIM);
-          for (int rr = lane; rr < nrows; rr += 32)
-            bulk_store(dst + (int64_t)rr * rowb, smem_u32(sKV) + rr * stride, rowb);
-          bulk_commit();
-        }
+        if (wi == 0)
+          send_staged(p, sKV, pslot, qb, row0, nrows, lane);
       }
       store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, 0);
     } else {

@@ -123,18 +123,6 @@ __device__ __forceinline__ void pv(float (&o)[2 * NC], const uint32_t (&a)[4][4]
     }
   wg_commit();
 }
-/* O^T *= corr by column; skipped when no column of the warp moved */
-template <int NC> __device__ __forceinline__ void scale_o(float (&o)[2 * NC], const float *c) {
-  bool moved = false;
-#pragma unroll
-  for (int k = 0; k < NC / 4; k++)
-    moved |= c[k] != 1.f;
-  if (!__any_sync(0xffffffffu, moved))
-    return;
-#pragma unroll
-  for (int e = 0; e < 2 * NC; e++)
-    o[e] *= c[nar_k(e & (NC / 2 - 1))];
-}
 /* the epilogue's staging: column c of O^T is row c of the item */
 template <bool PARTIAL, int NC>
 __device__ __forceinline__ void stage_o(char *sO, const float (&o)[2 * NC], const float *sL, int g,
@@ -176,19 +164,9 @@ __device__ __forceinline__ void q_f16(const pmla_gpu_problem &p, char *sQ, float
     c[k] = v ? ldg16(src + (sub + TPR * k) * 16) : make_uint4(0, 0, 0, 0);
   uint32_t amax = 0; /* the largest |value| as bf16 bits */
 #pragma unroll
-  for (int k = 0; k < CH; k++) {
-    const uint32_t w[4] = {c[k].x, c[k].y, c[k].z, c[k].w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const uint32_t a = w[i] & 0x7fff7fffu;
-      amax = max(amax, max(a & 0xffffu, a >> 16));
-    }
-  }
-#pragma unroll
-  for (int d = 1; d < TPR; d <<= 1)
-    amax = max(amax, (uint32_t)__shfl_xor_sync(0xffffffffu, amax, d));
-  int e = 14 - ((int)(amax >> 7) - 127); /* as q_row_to_f16 */
-  e = e < -114 ? -114 : e > 64 ? 64 : e;
+  for (int k = 0; k < CH; k++)
+    amax = bf16x8_amax(c[k], amax);
+  const int e = q_row_f16_exp<TPR>(amax);
   const float f = __uint_as_float((uint32_t)(127 + e) << 23);
 #pragma unroll
   for (int k = 0; k < CH; k++) {
@@ -198,8 +176,7 @@ __device__ __forceinline__ void q_f16(const pmla_gpu_problem &p, char *sQ, float
     for (int i = 0; i < 4; i++) {
       const int d = 16 * (cc >> 1) + k_of(8 * (cc & 1) + 2 * i), col = d & 63;
       *(uint32_t *)(sQ + (d >> 6) * QB + row * 128 + ((((col >> 3) ^ row) & 7) << 4) +
-                    (col & 7) * 2) = pack_f16x2(__uint_as_float(w[i] << 16) * f,
-                                                __uint_as_float(w[i] & 0xffff0000u) * f);
+                    (col & 7) * 2) = bf16x2_to_f16x2(w[i], f);
     }
   }
   if (sub == 0)
@@ -348,8 +325,8 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         pend |= 1u << s;
         raw_next = raw_at(blk + 1);
       };
-      /* stage s's cp.async rows have landed (n groups younger than its own
-       * may still be pending): visible to wgmma, published */
+      /* block blk's cp.async rows have landed (NS - 2 groups younger than
+       * its own may still be pending): visible to wgmma, published */
       auto publish = [&](int blk) {
         const uint32_t s = stage_of(blk);
         if (!(pend & (1u << s)))
@@ -364,12 +341,8 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
           issue(j);
         cp_commit();
       }
-      if (nblk > 0 && (pend & (1u << stage_of(0)))) {
-        cp_wait<NS - 2>();
-        proxy_fence();
-        mbar_arrive(aFull + 8 * stage_of(0));
-        pend &= ~(1u << stage_of(0));
-      }
+      if (nblk > 0)
+        publish(0);
       for (int b = 0; b < nblk; b++) {
         if (b + NS - 1 < nblk)
           issue(b + NS - 1);
@@ -386,7 +359,7 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
 #pragma unroll
         for (int k = 0; k < NK; k++)
           c[k] = sCorr[s * NC + nar_col(lane, k)];
-        scale_o<NC>(o, c);
+        nar_scale_o<NC>(o, c);
         reg_fence<2 * NC>(o);
         pv<NC>(o, a, smem_u32(sS + KB));
         wg_wait0();
@@ -559,29 +532,14 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
 #pragma unroll
         for (int k = 0; k < NK; k++)
           l_run[k] = l_run[k] * corr[k] + sum[k];
-        scale_o<NC>(o, corr);
+        nar_scale_o<NC>(o, corr);
         reg_fence<2 * NC>(o);
         pv<NC>(o, a, smem_u32(sP));
         wg_wait0();
         reg_fence<2 * NC>(o);
         mbar_arrive(aEmpty + 8 * s);
       }
-      float *sb = sMx + (nblk & 1) * 4 * NC;
-#pragma unroll
-      for (int k = 0; k < NK; k++) {
-        l_run[k] = col_sum(l_run[k]);
-        if (lane < 4)
-          sb[wi * NC + nar_col(lane, k)] = l_run[k];
-      }
-      asm volatile("bar.sync 7, 128;\n" ::: "memory");
-      if (wi == 0 && lane < 4) {
-#pragma unroll
-        for (int k = 0; k < NK; k++) {
-          const int c = nar_col(lane, k);
-          sM[c] = m_run[k];
-          sL[c] = sb[c] + sb[NC + c] + sb[2 * NC + c] + sb[3 * NC + c];
-        }
-      }
+      nar_row_stats<NC>(sMx, m_run, l_run, sM, sL, nblk, wi, lane);
       mbar_arrive(aDone);
     }
     gb += (uint32_t)nblk;
@@ -595,16 +553,8 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
     __syncthreads();
     if (g == 1) {
       staged = true;
-      if (wi == 0) {
-        const int rowb = pslot >= 0 ? Staged<true>::ROW : Staged<false>::ROW;
-        const int stride = pslot >= 0 ? Staged<true>::STRIDE : Staged<false>::STRIDE;
-        char *dst = pslot >= 0 ? (char *)(p.partial_out +
-                                          ((int64_t)pslot * p.max_q_len * H + row0) * PMLA_V_DIM)
-                               : (char *)(p.out + ((int64_t)qb * H + row0) * PMLA_V_DIM);
-        for (int rr = lane; rr < nrows; rr += 32)
-          bulk_store(dst + (int64_t)rr * rowb, smem_u32(sSt) + rr * stride, rowb);
-        bulk_commit();
-      }
+      if (wi == 0)
+        send_staged(p, sSt, pslot, qb, row0, nrows, lane);
     }
     store_lse<false>(p, sM, sL, tid, nrows, pslot, qb, row0, 0);
     __syncthreads();

@@ -41,12 +41,20 @@ __device__ __forceinline__ uint4 ldg16(const char *p) {
   return __ldg((const uint4 *)p);
 }
 
+#if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+/* the two e4m3 values in the low 16 bits of v (the first in the low byte)
+ * as f16x2, exactly: one instruction */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"((uint16_t)(v & 0xffffu)));
+  return r;
+}
+#endif
+
 /* 4 e4m3 values (one word, the first value in the lowest byte) as floats */
 __device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float (&f)[4]) {
 #if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t h[2];
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[0]) : "h"((uint16_t)(w & 0xffffu)));
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[1]) : "h"((uint16_t)(w >> 16)));
+  const uint32_t h[2] = {e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16)};
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     asm("cvt.f32.f16 %0, %1;\n" : "=f"(f[2 * i]) : "h"((uint16_t)(h[i] & 0xffffu)));
@@ -92,8 +100,8 @@ __device__ __forceinline__ void e4m3x16_to_f16(const uint4 &raw, uint4 &lo, uint
 #pragma unroll
   for (int i = 0; i < 4; i++) {
 #if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(o[2 * i]) : "h"((uint16_t)(w[i] & 0xffffu)));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(o[2 * i + 1]) : "h"((uint16_t)(w[i] >> 16)));
+    o[2 * i] = e4m3x2_to_f16x2(w[i]);
+    o[2 * i + 1] = e4m3x2_to_f16x2(w[i] >> 16);
 #else
     float f[4]; /* each exactly an f16 value: the packing does not round */
     e4m3x4_to_f32(w[i], f);
@@ -174,6 +182,34 @@ template <int F, int TPT> struct RowLoad {
   }
 };
 
+/* amax with the magnitudes of 8 bf16 (bits) folded in */
+__device__ __forceinline__ uint32_t bf16x8_amax(const uint4 &v, uint32_t amax) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t a = w[i] & 0x7fff7fffu;
+    amax = max(amax, max(a & 0xffffu, a >> 16));
+  }
+  return amax;
+}
+/* the exponent e of q_row_to_f16 (below) from the largest magnitude (bf16
+ * bits) each of TPR consecutive lanes found in its part of the row */
+template <int TPR> __device__ __forceinline__ int q_row_f16_exp(uint32_t amax) {
+#pragma unroll
+  for (int d = 1; d < TPR; d <<= 1)
+#ifdef PMLA_PLATFORM_NVIDIA
+    amax = max(amax, (uint32_t)__shfl_xor_sync(0xffffffffu, amax, d));
+#else
+    amax = max(amax, (uint32_t)__shfl_xor((int)amax, d));
+#endif
+  const int e = 14 - ((int)(amax >> 7) - 127); /* |value| < 2^(exponent + 1) */
+  return e < -114 ? -114 : e > 64 ? 64 : e;
+}
+/* a bf16 pair (bits, the first in the low half) times f as f16x2 */
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w, float f) {
+  return pmla_mma::pack_f16x2(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xffff0000u) * f);
+}
+
 /* An E4M3 item's Q row, landed as bf16, rewritten in place as f16 for the
  * f16 tiles: times 2^e, e chosen from the row's largest magnitude so that
  * it lands in [2^14, 2^15) (below f16's maximum, and every value down to
@@ -188,36 +224,16 @@ template <int TPR, typename Chunk>
 __device__ __forceinline__ float q_row_to_f16(int sub, Chunk chunk) {
   uint32_t amax = 0; /* the largest |value| as bf16 bits */
 #pragma unroll 4
-  for (int c = sub; c < PMLA_TILE_CHUNKS; c += TPR) {
-    const uint4 v = *(const uint4 *)chunk(c);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const uint32_t a = w[i] & 0x7fff7fffu;
-      amax = max(amax, max(a & 0xffffu, a >> 16));
-    }
-  }
-#pragma unroll
-  for (int d = 1; d < TPR; d <<= 1)
-#ifdef PMLA_PLATFORM_NVIDIA
-    amax = max(amax, (uint32_t)__shfl_xor_sync(0xffffffffu, amax, d));
-#else
-    amax = max(amax, (uint32_t)__shfl_xor((int)amax, d));
-#endif
-  int e = 14 - ((int)(amax >> 7) - 127); /* |value| < 2^(exponent + 1) */
-  e = e < -114 ? -114 : e > 64 ? 64 : e;
+  for (int c = sub; c < PMLA_TILE_CHUNKS; c += TPR)
+    amax = bf16x8_amax(*(const uint4 *)chunk(c), amax);
+  const int e = q_row_f16_exp<TPR>(amax);
   const float f = __uint_as_float((uint32_t)(127 + e) << 23);
 #pragma unroll 4
   for (int c = sub; c < PMLA_TILE_CHUNKS; c += TPR) {
     uint4 *p = (uint4 *)chunk(c);
     const uint4 v = *p;
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    uint32_t o[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-      o[i] = pmla_mma::pack_f16x2(__uint_as_float(w[i] << 16) * f,
-                                  __uint_as_float(w[i] & 0xffff0000u) * f);
-    *p = make_uint4(o[0], o[1], o[2], o[3]);
+    *p = make_uint4(bf16x2_to_f16x2(v.x, f), bf16x2_to_f16x2(v.y, f), bf16x2_to_f16x2(v.z, f),
+                    bf16x2_to_f16x2(v.w, f));
   }
   return __uint_as_float((uint32_t)(127 - e) << 23);
 }

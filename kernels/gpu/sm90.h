@@ -110,12 +110,6 @@ __device__ __forceinline__ void mma_n32_rs_f16(float *d, const uint32_t *a, uint
                  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
-/* two e4m3 (the first in the low byte) as f16x2, exactly */
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"((uint16_t)(v & 0xffffu)));
-  return r;
-}
 /* four 8 x 8 b16 matrices stored transposed (stmatrix: the mirror of
  * ldmatrix.trans; lane l gives the address of row l % 8 of matrix l / 8) */
 __device__ __forceinline__ void stsm_x4_t(uint32_t addr, uint32_t a, uint32_t b, uint32_t c,

@@ -19,6 +19,7 @@
 #include "mla_gpu.h"
 #include "mma.h"
 #include "plan_invariant.h"
+#include "sm90.h"
 
 namespace pmla_sm90_parts {
 
@@ -119,6 +120,59 @@ __device__ __forceinline__ float col_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 4);
   v += __shfl_xor_sync(0xffffffffu, v, 8);
   return v + __shfl_xor_sync(0xffffffffu, v, 16);
+}
+/* O^T *= corr by column (c: the thread's NC / 4 columns); skipped when no
+ * column of the warp moved */
+template <int NC> __device__ __forceinline__ void nar_scale_o(float (&o)[2 * NC], const float *c) {
+  bool moved = false;
+#pragma unroll
+  for (int k = 0; k < NC / 4; k++)
+    moved |= c[k] != 1.f;
+  if (!__any_sync(0xffffffffu, moved))
+    return;
+#pragma unroll
+  for (int e = 0; e < 2 * NC; e++)
+    o[e] *= c[nar_k(e & (NC / 2 - 1))];
+}
+/* The end of an item for warpgroup 0 of a narrow tile: the columns' sums
+ * over its four warps (through sMx's half for parity nblk & 1, free since
+ * every warp has passed the last block's barrier 7), then each column's
+ * running maximum and sum into sM and sL */
+template <int NC>
+__device__ __forceinline__ void nar_row_stats(float *sMx, const float (&m_run)[NC / 4],
+                                              float (&l_run)[NC / 4], float *sM, float *sL,
+                                              int nblk, int wi, int lane) {
+  float *sb = sMx + (nblk & 1) * 4 * NC;
+#pragma unroll
+  for (int k = 0; k < NC / 4; k++) {
+    l_run[k] = col_sum(l_run[k]);
+    if (lane < 4)
+      sb[wi * NC + nar_col(lane, k)] = l_run[k];
+  }
+  asm volatile("bar.sync 7, 128;\n" ::: "memory");
+  if (wi == 0 && lane < 4) {
+#pragma unroll
+    for (int k = 0; k < NC / 4; k++) {
+      const int c = nar_col(lane, k);
+      sM[c] = m_run[k];
+      sL[c] = sb[c] + sb[NC + c] + sb[2 * NC + c] + sb[3 * NC + c];
+    }
+  }
+}
+/* one warp sends an item's staged rows (Staged, at sO) by bulk copies to
+ * out (bf16) or to the item's partial slot (fp32) */
+__device__ __forceinline__ void send_staged(const pmla_gpu_problem &p, const char *sO,
+                                            int32_t pslot, int32_t qb, int row0, int nrows,
+                                            int lane) {
+  const int H = p.num_heads;
+  const int rowb = pslot >= 0 ? Staged<true>::ROW : Staged<false>::ROW;
+  const int stride = pslot >= 0 ? Staged<true>::STRIDE : Staged<false>::STRIDE;
+  char *dst = pslot >= 0
+                  ? (char *)(p.partial_out + ((int64_t)pslot * p.max_q_len * H + row0) * PMLA_V_DIM)
+                  : (char *)(p.out + ((int64_t)qb * H + row0) * PMLA_V_DIM);
+  for (int rr = lane; rr < nrows; rr += 32)
+    pmla_sm90::bulk_store(dst + (int64_t)rr * rowb, pmla_mma::smem_u32(sO) + rr * stride, rowb);
+  pmla_sm90::bulk_commit();
 }
 /* the lse of row tid of the tile (tid < nrows); in a folding item it
  * replaces the accumulator's, which every store_o of the item reads first */
