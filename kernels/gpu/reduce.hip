@@ -221,35 +221,56 @@ __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, in
  * gets the bits it would get whole. Every lane computes the weights. A warp
  * folds a SPLIT-th of the row's columns (SPLIT warps a row): a long
  * request's pieces are folded one after another, so the row's work is
- * spread over more warps instead. */
+ * spread over more warps instead. The lanes read the pieces' slots and lse
+ * WARP at a time, a batch ahead, so the D rows in flight never wait for a
+ * slot to arrive first (a lone 131072-token request folds 64 pieces a row,
+ * and a slot read per piece put an L2 latency on every step). */
 __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
                                                int p1, int part, int lane) {
   constexpr int V4 = PMLA_V_DIM / 4 / WARP / SPLIT;
-  lane += part * WARP * V4; /* this warp's float4 columns start there */
+  const int col4 = lane + part * WARP * V4; /* this warp's float4 columns start there */
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
   constexpr int D = 8; /* pieces in flight */
+  static_assert(WARP % D == 0, "a batch of slots ends where a round of D pieces does");
   float4 acc[V4], buf[D][V4];
   float lse = -INFINITY, bl[D];
-  /* D pieces' rows are in flight while one is folded, so the fold does not
-   * wait out a memory latency per piece along the request */
-  auto load = [&](int q, float4 (&x)[V4], float &l) {
+  /* this lane's piece of the batch from c: its partial row (-1 when never
+   * planned: flagged, folded as empty) and lse */
+  auto batch = [&](int c, int64_t &row, float &l) {
+    const int q = c + lane;
+    row = -1;
+    l = -INFINITY;
+    if (q >= p1)
+      return;
     const int s = p.reduce_partial_map[q];
-    if (s < 0 || s >= p.max_slots) { /* never planned: flagged, folded as empty */
-      if (lane == 0)
-        atomicOr(p.work_meta_data + PMLA_META_ERROR, (int)PMLA_PLAN_ERR_OVERFLOW);
-      l = -INFINITY;
+    if (s < 0 || s >= p.max_slots) {
+      atomicOr(p.work_meta_data + PMLA_META_ERROR, (int)PMLA_PLAN_ERR_OVERFLOW);
+      return;
+    }
+    row = (int64_t)s * rows_max + i;
+    l = ld_past_l1(p.partial_lse + row);
+  };
+  int c0 = p0; /* pieces c0 .. c0 + WARP - 1 are in (rowc, lc), the next WARP in (rown, ln) */
+  int64_t rowc, rown = -1;
+  float lc, ln = -INFINITY;
+  batch(c0, rowc, lc);
+  if (c0 + WARP < p1)
+    batch(c0 + WARP, rown, ln);
+  auto load = [&](int q, float4 (&x)[V4], float &l) {
+    const int j = q - c0; /* < 2 WARP: loads run D pieces ahead of the fold */
+    const int64_t row = j < WARP ? lane_value(rowc, j) : lane_value(rown, j - WARP);
+    l = j < WARP ? lane_value(lc, j) : lane_value(ln, j - WARP);
+    if (row < 0) {
 #pragma unroll
       for (int v = 0; v < V4; v++)
         x[v] = make_float4(0.f, 0.f, 0.f, 0.f);
       return;
     }
-    const int64_t row = (int64_t)s * rows_max + i;
-    l = ld_past_l1(p.partial_lse + row);
     const float4 *src = (const float4 *)(p.partial_out + row * PMLA_V_DIM);
 #pragma unroll
     for (int v = 0; v < V4; v++)
-      x[v] = ld_past_l1(src + lane + v * WARP);
+      x[v] = ld_past_l1(src + col4 + v * WARP);
   };
 #pragma unroll
   for (int d = 0; d < D; d++)
@@ -259,6 +280,15 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
   for (int v = 0; v < V4; v++)
     acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int base = p0; base < p1; base += D) {
+    if (base - c0 == WARP) { /* the next batch becomes current; read the one after */
+      c0 = base;
+      rowc = rown;
+      lc = ln;
+      rown = -1;
+      ln = -INFINITY;
+      if (c0 + WARP < p1)
+        batch(c0 + WARP, rown, ln);
+    }
 #pragma unroll
     for (int d = 0; d < D; d++) {
       const int q = base + d;
@@ -290,9 +320,9 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
     uint2 pk;
     pk.x = pack_bf16x2(acc[v].x, acc[v].y);
     pk.y = pack_bf16x2(acc[v].z, acc[v].w);
-    *(uint2 *)(dst + (lane + v * WARP) * 4) = pk;
+    *(uint2 *)(dst + (col4 + v * WARP) * 4) = pk;
   }
-  if (lane == 0 && p.lse) /* the first part's lane 0 */
+  if (lane == 0 && part == 0 && p.lse)
     p.lse[(int64_t)qb * H + i] = lse;
 }
 
