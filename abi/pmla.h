@@ -249,6 +249,9 @@ typedef struct pmla_decode_args {
   /* [pages, page_size, W] or [pages, page_size, 1, W]: bf16 W = 576;
    * fp8_e4m3 uint8 or float8_e4m3fn W = 576; fp8_ds_mla uint8 W = 656 */
   const DLTensor *kv_cache;
+  /* A row that sees no KV position gets out 0 and lse -inf; a row with a
+   * NaN score (a NaN in its q, or in a KV row it sees) gets NaN in every
+   * out value and in lse, however its request is scheduled. */
   DLTensor *out;            /* bf16 [tokens, heads, 512] */
   DLTensor *lse;            /* optional fp32 [tokens, heads] (natural log); NULL skips */
   void *stream;

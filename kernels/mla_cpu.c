@@ -282,11 +282,15 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
       const int32_t visible = limit - p0 < n ? limit - p0 : n;
       float *pr = score + (size_t)i * PMLA_CPU_CHUNK;
       float chunk_max = -INFINITY;
+      int nan = 0;
       for (int32_t t = 0; t < n; t++) {
         if (!(t < visible && valid[t]))
           pr[t] = -INFINITY;
+        nan |= pr[t] != pr[t];
         chunk_max = pr[t] > chunk_max ? pr[t] : chunk_max;
       }
+      if (nan) /* a NaN score makes the row NaN (sum, then out and lse), split or not */
+        sum[i] = NAN;
       if (chunk_max == -INFINITY) { /* nothing visible: O unchanged */
         corr[i] = 1.f;
         for (int32_t t = 0; t < n; t++)
@@ -319,8 +323,11 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
   const int32_t flags = w[PMLA_WI_PIECE];
   for (int32_t i = 0; i < rows; i++) {
     float *o = acc + (size_t)i * PMLA_V_DIM;
-    float inv = sum[i] > 0.f ? 1.f / sum[i] : 0.f;
-    float lse = sum[i] > 0.f ? pmla_fold_lse(mx[i] + log2f(sum[i]), LN2) : -INFINITY;
+    /* no visible token: 0 and -inf; a NaN score: NaN and NaN */
+    float inv = sum[i] > 0.f ? 1.f / sum[i] : sum[i] == 0.f ? 0.f : NAN;
+    float lse = sum[i] > 0.f    ? pmla_fold_lse(mx[i] + log2f(sum[i]), LN2)
+                : sum[i] == 0.f ? -INFINITY
+                                : NAN;
     if (pb->fold && (flags & PMLA_WI_FOLD)) {
       /* this chunk into the accumulator in `slot`, as the reduce folds */
       size_t base = (size_t)slot * pb->max_q_len * H + i;
@@ -399,8 +406,10 @@ void pmla_cpu_reduce(const pmla_cpu_problem *pb, const int32_t *reduce_indptr,
     }
     for (int32_t i = 0; i < (qe - qb) * H; i++) {
       float best = -INFINITY;
+      int nan = 0; /* a piece's NaN lse (a NaN score) makes the row NaN */
       for (int32_t p = p0; p < p1; p++) {
         float l = pb->partial_lse[(size_t)reduce_partial_map[p] * pb->max_q_len * H + i];
+        nan |= l != l;
         best = l > best ? l : best;
       }
       float o[PMLA_V_DIM] = {0};
@@ -409,19 +418,23 @@ void pmla_cpu_reduce(const pmla_cpu_problem *pb, const int32_t *reduce_indptr,
         for (int32_t p = p0; p < p1; p++) {
           size_t base = (size_t)reduce_partial_map[p] * pb->max_q_len * H + i;
           float l = pb->partial_lse[base];
-          if (l == -INFINITY)
+          if (l == -INFINITY || l != l)
             continue;
           float wgt = expf(l - best);
           total += wgt;
           axpy512(o, wgt, pb->partial_out + base * PMLA_V_DIM);
         }
       }
-      float inv = total > 0.f ? 1.f / total : 0.f;
+      if (nan)
+        total = NAN;
+      float inv = total > 0.f ? 1.f / total : total == 0.f ? 0.f : NAN;
       uint16_t *dst = pb->out + ((size_t)qb * H + i) * PMLA_V_DIM;
       for (int d = 0; d < PMLA_V_DIM; d++)
         dst[d] = pmla_float_to_bf16(o[d] * inv);
       if (pb->lse)
-        pb->lse[(size_t)qb * H + i] = total > 0.f ? best + logf(total) : -INFINITY;
+        pb->lse[(size_t)qb * H + i] = total > 0.f    ? best + logf(total)
+                                      : total == 0.f ? -INFINITY
+                                                     : NAN;
     }
   }
 }

@@ -22,7 +22,13 @@ typedef struct dense_case {
   int expect_split; /* this plugin splits a request here (asserted by pmla-unit) */
   uint32_t kv_dtype; /* pmla_dtype of the cache; 0: bf16 */
   double q_scale;    /* q's values times this power of two; 0: 1 */
+  int nan_at;        /* NAN_IN_Q / NAN_IN_KV: one NaN planted, its rows must be NaN */
+  uint32_t builder_flags; /* pmla_builder_config.flags */
 } dense_case;
+
+/* dense_case.nan_at: a NaN in q (token 0, head 1), or in dim 7 of request
+ * 0's first KV row (which every query of that request sees) */
+enum { NAN_IN_Q = 1, NAN_IN_KV = 2 };
 
 typedef struct sparse_case {
   const char *name;

@@ -141,9 +141,12 @@ static void shuffle(int32_t *a, int32_t n, uint64_t *rng) {
   }
 }
 
-/* Runs decode and compares to the reference. */
+/* Runs decode and compares to the reference; rows marked in nan_rows
+ * (token * heads + head; may be NULL) must instead be NaN in every output
+ * value and in lse. */
 static void decode_and_check(const char *name, pmla_builder *b, const pmla_decode_args *args,
-                             test_tensor *out, test_tensor *lse, const ref_problem *p) {
+                             test_tensor *out, test_tensor *lse, const ref_problem *p,
+                             const uint8_t *nan_rows) {
   size_t no = (size_t)p->tokens * p->heads * 512, nl = (size_t)p->tokens * p->heads;
   uint16_t *ho = malloc(no * 2 + 2);
   float *hof = malloc(no * 4 + 4), *hl = malloc(nl * 4 + 4);
@@ -153,6 +156,12 @@ static void decode_and_check(const char *name, pmla_builder *b, const pmla_decod
     ho[i] = 0x7fa5; /* NaN sentinel: every element must be written */
   for (size_t i = 0; i < nl; i++)
     hl[i] = NAN;
+  for (size_t row = 0; nan_rows && row < nl; row++) /* rows due NaN: a finite sentinel */
+    if (nan_rows[row]) {
+      for (size_t d = 0; d < 512; d++)
+        ho[row * 512 + d] = 0x3f80;
+      hl[row] = 1e30f;
+    }
   tt_upload(out, ho);
   tt_upload(lse, hl);
   pmla_status s = g_be->decode(b, args);
@@ -167,6 +176,20 @@ static void decode_and_check(const char *name, pmla_builder *b, const pmla_decod
   for (size_t i = 0; i < no; i++)
     hof[i] = ref_bf16_to_float(ho[i]);
   ck_assert_msg(ref_mla_decode(p, ro, rl) == 0, "%s: reference failed", name);
+  for (size_t row = 0; nan_rows && row < nl; row++) {
+    if (!nan_rows[row])
+      continue;
+    for (size_t d = 0; d < 512; d++)
+      ck_assert_msg(isnan(hof[row * 512 + d]), "%s: row %zu (token %zu head %zu) dim %zu: "
+                    "got %g, want NaN (a NaN in its q or a KV row it sees)", name, row,
+                    row / (size_t)p->heads, row % (size_t)p->heads, d, hof[row * 512 + d]);
+    ck_assert_msg(isnan(hl[row]), "%s: lse of row %zu (token %zu head %zu): got %g, want NaN",
+                  name, row, row / (size_t)p->heads, row % (size_t)p->heads, hl[row]);
+    for (size_t d = 0; d < 512; d++) /* checked: the rest is held to the reference */
+      hof[row * 512 + d] = 0.f, ro[row * 512 + d] = 0.0;
+    hl[row] = 0.f;
+    rl[row] = 0.0;
+  }
   ref_report r = ref_check_output(ro, hof, no);
   if (!r.ok) {
     size_t e = r.first_bad;
@@ -215,6 +238,7 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   const int32_t tokens = qo[B], num_pages = used + 3, H = (int32_t)c->heads;
   pmla_builder_config cfg = harness_config(c->heads, c->page_size, (uint32_t)(B > 0 ? B : 1),
                                            (uint32_t)max_q, 0, c->cu);
+  cfg.flags |= c->builder_flags;
   if (c->kv_dtype)
     cfg.kv_dtype = c->kv_dtype;
   pmla_builder *b = harness_init(&cfg);
@@ -242,6 +266,13 @@ static void run_dense(const dense_case *c, uint64_t seed) {
     last[r] = npages[r] ? c->kv_lens[r] - (npages[r] - 1) * ps : 0;
     for (int32_t pos = 0; pos < c->kv_lens[r]; pos++)
       kv_store_fill(&kv, (int64_t)perm[at + pos / ps] * ps + pos % ps, &rng);
+    if (c->nan_at == NAN_IN_KV && r == 0 && c->kv_lens[0] > 0) {
+      uint8_t *row = kv.bytes + (size_t)perm[at] * ps * kv.row_bytes;
+      if (kv.dtype == PMLA_DTYPE_BF16)
+        ((uint16_t *)(void *)row)[7] = REF_BF16_NAN;
+      else
+        row[7] = 0x7f; /* e4m3 NaN */
+    }
     at += npages[r];
   }
 
@@ -256,6 +287,18 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   uint16_t *q = malloc(nq * 2 + 2);
   fill_q(q, nq, &rng);
   scale_q(q, nq, c->q_scale);
+  uint8_t *nan_rows = NULL;
+  if (c->nan_at) {
+    nan_rows = calloc((size_t)tokens * H, 1);
+    ck_assert(nan_rows && tokens > 0 && H > 1);
+    if (c->nan_at == NAN_IN_Q) {
+      q[(size_t)(0 * H + 1) * 576 + 7] = REF_BF16_NAN;
+      nan_rows[1] = 1;
+    } else {
+      for (int32_t i = 0; i < qo[1] * H; i++)
+        nan_rows[i] = 1;
+    }
+  }
   tt_make3(&t_q, TT_BF16, q, tokens, H, 576);
   kv_store_tensor(&kv, &t_kv, num_pages, ps, c->kv4d);
   tt_make1(&t_scale, TT_F32, &kv.scale, 1);
@@ -282,7 +325,8 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   /* the schedule keeps pmla.h's layout (whether it splits is the plugin's
    * choice; pmla-unit asserts this plugin splits the expect_split cases) */
   sched_step step = {B, qo, c->kv_lens, 0};
-  sched_check(b, &step, c->name);
+  if (!(c->builder_flags & PMLA_BUILDER_BATCH_INVARIANT)) /* its own layout: t_invariance */
+    sched_check(b, &step, c->name);
 
   ref_slot_lists lists;
   int rc = c->layout == PMLA_KV_BLOCK_TABLE
@@ -293,13 +337,15 @@ static void run_dense(const dense_case *c, uint64_t seed) {
   kv_store_ref(&kv, &p);
   pmla_decode_args args = decode_args(&t_q, &t_kv, &t_out, &t_lse);
   args.kv_scale = &t_scale.t;
-  decode_and_check(c->name, b, &args, &t_out, &t_lse, &p);
+  decode_and_check(c->name, b, &args, &t_out, &t_lse, &p, nan_rows);
   if (c->twice) { /* the next layer: new q, same schedule */
     fill_q(q, nq, &rng);
     scale_q(q, nq, c->q_scale);
     tt_upload(&t_q, q);
-    decode_and_check(c->name, b, &args, &t_out, &t_lse, &p);
+    decode_and_check(c->name, b, &args, &t_out, &t_lse, &p,
+                     c->nan_at == NAN_IN_KV ? nan_rows : NULL);
   }
+  free(nan_rows);
   ref_slot_lists_free(&lists);
   test_tensor *all[] = {&t_qo, &t_bt, &t_lens, &t_kvp, &t_kvi, &t_last, &t_q, &t_kv, &t_out,
                         &t_lse, &t_scale};
@@ -349,6 +395,41 @@ START_TEST(test_dense_decode_matches_reference_on_random_batches) {
     c.kv_lens[r] = k == 0 ? 0 : k == 1 ? (int32_t)rng_below(&rng, 5) : (int32_t)rng_below(&rng, (uint32_t)budget);
   }
   run_dense(&c, rng);
+}
+END_TEST
+
+/* A NaN in a query row, or in a KV row that a request's queries see, gives
+ * those rows NaN in every output value and in lse (a NaN is never dropped
+ * as if the row saw nothing), and every other row stays as the reference
+ * has it: whole on one unit or split over seven, in the default and the
+ * batch-invariant mode (whose 5000-token request folds three chunks), at
+ * 16 and 128 heads, for bf16 and E4M3 caches. */
+#define N_NAN_CASES 24
+START_TEST(test_nan_in_q_or_a_visible_kv_row_gives_nan_rows) {
+  REQUIRE_BACKEND();
+  const int in_kv = _i & 1, split = (_i >> 1) & 1, wide = (_i >> 2) & 1;
+  const int e4m3 = _i >= 16, inv = !e4m3 && (_i >> 3) & 1;
+  dense_case c;
+  memset(&c, 0, sizeof c);
+  char name[128];
+  c.heads = wide ? 128 : 16;
+  c.page_size = split ? 64 : 16;
+  c.cu = split ? 7 : 1;
+  c.layout = _i % 3 ? BT : CSR;
+  c.batch = 3;
+  c.q_lens[0] = wide ? 1 : 2;
+  c.q_lens[1] = c.q_lens[2] = 1;
+  c.kv_lens[0] = 5000;
+  c.kv_lens[1] = 777;
+  c.kv_lens[2] = 40;
+  c.kv_dtype = e4m3 ? PMLA_DTYPE_FP8_E4M3 : 0;
+  c.nan_at = in_kv ? NAN_IN_KV : NAN_IN_Q;
+  c.builder_flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
+  snprintf(name, sizeof name, "nan #%d (in %s, %s, heads %u, %s, %s)", _i, in_kv ? "kv" : "q",
+           split ? "7 units" : "1 unit", c.heads, inv ? "batch-invariant" : "default",
+           e4m3 ? "e4m3" : "bf16");
+  c.name = name;
+  run_dense(&c, harness_seed() ^ (0xa700u + (uint64_t)_i));
 }
 END_TEST
 
@@ -527,7 +608,7 @@ static void run_sparse(const sparse_case *c, uint64_t seed) {
   kv_store_ref(&kv, &p);
   pmla_decode_args args = decode_args(&t_q, &t_kv, &t_out, &t_lse);
   args.kv_scale = &t_scale.t;
-  decode_and_check(c->name, b, &args, &t_out, &t_lse, &p);
+  decode_and_check(c->name, b, &args, &t_out, &t_lse, &p, NULL);
   ref_slot_lists_free(&lists);
   test_tensor *all[] = {&t_idx, &t_q, &t_kv, &t_out, &t_lse, &t_scale};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -596,6 +677,7 @@ Suite *suite_numerics(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_dense_decode_matches_reference, 0, N_DENSE);
   tcase_add_loop_test(tc, test_dense_decode_matches_reference_on_random_batches, 0, 24);
+  tcase_add_loop_test(tc, test_nan_in_q_or_a_visible_kv_row_gives_nan_rows, 0, N_NAN_CASES);
   suite_add_tcase(s, tc);
   tc = tcase_create("sparse");
   tcase_set_timeout(tc, 60);

@@ -427,7 +427,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
         int rl = mt * 16 + slot_row(lane, sl);
         if (rl >= nrows)
           continue;
-        float l = sL[rl], inv = l > 0.f ? out_scale / l : 0.f;
+        float l = sL[rl], inv = row_inv(out_scale, l);
         int64_t ro = (obase + rl) * PMLA_V_DIM;
         const int64_t fo = (fbase + rl) * PMLA_V_DIM;
         pmla_fold_w fw = {1.f, 0.f, 0.f};
@@ -437,7 +437,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
         float acc_in[NTV][ACC];
         if (fold) {
           fw = pmla_fold_weights(p.partial_lse[obase + rl],
-                                 l > 0.f ? __fmul_rn(sM[mfin + rl] + log2f(l), LN2_F) : -INFINITY);
+                                 row_lse(sM[mfin + rl], l));
 #pragma unroll
           for (int nt = 0; nt < NTV; nt++)
 #pragma unroll
@@ -494,7 +494,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
       __syncthreads();
     if (tid < nrows) {
       float l = sL[tid];
-      float lse = l > 0.f ? __fmul_rn(sM[mfin + tid] + log2f(l), LN2_F) : -INFINITY;
+      float lse = row_lse(sM[mfin + tid], l);
       if (fold) {
         const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
         if (!final)

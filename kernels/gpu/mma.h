@@ -420,6 +420,18 @@ template <bool F16 = false> __device__ __forceinline__ void mma(Acc &c, const Fr
 }
 #endif
 
+/* A row's lse (natural log) from its running maximum m (log2 units) and
+ * sum l, and the factor s / l its output is scaled by: -inf and 0 when it
+ * saw no token (l == 0); NaN and NaN when one of its scores was NaN (so l
+ * is), so a NaN in q or in a visible KV row reaches out and lse whether
+ * the row's request is split or not. */
+__device__ __forceinline__ float row_lse(float m, float l) {
+  return l > 0.f ? __fmul_rn(m + log2f(l), LN2_F) : l == 0.f ? -INFINITY : NAN;
+}
+__device__ __forceinline__ float row_inv(float s, float l) {
+  return l > 0.f ? s / l : l == 0.f ? 0.f : NAN;
+}
+
 /* Maximum over all lanes of the warp (wave). */
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = WARP / 2; o > 0; o >>= 1)

@@ -55,6 +55,7 @@ template <int PARTS> struct RowSum {
   static constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS; /* float4 per lane */
   float best, total;
   float4 acc[V4];
+  bool nan; /* this lane met a piece whose lse is NaN (a NaN score): the row is NaN */
 };
 
 /* The lanes take 32 pieces at a time (each its slot and lse, one load
@@ -78,6 +79,7 @@ __device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int
   for (int v = 0; v < V4; v++)
     acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
   float total = 0.f; /* this lane's pieces' weights */
+  bool nan = false;
   for (int c0 = q0; c0 < q1; c0 += WARP) {
     const int q = c0 + lane;
     int64_t row = 0; /* this lane's piece: its partial row, lse and weight */
@@ -88,6 +90,10 @@ __device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int
         row = (int64_t)s * rows_max + i;
         l = ld_past_l1(p.partial_lse + row);
       }
+    }
+    if (l != l) { /* recorded, then summed as empty */
+      nan = true;
+      l = -INFINITY;
     }
     const float m = fmaxf(best, warp_max(l));
     if (m == -INFINITY) /* nothing to add yet */
@@ -132,6 +138,7 @@ __device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int
   }
   rs.best = best;
   rs.total = total;
+  rs.nan = nan;
 #pragma unroll
   for (int v = 0; v < V4; v++)
     rs.acc[v] = acc[v];
@@ -144,8 +151,9 @@ __device__ __forceinline__ void write_row(const pmla_gpu_problem &p, int i, int 
                                           int lane, const RowSum<PARTS> &rs) {
   constexpr int V4 = RowSum<PARTS>::V4;
   const int col4 = lane + part * WARP * V4;
-  const float total = warp_sum(rs.total);
-  const float inv = total > 0.f ? 1.f / total : 0.f;
+  const bool nan = warp_max(rs.nan ? 1.f : 0.f) > 0.f;
+  const float total = nan ? NAN : warp_sum(rs.total);
+  const float inv = row_inv(1.f, total);
   uint16_t *dst = p.out + ((int64_t)qb * p.num_heads + i) * PMLA_V_DIM;
 #pragma unroll
   for (int v = 0; v < V4; v++) {
@@ -155,7 +163,9 @@ __device__ __forceinline__ void write_row(const pmla_gpu_problem &p, int i, int 
     *(uint2 *)(dst + (col4 + v * WARP) * 4) = pk;
   }
   if (lane == 0 && part == 0 && p.lse)
-    p.lse[(int64_t)qb * p.num_heads + i] = total > 0.f ? rs.best + logf(total) : -INFINITY;
+    p.lse[(int64_t)qb * p.num_heads + i] = total > 0.f ? rs.best + logf(total)
+                                           : total == 0.f ? -INFINITY
+                                                          : NAN;
 }
 
 /* PARTS warps merge row i of a reduce entry (pieces [p0, p1); its
@@ -194,12 +204,14 @@ __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, in
     RowSum<PARTS> all;
     all.best = m;
     all.total = 0.f;
+    all.nan = false;
 #pragma unroll
     for (int v = 0; v < V4; v++)
       all.acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int k = 0; k < G; k++) {
       const RowSum<PARTS> &o = sh[k][lane];
+      all.nan |= o.nan;
       if (o.best == -INFINITY) /* no piece of this warp had weight */
         continue;
       const float c = expf(o.best - m);

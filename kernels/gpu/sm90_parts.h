@@ -38,7 +38,7 @@ template <bool PARTIAL> struct Staged {
 
 #ifdef PMLA_SM90_DEVICE
 using pmla_mma::fast_exp2;
-using pmla_mma::LN2_F;
+using pmla_mma::row_lse;
 
 constexpr float RESCALE_SLACK = 8.f;
 
@@ -187,7 +187,7 @@ __device__ __forceinline__ void store_lse(const pmla_gpu_problem &p, const float
   const bool fold = FOLD && pslot >= 0 && (flags & PMLA_WI_FOLD), final = flags & PMLA_WI_FINAL;
   if (tid < nrows) {
     float l = sL[tid];
-    float lse = l > 0.f ? __fmul_rn(sM[tid] + log2f(l), LN2_F) : -INFINITY;
+    float lse = row_lse(sM[tid], l);
     if (fold) {
       const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
       if (!final)

@@ -324,7 +324,8 @@ class Builder:
         fp8_e4m3: uint8 or float8_e4m3fn; fp8_ds_mla: uint8 of width 656).
         kv_scale: fp32 [1] tensor on the cache's device, fp8_e4m3 only.
         Writes out bf16 [tokens, heads, 512] and lse fp32 [tokens, heads]
-        (natural log; -inf for a row with nothing to attend), allocating them
+        (natural log; -inf for a row with nothing to attend, NaN for a row
+        with a NaN score), allocating them
         with q's library when not given (return_lse=False: no lse). numpy
         and CuPy have no bfloat16: bf16 values travel as uint16 bit patterns.
         stream: a stream handle; default the current torch (or CuPy) stream
