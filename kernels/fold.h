@@ -13,6 +13,17 @@
 
 #include "hd.h"
 
+/* exp and log of the weights; on a GPU the hardware's approximations (the
+ * fold's result is the same function of its inputs wherever it runs on
+ * one backend, which is all the batch-invariant mode asks) */
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define pmla_fold_exp(x) __expf(x)
+#define pmla_fold_log(x) __logf(x)
+#else
+#define pmla_fold_exp(x) expf(x)
+#define pmla_fold_log(x) logf(x)
+#endif
+
 typedef struct pmla_fold_w {
   float wa, wc; /* weights of the accumulator and the new chunk */
   float lse;    /* the merged log-sum-exp (natural log) */
@@ -21,7 +32,7 @@ typedef struct pmla_fold_w {
 /* Weights for merging a chunk of log-sum-exp c into an accumulator of a.
  * Callers round c before it gets here (the GPU bodies with __fmul_rn, the
  * CPU one through pmla_fold_lse), so no compiler fuses the multiply that
- * made it into `c - m` at one site and not at the other. */
+ * made it into `c - a` at one site and not at the other. */
 PMLA_HD static inline pmla_fold_w pmla_fold_weights(float a, float c) {
   pmla_fold_w w;
   if (c == -INFINITY) { /* the chunk saw nothing: the accumulator stays */
@@ -33,10 +44,14 @@ PMLA_HD static inline pmla_fold_w pmla_fold_weights(float a, float c) {
     w.wc = 1.f;
     w.lse = c;
   } else {
-    const float m = a > c ? a : c, ea = expf(a - m), ec = expf(c - m), s = ea + ec;
-    w.wa = ea / s;
-    w.wc = ec / s;
-    w.lse = m + logf(s);
+    /* e = exp(-|c - a|) and s = 1 + e: the chain a long fold waits on
+     * from one step's lse to the next is a subtraction, exp, add, log and
+     * add (on the GPU, the hardware's exp2 and log2) */
+    const float d = c - a, e = pmla_fold_exp(-fabsf(d)), s = 1.f + e, r = 1.f / s;
+    const int later = d > 0.f; /* the new chunk holds the larger lse */
+    w.wa = later ? e * r : r;
+    w.wc = later ? r : e * r;
+    w.lse = (later ? c : a) + pmla_fold_log(s);
   }
   return w;
 }
