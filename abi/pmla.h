@@ -251,7 +251,9 @@ typedef struct pmla_decode_args {
   const DLTensor *kv_cache;
   /* A row that sees no KV position gets out 0 and lse -inf; a row with a
    * NaN score (a NaN in its q, or in a KV row it sees) gets NaN in every
-   * out value and in lse, however its request is scheduled. */
+   * out value and in lse, however its request is scheduled. A NaN in a KV
+   * row that only a later query of the same step sees may also reach an
+   * earlier query's out (its weight 0 times NaN), that row's lse finite. */
   DLTensor *out;            /* bf16 [tokens, heads, 512] */
   DLTensor *lse;            /* optional fp32 [tokens, heads] (natural log); NULL skips */
   void *stream;

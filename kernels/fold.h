@@ -19,9 +19,13 @@
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
 #define pmla_fold_exp(x) __expf(x)
 #define pmla_fold_log(x) __logf(x)
+/* the lse's add rounded on its own: __logf ends in a multiply that a
+ * compiler may fuse into a following add at one site and not another */
+#define pmla_fold_add(x, y) __fadd_rn(x, y)
 #else
 #define pmla_fold_exp(x) expf(x)
 #define pmla_fold_log(x) logf(x)
+#define pmla_fold_add(x, y) ((x) + (y))
 #endif
 
 typedef struct pmla_fold_w {
@@ -51,7 +55,7 @@ PMLA_HD static inline pmla_fold_w pmla_fold_weights(float a, float c) {
     const int later = d > 0.f; /* the new chunk holds the larger lse */
     w.wa = later ? e * r : r;
     w.wc = later ? r : e * r;
-    w.lse = (later ? c : a) + pmla_fold_log(s);
+    w.lse = pmla_fold_add(later ? c : a, pmla_fold_log(s));
   }
   return w;
 }

@@ -26,9 +26,10 @@ typedef struct dense_case {
   uint32_t builder_flags; /* pmla_builder_config.flags */
 } dense_case;
 
-/* dense_case.nan_at: a NaN in q (token 0, head 1), or in dim 7 of request
- * 0's first KV row (which every query of that request sees) */
-enum { NAN_IN_Q = 1, NAN_IN_KV = 2 };
+/* dense_case.nan_at: a NaN in q (token 0, head 1), or in dim 7 of a KV
+ * row of request 0 that every query of that request sees: its first, or
+ * its last such (kv_len - q_len: in the request's last piece) */
+enum { NAN_IN_Q = 1, NAN_IN_KV = 2, NAN_IN_KV_LATE = 3 };
 
 typedef struct sparse_case {
   const char *name;

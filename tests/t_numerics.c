@@ -266,8 +266,11 @@ static void run_dense(const dense_case *c, uint64_t seed) {
     last[r] = npages[r] ? c->kv_lens[r] - (npages[r] - 1) * ps : 0;
     for (int32_t pos = 0; pos < c->kv_lens[r]; pos++)
       kv_store_fill(&kv, (int64_t)perm[at + pos / ps] * ps + pos % ps, &rng);
-    if (c->nan_at == NAN_IN_KV && r == 0 && c->kv_lens[0] > 0) {
-      uint8_t *row = kv.bytes + (size_t)perm[at] * ps * kv.row_bytes;
+    if ((c->nan_at == NAN_IN_KV || c->nan_at == NAN_IN_KV_LATE) && r == 0 &&
+        c->kv_lens[0] >= c->q_lens[0] && c->kv_lens[0] > 0) {
+      const int32_t pos = c->nan_at == NAN_IN_KV ? 0 : c->kv_lens[0] - c->q_lens[0];
+      uint8_t *row =
+          kv.bytes + ((size_t)perm[at + pos / ps] * ps + (size_t)(pos % ps)) * kv.row_bytes;
       if (kv.dtype == PMLA_DTYPE_BF16)
         ((uint16_t *)(void *)row)[7] = REF_BF16_NAN;
       else
@@ -343,7 +346,7 @@ static void run_dense(const dense_case *c, uint64_t seed) {
     scale_q(q, nq, c->q_scale);
     tt_upload(&t_q, q);
     decode_and_check(c->name, b, &args, &t_out, &t_lse, &p,
-                     c->nan_at == NAN_IN_KV ? nan_rows : NULL);
+                     c->nan_at == NAN_IN_Q ? NULL : nan_rows);
   }
   free(nan_rows);
   ref_slot_lists_free(&lists);
@@ -401,20 +404,31 @@ END_TEST
 /* A NaN in a query row, or in a KV row that a request's queries see, gives
  * those rows NaN in every output value and in lse (a NaN is never dropped
  * as if the row saw nothing), and every other row stays as the reference
- * has it: whole on one unit or split over seven, in the default and the
- * batch-invariant mode (whose 5000-token request folds three chunks), at
- * 16 and 128 heads, for bf16 and E4M3 caches. */
-#define N_NAN_CASES 24
+ * has it: whole on one unit or split over seven (cases 0..23: the NaN in
+ * the request's first piece), in the default and the batch-invariant mode
+ * (whose 5000-token request folds three chunks), at 16 and 128 heads, for
+ * bf16 (cases 0..15) and E4M3 (16..23, default mode) caches; then the NaN
+ * in the request's last piece (24..27), and split over 132 units (28, 29:
+ * few rows, many pieces, which a GPU reduces with a block per row). */
+#define N_NAN_CASES 30
 START_TEST(test_nan_in_q_or_a_visible_kv_row_gives_nan_rows) {
   REQUIRE_BACKEND();
-  const int in_kv = _i & 1, split = (_i >> 1) & 1, wide = (_i >> 2) & 1;
-  const int e4m3 = _i >= 16, inv = !e4m3 && (_i >> 3) & 1;
+  int in_kv = _i & 1, split = (_i >> 1) & 1, wide = (_i >> 2) & 1;
+  int e4m3 = _i >= 16 && _i < 24, inv = _i < 16 && (_i >> 3) & 1, late = 0, units = 7;
+  if (_i >= 24) { /* 24..27: late KV NaN, split; 28, 29: 132 units */
+    in_kv = _i < 28 || _i == 29;
+    late = in_kv;
+    split = 1;
+    wide = _i == 25 || _i == 27;
+    inv = _i == 26 || _i == 27;
+    units = _i >= 28 ? 132 : 7;
+  }
   dense_case c;
   memset(&c, 0, sizeof c);
   char name[128];
   c.heads = wide ? 128 : 16;
   c.page_size = split ? 64 : 16;
-  c.cu = split ? 7 : 1;
+  c.cu = split ? (uint32_t)units : 1;
   c.layout = _i % 3 ? BT : CSR;
   c.batch = 3;
   c.q_lens[0] = wide ? 1 : 2;
@@ -423,11 +437,11 @@ START_TEST(test_nan_in_q_or_a_visible_kv_row_gives_nan_rows) {
   c.kv_lens[1] = 777;
   c.kv_lens[2] = 40;
   c.kv_dtype = e4m3 ? PMLA_DTYPE_FP8_E4M3 : 0;
-  c.nan_at = in_kv ? NAN_IN_KV : NAN_IN_Q;
+  c.nan_at = !in_kv ? NAN_IN_Q : late ? NAN_IN_KV_LATE : NAN_IN_KV;
   c.builder_flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
-  snprintf(name, sizeof name, "nan #%d (in %s, %s, heads %u, %s, %s)", _i, in_kv ? "kv" : "q",
-           split ? "7 units" : "1 unit", c.heads, inv ? "batch-invariant" : "default",
-           e4m3 ? "e4m3" : "bf16");
+  snprintf(name, sizeof name, "nan #%d (in %s, %u unit(s), heads %u, %s, %s)", _i,
+           !in_kv ? "q" : late ? "kv, last piece" : "kv, first piece", c.cu, c.heads,
+           inv ? "batch-invariant" : "default", e4m3 ? "e4m3" : "bf16");
   c.name = name;
   run_dense(&c, harness_seed() ^ (0xa700u + (uint64_t)_i));
 }
