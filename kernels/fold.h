@@ -28,6 +28,17 @@
 #define pmla_fold_add(x, y) ((x) + (y))
 #endif
 
+/* A softmax partial result's output factor s / l and its lse, from its sum
+ * of weights l (lse_pos: the lse when l > 0): 0 and -inf when it saw no
+ * token (l == 0); NaN and NaN when one of its scores was NaN (so l is), so
+ * a NaN reaches out and lse however the request is split or merged. */
+PMLA_HD static inline float pmla_sum_scale(float s, float l) {
+  return l > 0.f ? s / l : l == 0.f ? 0.f : NAN;
+}
+PMLA_HD static inline float pmla_sum_lse(float l, float lse_pos) {
+  return l > 0.f ? lse_pos : l == 0.f ? -INFINITY : NAN;
+}
+
 typedef struct pmla_fold_w {
   float wa, wc; /* weights of the accumulator and the new chunk */
   float lse;    /* the merged log-sum-exp (natural log) */

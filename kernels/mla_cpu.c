@@ -323,11 +323,8 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
   const int32_t flags = w[PMLA_WI_PIECE];
   for (int32_t i = 0; i < rows; i++) {
     float *o = acc + (size_t)i * PMLA_V_DIM;
-    /* no visible token: 0 and -inf; a NaN score: NaN and NaN */
-    float inv = sum[i] > 0.f ? 1.f / sum[i] : sum[i] == 0.f ? 0.f : NAN;
-    float lse = sum[i] > 0.f    ? pmla_fold_lse(mx[i] + log2f(sum[i]), LN2)
-                : sum[i] == 0.f ? -INFINITY
-                                : NAN;
+    float inv = pmla_sum_scale(1.f, sum[i]);
+    float lse = pmla_sum_lse(sum[i], pmla_fold_lse(mx[i] + log2f(sum[i]), LN2));
     if (pb->fold && (flags & PMLA_WI_FOLD)) {
       /* this chunk into the accumulator in `slot`, as the reduce folds */
       size_t base = (size_t)slot * pb->max_q_len * H + i;
@@ -427,14 +424,12 @@ void pmla_cpu_reduce(const pmla_cpu_problem *pb, const int32_t *reduce_indptr,
       }
       if (nan)
         total = NAN;
-      float inv = total > 0.f ? 1.f / total : total == 0.f ? 0.f : NAN;
+      float inv = pmla_sum_scale(1.f, total);
       uint16_t *dst = pb->out + ((size_t)qb * H + i) * PMLA_V_DIM;
       for (int d = 0; d < PMLA_V_DIM; d++)
         dst[d] = pmla_float_to_bf16(o[d] * inv);
       if (pb->lse)
-        pb->lse[(size_t)qb * H + i] = total > 0.f    ? best + logf(total)
-                                      : total == 0.f ? -INFINITY
-                                                     : NAN;
+        pb->lse[(size_t)qb * H + i] = pmla_sum_lse(total, best + logf(total));
     }
   }
 }

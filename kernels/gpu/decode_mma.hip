@@ -427,7 +427,7 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
         int rl = mt * 16 + slot_row(lane, sl);
         if (rl >= nrows)
           continue;
-        float l = sL[rl], inv = row_inv(out_scale, l);
+        float l = sL[rl], inv = pmla_sum_scale(out_scale, l);
         int64_t ro = (obase + rl) * PMLA_V_DIM;
         const int64_t fo = (fbase + rl) * PMLA_V_DIM;
         pmla_fold_w fw = {1.f, 0.f, 0.f};

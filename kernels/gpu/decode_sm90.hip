@@ -177,7 +177,7 @@ __device__ __forceinline__ void store_o(const pmla_gpu_problem &p, const float (
     int rl = myrow[sl];
     if (rl >= nrows)
       continue;
-    float l = sL[rl], inv = row_inv(out_scale, l);
+    float l = sL[rl], inv = pmla_sum_scale(out_scale, l);
     int64_t ro = (obase + rl) * PMLA_V_DIM;
     if (fold) {
       const float lse = row_lse(sM[rl], l);
@@ -244,7 +244,7 @@ __device__ __forceinline__ void stage_o(char *sO, const float (&o)[128], const f
     const int rl = myrow[sl];
     if (rl >= nrows)
       continue;
-    const float l = sL[rl], inv = row_inv(out_scale, l);
+    const float l = sL[rl], inv = pmla_sum_scale(out_scale, l);
     char *row = sO + rl * Staged<PARTIAL>::STRIDE;
 #pragma unroll
     for (int j = 0; j < 32; j++) {
@@ -288,7 +288,7 @@ __device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], cons
     const int c = nar_col(lane, k);
     if (c >= nrows)
       continue;
-    const float l = sL[c], inv = row_inv(out_scale, l);
+    const float l = sL[c], inv = pmla_sum_scale(out_scale, l);
     char *row = sO + c * Staged<PARTIAL>::STRIDE;
 #pragma unroll
     for (int e = 0; e < 32; e++) {

@@ -132,7 +132,7 @@ __device__ __forceinline__ void stage_o(char *sO, const float (&o)[2 * NC], cons
     const int c = nar_col(lane, k);
     if (c >= nrows)
       continue;
-    const float l = sL[c], inv = row_inv(out_scale, l);
+    const float l = sL[c], inv = pmla_sum_scale(out_scale, l);
     char *row = sO + c * Staged<PARTIAL>::STRIDE;
 #pragma unroll
     for (int m = 0; m < 4; m++) {

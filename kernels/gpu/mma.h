@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "hip_compat.h"
+#include "fold.h"
 
 #define PMLA_TILE_CHUNKS 72 /* 16-byte chunks per row: 576 bf16 */
 #define PMLA_TILE_PITCH (PMLA_TILE_CHUNKS * 16)
@@ -421,15 +422,9 @@ template <bool F16 = false> __device__ __forceinline__ void mma(Acc &c, const Fr
 #endif
 
 /* A row's lse (natural log) from its running maximum m (log2 units) and
- * sum l, and the factor s / l its output is scaled by: -inf and 0 when it
- * saw no token (l == 0); NaN and NaN when one of its scores was NaN (so l
- * is), so a NaN in q or in a visible KV row reaches out and lse whether
- * the row's request is split or not. */
+ * sum l (pmla_sum_lse: -inf without a token, NaN after a NaN score) */
 __device__ __forceinline__ float row_lse(float m, float l) {
-  return l > 0.f ? __fmul_rn(m + log2f(l), LN2_F) : l == 0.f ? -INFINITY : NAN;
-}
-__device__ __forceinline__ float row_inv(float s, float l) {
-  return l > 0.f ? s / l : l == 0.f ? 0.f : NAN;
+  return pmla_sum_lse(l, __fmul_rn(m + log2f(l), LN2_F));
 }
 
 /* Maximum over all lanes of the warp (wave). */

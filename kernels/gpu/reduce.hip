@@ -153,7 +153,7 @@ __device__ __forceinline__ void write_row(const pmla_gpu_problem &p, int i, int 
   const int col4 = lane + part * WARP * V4;
   const bool nan = warp_max(rs.nan ? 1.f : 0.f) > 0.f;
   const float total = nan ? NAN : warp_sum(rs.total);
-  const float inv = row_inv(1.f, total);
+  const float inv = pmla_sum_scale(1.f, total);
   uint16_t *dst = p.out + ((int64_t)qb * p.num_heads + i) * PMLA_V_DIM;
 #pragma unroll
   for (int v = 0; v < V4; v++) {
@@ -163,9 +163,7 @@ __device__ __forceinline__ void write_row(const pmla_gpu_problem &p, int i, int 
     *(uint2 *)(dst + (col4 + v * WARP) * 4) = pk;
   }
   if (lane == 0 && part == 0 && p.lse)
-    p.lse[(int64_t)qb * p.num_heads + i] = total > 0.f ? rs.best + logf(total)
-                                           : total == 0.f ? -INFINITY
-                                                          : NAN;
+    p.lse[(int64_t)qb * p.num_heads + i] = pmla_sum_lse(total, rs.best + logf(total));
 }
 
 /* PARTS warps merge row i of a reduce entry (pieces [p0, p1); its
