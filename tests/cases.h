@@ -22,7 +22,7 @@ typedef struct dense_case {
   int expect_split; /* this plugin splits a request here (asserted by pmla-unit) */
   uint32_t kv_dtype; /* pmla_dtype of the cache; 0: bf16 */
   double q_scale;    /* q's values times this power of two; 0: 1 */
-  int nan_at;        /* NAN_IN_Q / NAN_IN_KV: one NaN planted, its rows must be NaN */
+  int nan_at;        /* NAN_IN_*: one NaN planted, the rows that see it must be NaN */
   uint32_t builder_flags; /* pmla_builder_config.flags */
 } dense_case;
 
