@@ -38,6 +38,12 @@ constexpr int SPLIT = PMLA_V_DIM / 4 / WARP; /* 4 (32-lane warps), 2 (64-lane) *
  * L=8192 h=16 40.0 -> 41.2; a lone request b=1 L=65536 h=16 52.6 -> 41.6). */
 constexpr int64_t GROUPED_ROWS = 128;
 constexpr int64_t MANY_PIECES = 32;
+/* Batch-invariant steps with at most this many query rows fold each row
+ * with SPLIT warps, more rows with one (reduce_row_fold). H200, side by
+ * side: one warp a row for every step gave b=1 L=131072 h=128 (128 rows)
+ * 103.0 -> 104.6 us, b=4 L=32768 h=128 (512) 86.7 -> 86.9, b=8 L=8192 h=128
+ * (1024) 76.3 -> 75.0, b=16 L=16384 h=64 (1024) 106.3 -> 101.5. */
+constexpr int64_t FOLD_SPLIT_ROWS = 512;
 
 /* a load that skips L1 (NVIDIA); a plain load elsewhere */
 template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
@@ -229,19 +235,25 @@ __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, in
 /* Batch-invariant: the left fold of the pieces in order (fold.h), the same
  * fold the decode items of a whole request perform, so a split request
  * gets the bits it would get whole. Every lane computes the weights. A warp
- * folds a SPLIT-th of the row's columns (SPLIT warps a row): a long
- * request's pieces are folded one after another, so the row's work is
- * spread over more warps instead. The lanes read the pieces' slots and lse
- * WARP at a time, a batch ahead, so the D rows in flight never wait for a
- * slot to arrive first (a lone 131072-token request folds 64 pieces a row,
- * and a slot read per piece put an L2 latency on every step). */
+ * folds a PARTS-th of the row's columns (PARTS warps a row; the columns
+ * fold independently, so the bits do not depend on PARTS). Few rows (a
+ * lone or small batch of long requests, FOLD_SPLIT_ROWS) take SPLIT warps
+ * a row: a long request's pieces are folded one after another, so the
+ * row's work is spread over more warps instead. More rows take one warp a
+ * row, which moves four times the bytes per chain of dependent loads
+ * (entry, slot, lse, partial) that each row costs. The lanes read the
+ * pieces' slots and lse WARP at a time, a batch ahead, so the D rows in
+ * flight never wait for a slot to arrive first (a lone 131072-token
+ * request folds 64 pieces a row, and a slot read per piece put an L2
+ * latency on every step). */
+template <int PARTS>
 __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
                                                int p1, int part, int lane) {
-  constexpr int V4 = PMLA_V_DIM / 4 / WARP / SPLIT;
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS;
   const int col4 = lane + part * WARP * V4; /* this warp's float4 columns start there */
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
-  constexpr int D = 8; /* pieces in flight */
+  constexpr int D = PARTS == 1 ? 4 : 8; /* pieces in flight (the same bytes either way) */
   static_assert(WARP % D == 0, "a batch of slots ends where a round of D pieces does");
   float4 acc[V4], buf[D][V4];
   float lse = -INFINITY, bl[D];
@@ -383,7 +395,7 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     if (i >= (e.qe - e.qb) * H)
       continue;
     if (FOLD)
-      reduce_row_fold(p, i, e.qb, e.p0, e.p1, part, lane);
+      reduce_row_fold<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane);
     else if (GROUPED)
       reduce_row_grouped<PARTS, G>(p, i, e.qb, e.p0, e.p1, part, lane, w);
     else
@@ -415,9 +427,10 @@ hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
 } /* namespace */
 
 hipError_t pmla_launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
-  if (p.fold)
-    return launch_reduce<SPLIT, true>(p, stream);
   const int64_t rows = p.num_tokens * p.num_heads;
+  if (p.fold)
+    return rows <= FOLD_SPLIT_ROWS ? launch_reduce<SPLIT, true>(p, stream)
+                                   : launch_reduce<1, true>(p, stream);
   if (rows <= GROUPED_ROWS && (int64_t)p.num_units >= MANY_PIECES * p.num_tokens)
     return launch_reduce<SPLIT, false, true>(p, stream);
   if (rows <= FEW_ROWS)
