@@ -161,18 +161,34 @@ __device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned l
   }
 }
 
+/* Per request of a chunk of PLAN_THREADS, what the threads that write its
+ * work items need (shared memory; the kernel's arrays, reused) */
+struct InvReqs {
+  int64_t *cum;          /* work before the request's first chunk */
+  int64_t *chunk;        /* chunk size */
+  int32_t *len, *qb, *qe;
+  int32_t *item;         /* first item, relative to the chunk of requests' */
+  int32_t *slot0;        /* split: the first piece's slot; -1 whole */
+  int32_t *u0;           /* the unit of chunk 0 */
+  int32_t *na;           /* chunks n | first-piece chunks a << 8 */
+  unsigned long long *pieces; /* split: the pieces after the first, counted */
+};
+
 /* The batch-invariant schedule (plan_invariant.h) placed by the whole
  * block: a request's chunks go where their midpoints fall on the line of all
  * work, and where a request starts on that line is a prefix sum of the
  * requests' costs, so each thread places its own request. Only the split
  * budget is spent in request order; one thread walks it for a chunk of
- * requests when those that would split do not all fit it. Equal to
- * pmla_plan_invariant word for word (t_plan_exact, tests/plan_emu.cc),
- * which one thread took 135-165 us at b=128. */
+ * requests when those that would split do not all fit it. The items are
+ * then written one a thread across the whole chunk of requests (a lone
+ * request's 64 chunks no longer by one thread: b=1 L=131072 took 25 us).
+ * Equal to pmla_plan_invariant word for word (t_plan_exact,
+ * tests/plan_emu.cc), which one thread took 135-165 us at b=128. */
 __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output &out,
                                int64_t *buf, int32_t *want, int32_t *split_at, int32_t *last_unit,
-                               unsigned long long *s_total, unsigned long long *s_items,
-                               int32_t *s_err, int32_t *s_rows, int32_t *s_max_pieces) {
+                               const InvReqs &rq, unsigned long long *s_total,
+                               unsigned long long *s_items, int32_t *s_err, int32_t *s_rows,
+                               int32_t *s_max_pieces) {
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units, OH = PMLA_SPLIT_OVERHEAD;
   const int32_t budget = in.max_partials - N; /* slots for splits; then one per unit */
@@ -244,7 +260,6 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
     const int64_t packed = (int64_t)n | ((int64_t)(split ? need : 0) << FIELD_BITS) |
                            ((int64_t)split << (2 * FIELD_BITS));
     const int64_t before = block_exclusive_scan(packed, buf, &count_sum);
-    const int32_t item0 = at_items + (int32_t)(before & FIELD_MASK);
     const int32_t slot0 = at_slots + (int32_t)((before >> FIELD_BITS) & FIELD_MASK);
     const int32_t red0 = at_reduces + (int32_t)(before >> (2 * FIELD_BITS));
     /* the unit of the request's last item (a request's units only grow) */
@@ -253,47 +268,80 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
                             : pmla_inv_unit_at(2 * pmla_inv_chunk_start(cum, chunk, n - 1) + OH +
                                                    pmla_inv_chunk_blocks(q.len, chunk, n - 1),
                                                N, total);
-    __syncthreads();
+    /* what the item writers need (want and split_at are free again) */
     if (valid) {
-      int32_t prev = t == 0 ? at_unit : last_unit[t - 1];
       rows += q.qe - q.qb;
-      if (!split) { /* whole on unit u0, folding in its accumulator */
-        const int32_t acc = budget + u0;
-        for (int32_t j = 0; j < n; j++) {
-          const int32_t flags = n == 1   ? 0
-                                : j == 0 ? 0
-                                : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL
-                                             : PMLA_WI_FOLD;
-          pmla_inv_write_item(&out, r, &q, chunk, item0 + j, prev, u0, n == 1 ? -1 : acc, j,
-                              flags);
-          prev = u0 > prev ? u0 : prev;
-        }
+      rq.cum[t] = cum;
+      rq.chunk[t] = chunk;
+      rq.len[t] = q.len;
+      rq.qb[t] = q.qb;
+      rq.qe[t] = q.qe;
+      rq.item[t] = (int32_t)(before & FIELD_MASK);
+      rq.slot0[t] = split ? slot0 : -1;
+      rq.u0[t] = u0;
+      rq.na[t] = n | a << 8;
+      rq.pieces[t] = 0;
+      if (!split) {
         max_pieces = max_pieces > 1 ? max_pieces : 1;
-      } else { /* chunks 0..a-1 fold into slot0 on u0, the rest a partial each */
+      } else {
         out.reduce_indptr[red0] = slot0;
         out.reduce_final_map[red0] = r;
-        for (int32_t j = 0; j < a; j++) {
-          pmla_inv_write_item(&out, r, &q, chunk, item0 + j, prev, u0, slot0, j,
-                              j == 0 ? 0 : PMLA_WI_FOLD);
-          prev = u0 > prev ? u0 : prev;
-        }
         out.reduce_partial_map[slot0] = slot0;
-        int32_t pieces = 1, on = -1;
-        for (int32_t j = a; j < n; j++) {
-          const int32_t u = pmla_inv_unit_at(2 * pmla_inv_chunk_start(cum, chunk, j) + OH +
-                                                 pmla_inv_chunk_blocks(q.len, chunk, j),
-                                             N, total);
-          if (u != on) {
-            pieces++;
-            on = u;
-          }
-          const int32_t slot = slot0 + 1 + (j - a);
-          out.reduce_partial_map[slot] = slot;
-          pmla_inv_write_item(&out, r, &q, chunk, item0 + j, prev, u, slot, j, 0);
-          prev = u > prev ? u : prev;
-        }
-        max_pieces = pieces > max_pieces ? pieces : max_pieces;
       }
+    }
+    __syncthreads();
+    /* the chunk of requests' items, one a thread: item k is chunk j of the
+     * request whose first item is the last at or before k */
+    const int32_t count = (int32_t)(count_sum & FIELD_MASK);
+    for (int32_t k = t; k < count; k += PLAN_THREADS) {
+      int32_t lo = 0, hi = nreq - 1;
+      while (lo < hi) {
+        const int32_t mid = (lo + hi + 1) >> 1;
+        if (rq.item[mid] <= k)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      const int32_t i = lo, j = k - rq.item[i];
+      const int32_t ni = rq.na[i] & 0xff, ai = rq.na[i] >> 8, s0 = rq.slot0[i], ui = rq.u0[i];
+      const int32_t ci = (int32_t)rq.chunk[i];
+      const pmla_plan_req qi = {rq.len[i], rq.qb[i], rq.qe[i], 0};
+      /* chunk jj's unit: the first piece's on u0, every later chunk where
+       * its midpoint falls (units only grow along a request) */
+      auto unit_of = [&](int32_t jj) {
+        return s0 < 0 || jj < ai
+                   ? ui
+                   : pmla_inv_unit_at(2 * pmla_inv_chunk_start(rq.cum[i], ci, jj) + OH +
+                                          pmla_inv_chunk_blocks(qi.len, ci, jj),
+                                      N, total);
+      };
+      const int32_t u = unit_of(j);
+      const int32_t before_req = i == 0 ? at_unit : last_unit[i - 1];
+      int32_t prev = before_req;
+      if (j > 0) {
+        const int32_t up = unit_of(j - 1);
+        prev = up > prev ? up : prev;
+      }
+      int32_t slot, flags;
+      if (s0 < 0) { /* whole on unit u0, folding in its accumulator */
+        slot = ni == 1 ? -1 : budget + ui;
+        flags = ni == 1 || j == 0 ? 0 : j == ni - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL : PMLA_WI_FOLD;
+      } else if (j < ai) { /* chunks 0..a-1 fold into slot0 on u0 */
+        slot = s0;
+        flags = j == 0 ? 0 : PMLA_WI_FOLD;
+      } else { /* the rest a partial each, a piece per unit they land on */
+        slot = s0 + 1 + (j - ai);
+        flags = 0;
+        out.reduce_partial_map[slot] = slot;
+        if (j == ai || u != prev)
+          atomicAdd(&rq.pieces[i], 1ull);
+      }
+      pmla_inv_write_item(&out, c0 + i, &qi, ci, at_items + k, prev, u, slot, j, flags);
+    }
+    __syncthreads();
+    if (valid && split) {
+      const int32_t pieces = 1 + (int32_t)rq.pieces[t];
+      max_pieces = pieces > max_pieces ? pieces : max_pieces;
     }
     at_cum += cost_sum;
     at_items += (int32_t)(count_sum & FIELD_MASK);
@@ -328,7 +376,12 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   pdl_trigger();
   const int t = threadIdx.x;
   if (in.invariant) {
-    plan_invariant(in, out, buf, pieces, unit_at, last_unit, &s_total, &s_piece_total, &s_err,
+    /* want and split_at (the budget walk) share pieces and unit_at with
+     * rq.na and rq.u0: each thread writes its own entry after the walk;
+     * rq.pieces shares buf, free between the scans */
+    const InvReqs rq = {blocks, room_at, len_at,  qb_at, qe_at,
+                        item_at, part_at, unit_at, pieces, (unsigned long long *)buf};
+    plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, &s_total, &s_piece_total, &s_err,
                    &s_rows, &s_max_pieces);
     return;
   }
