@@ -279,6 +279,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
       rq.item[t] = (int32_t)(before & FIELD_MASK);
       rq.slot0[t] = split ? slot0 : -1;
       rq.u0[t] = u0;
+      static_assert(PMLA_INV_MAX_CHUNKS < 256, "n and a packed in 8 bits each");
       rq.na[t] = n | a << 8;
       rq.pieces[t] = 0;
       if (!split) {
@@ -333,7 +334,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
         slot = s0 + 1 + (j - ai);
         flags = 0;
         out.reduce_partial_map[slot] = slot;
-        if (j == ai || u != prev)
+        if (u != prev) /* chunk a is never on u0, so it always starts a piece */
           atomicAdd(&rq.pieces[i], 1ull);
       }
       pmla_inv_write_item(&out, c0 + i, &qi, ci, at_items + k, prev, u, slot, j, flags);
