@@ -337,6 +337,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   uint64_t *sVr = sVm + 8 + ROWS / 2;          /* FP8: [4] token validity bits by block & 3 */
   float *sMx = (float *)(sVr + 4); /* NARROW: [2][4 warps][16] column maxima, by block parity */
   char *sRaw = sKV + TILE;                     /* FP8: [NH] raw half-blocks, half h in h % NH */
+  /* FP8: [2] mbarriers, by converted-block parity: every thread has read
+   * the block's raw halves (ring_convert), so the loader may refill them */
+  const uint32_t aRawRead = smem_u32(sMx + 128);
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -345,10 +348,15 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     mbar_init(aPready, 128);
     mbar_init(aPready + 8, 128);
     mbar_init(aDone, 128);
+    if (FP8) {
+      mbar_init(aRawRead, 256);
+      mbar_init(aRawRead + 8, 256);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
+  uint32_t conv_before = 0; /* FP8: blocks converted before the item */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
                               barrier this side waits on (wg0 FULL, wg1 PREADY) */
   const int H = p.num_heads;
@@ -377,6 +385,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     RowLoad<F, 4> rl;
     const int row = tid >> 2;
     rl.load_raw(sRaw + (2 * b + (row >> 5)) % NH * HALF + (row & 31) * ROWB, tid & 3);
+    /* the raw reads released to the loader's refill of these slots: barrier
+     * CONV + 1 below orders them as well, but racecheck does not see that
+     * (docs/racecheck/README.md) */
+    mbar_arrive(aRawRead + 8 * ((conv_before + (uint32_t)b) & 1));
     rl.template store<F16>(tid & 3, [&](int c) { return sKV + off(tid >> 2, c); });
     proxy_fence();
     nb_sync_split(CONV + 1);
@@ -535,6 +547,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         for (int b = 0; b < nblk; b++) {
           cp_wait<(NH >= 2 ? NH - 2 : 0)>();
           ring_convert(b, q_new);
+          if (2 * b + NH < halves) {
+            const uint32_t G = conv_before + (uint32_t)b;
+            mbar_wait(aRawRead + 8 * (G & 1), (G >> 1) & 1);
+          }
           for (int h = 2 * b + NH; h < 2 * b + NH + 2; h++) {
             if (h < halves)
               ring_issue(h);
@@ -791,6 +807,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       mbar_arrive(aDone);
     }
     __syncthreads();
+    conv_before += FP8 ? (uint32_t)nblk : 0u;
 
     if constexpr (!FOLD) { /* out is 16-byte aligned (gpu_decode refuses it otherwise) */
       if constexpr (NARROW) {
