@@ -101,6 +101,30 @@ PMLA_HD static inline int32_t pmla_inv_unit_at(int64_t x2, int32_t N, int64_t to
   return u < N - 1 ? (int32_t)u : N - 1;
 }
 
+/* The unit of chunk j of a request of len whose work starts at cum: where
+ * the chunk's midpoint falls (pmla_inv_unit_at) */
+PMLA_HD static inline int32_t pmla_inv_chunk_unit(int64_t cum, int32_t chunk, int32_t len,
+                                                  int32_t j, int32_t N, int64_t total) {
+  return pmla_inv_unit_at(2 * pmla_inv_chunk_start(cum, chunk, j) + PMLA_SPLIT_OVERHEAD +
+                              pmla_inv_chunk_blocks(len, chunk, j),
+                          N, total);
+}
+
+/* Chunk j's slot, and its flags in *flags, in a request of n chunks.
+ * Whole (first < 0): the unit's accumulator acc, which chunk 0 writes,
+ * later chunks fold into and the last one folds into out and lse; a single
+ * chunk writes out directly (-1). Split: chunks 0..a-1 fold into slot
+ * first, each later chunk leaves its own partial in first + 1 + (j - a). */
+PMLA_HD static inline int32_t pmla_inv_item_slot(int32_t n, int32_t a, int32_t first,
+                                                 int32_t acc, int32_t j, int32_t *flags) {
+  if (first < 0) {
+    *flags = n == 1 || j == 0 ? 0 : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL : PMLA_WI_FOLD;
+    return n == 1 ? -1 : acc;
+  }
+  *flags = j == 0 || j >= a ? 0 : PMLA_WI_FOLD;
+  return j < a ? first : first + 1 + (j - a);
+}
+
 /* Chunks 0..a-1 of a request: those whose midpoints fall on unit u0, the
  * unit of chunk 0's (units only grow along the line, so they are a prefix);
  * returns a. */
@@ -205,12 +229,10 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     const int32_t a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
     const int split = a < n && slots + 1 + (n - a) <= budget && reduces < R;
     if (!split) { /* whole on unit u0, folding in its accumulator */
-      const int32_t acc = budget + u0;
       for (int32_t j = 0; j < n; j++) {
-        const int32_t flags = j == 0 ? 0 : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL
-                                                      : PMLA_WI_FOLD;
-        pmla_inv_write_item(out, r, &q, chunk, items++, prev, u0, n == 1 ? -1 : acc, j,
-                            n == 1 ? 0 : flags);
+        int32_t flags;
+        const int32_t slot = pmla_inv_item_slot(n, n, -1, budget + u0, j, &flags);
+        pmla_inv_write_item(out, r, &q, chunk, items++, prev, u0, slot, j, flags);
         prev = u0 > prev ? u0 : prev;
         cum += OH + pmla_inv_chunk_blocks(q.len, chunk, j);
       }
@@ -224,8 +246,9 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     out->reduce_final_map[reduces] = r;
     reduces++;
     for (int32_t j = 0; j < a; j++) {
-      pmla_inv_write_item(out, r, &q, chunk, items++, prev, u0, first, j,
-                          j == 0 ? 0 : PMLA_WI_FOLD);
+      int32_t flags;
+      const int32_t slot = pmla_inv_item_slot(n, a, first, 0, j, &flags);
+      pmla_inv_write_item(out, r, &q, chunk, items++, prev, u0, slot, j, flags);
       prev = u0 > prev ? u0 : prev;
       cum += OH + pmla_inv_chunk_blocks(q.len, chunk, j);
     }
@@ -241,10 +264,12 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
         pieces++;
         on = u;
       }
-      out->reduce_partial_map[slots] = slots;
-      pmla_inv_write_item(out, r, &q, chunk, items++, prev, u, slots, j, 0);
+      int32_t flags;
+      const int32_t slot = pmla_inv_item_slot(n, a, first, 0, j, &flags);
+      out->reduce_partial_map[slot] = slot;
+      pmla_inv_write_item(out, r, &q, chunk, items++, prev, u, slot, j, flags);
       prev = u > prev ? u : prev;
-      slots++;
+      slots = slot + 1;
     }
     max_pieces = pieces > max_pieces ? pieces : max_pieces;
   }

@@ -190,7 +190,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
                                unsigned long long *s_items, int32_t *s_err, int32_t *s_rows,
                                int32_t *s_max_pieces) {
   const int t = threadIdx.x;
-  const int32_t R = in.num_requests, N = in.num_units, OH = PMLA_SPLIT_OVERHEAD;
+  const int32_t R = in.num_requests, N = in.num_units;
   const int32_t budget = in.max_partials - N; /* slots for splits; then one per unit */
   if (t == 0) {
     *s_total = *s_items = 0;
@@ -233,7 +233,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
     int32_t u0 = 0, need = 0; /* need: the slots a split takes, 0 whole */
     int32_t a = n;
     if (valid) {
-      u0 = pmla_inv_unit_at(2 * cum + OH + pmla_inv_chunk_blocks(q.len, chunk, 0), N, total);
+      u0 = pmla_inv_chunk_unit(cum, chunk, q.len, 0, N, total);
       a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
       need = a < n ? 1 + (n - a) : 0;
     }
@@ -264,10 +264,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
     const int32_t red0 = at_reduces + (int32_t)(before >> (2 * FIELD_BITS));
     /* the unit of the request's last item (a request's units only grow) */
     if (valid)
-      last_unit[t] = !split ? u0
-                            : pmla_inv_unit_at(2 * pmla_inv_chunk_start(cum, chunk, n - 1) + OH +
-                                                   pmla_inv_chunk_blocks(q.len, chunk, n - 1),
-                                               N, total);
+      last_unit[t] = !split ? u0 : pmla_inv_chunk_unit(cum, chunk, q.len, n - 1, N, total);
     /* what the item writers need (want and split_at are free again) */
     if (valid) {
       rows += q.qe - q.qb;
@@ -310,11 +307,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
       /* chunk jj's unit: the first piece's on u0, every later chunk where
        * its midpoint falls (units only grow along a request) */
       auto unit_of = [&](int32_t jj) {
-        return s0 < 0 || jj < ai
-                   ? ui
-                   : pmla_inv_unit_at(2 * pmla_inv_chunk_start(rq.cum[i], ci, jj) + OH +
-                                          pmla_inv_chunk_blocks(qi.len, ci, jj),
-                                      N, total);
+        return s0 < 0 || jj < ai ? ui : pmla_inv_chunk_unit(rq.cum[i], ci, qi.len, jj, N, total);
       };
       const int32_t u = unit_of(j);
       const int32_t before_req = i == 0 ? at_unit : last_unit[i - 1];
@@ -323,16 +316,9 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
         const int32_t up = unit_of(j - 1);
         prev = up > prev ? up : prev;
       }
-      int32_t slot, flags;
-      if (s0 < 0) { /* whole on unit u0, folding in its accumulator */
-        slot = ni == 1 ? -1 : budget + ui;
-        flags = ni == 1 || j == 0 ? 0 : j == ni - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL : PMLA_WI_FOLD;
-      } else if (j < ai) { /* chunks 0..a-1 fold into slot0 on u0 */
-        slot = s0;
-        flags = j == 0 ? 0 : PMLA_WI_FOLD;
-      } else { /* the rest a partial each, a piece per unit they land on */
-        slot = s0 + 1 + (j - ai);
-        flags = 0;
+      int32_t flags;
+      const int32_t slot = pmla_inv_item_slot(ni, ai, s0, budget + ui, j, &flags);
+      if (s0 >= 0 && j >= ai) { /* a partial of its own, a piece per unit they land on */
         out.reduce_partial_map[slot] = slot;
         if (u != prev) /* chunk a is never on u0, so it always starts a piece */
           atomicAdd(&rq.pieces[i], 1ull);
