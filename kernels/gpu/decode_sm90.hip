@@ -53,11 +53,12 @@
  *                b + 2 exists; wg1 syncs before loading b + 2 into the stage
  *   DONE         mbarrier: wg0's 128 threads arrive once an item's row sums
  *                are written; wg1 waits before the epilogue reads them
- * An item's epilogue (bf16 out or an fp32 partial; not a batch-invariant
- * fold, which reads the accumulator back) stages the normalised O in the two
- * stages, row for row as in global memory, and one loader warp sends the
- * rows with bulk copies; the loader waits for them to be read before the
- * next item's first block enters the stages.
+ * An item's epilogue (bf16 out or an fp32 partial) stages the normalised O
+ * in the two stages, row for row as in global memory, and one loader warp
+ * sends the rows with bulk copies; the loader waits for them to be read
+ * before the next item's first block enters the stages. A batch-invariant
+ * item that folds first brings the accumulator's rows into the stages by
+ * bulk copies and folds them into O (fold_into_o).
  * The data hand-offs are mbarriers (release / acquire) rather than bar.arrive
  * + bar.sync, which racecheck does not see as ordering the sCorr read. A
  * side reaches a stage's barrier again only after a hand-off from the other
@@ -157,103 +158,77 @@ __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) 
   for (int e = 0; e < 128; e++)
     o[e] *= (e & 2) ? c1 : c0;
 }
-/* The epilogue of an item: normalised O (columns 256g.. of this
- * warpgroup) as bf16 out or as the fp32 partial of its slot, and the lse of
- * each row (row maxima sM, row sums sL). A batch-invariant item with
- * PMLA_WI_FOLD (`flags`) folds its result into the accumulator in its slot
- * instead (fold.h), and with PMLA_WI_FINAL writes the fold to out and lse. */
-template <bool FOLD>
-__device__ __forceinline__ void store_o(const pmla_gpu_problem &p, const float (&o)[128],
-                                        const float *sM, const float *sL, int g, int lane,
-                                        const int (&myrow)[2], int nrows, int32_t pslot,
-                                        int32_t qb, int row0, float out_scale, int32_t flags) {
-  const int H = p.num_heads;
-  const int64_t obase =
-      pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
-  const int64_t fbase = (int64_t)qb * H + row0; /* a folding item's final rows */
-  const bool fold = FOLD && pslot >= 0 && (flags & PMLA_WI_FOLD), final = flags & PMLA_WI_FINAL;
+static_assert(ROWS * Staged<true>::STRIDE <= 2 * TILE, "staged O fits the two stages");
+/* this warpgroup's O times inv[sl] (by row) into the staged rows (Staged) */
+template <bool PARTIAL>
+__device__ __forceinline__ void stage_rows(char *sO, const float (&o)[128], const float (&inv)[2],
+                                           int g, int lane, const int (&myrow)[2], int nrows) {
 #pragma unroll
   for (int sl = 0; sl < 2; sl++) {
-    int rl = myrow[sl];
+    const int rl = myrow[sl];
     if (rl >= nrows)
       continue;
-    float l = sL[rl], inv = pmla_sum_scale(out_scale, l);
-    int64_t ro = (obase + rl) * PMLA_V_DIM;
-    if (fold) {
-      const float lse = row_lse(sM[rl], l);
-      const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + rl], lse);
-      const int64_t fo = (fbase + rl) * PMLA_V_DIM;
-      /* the accumulator's values in batches of 16 loads before any store
-       * (the stores may alias them, so the compiler would otherwise wait
-       * out one load latency per pair); it stays in L2 between chunks
-       * (evict_last: the KV stream would evict it), and is let go once the
-       * final fold has read it */
-      const uint64_t pol = final ? l2_evict_first() : l2_evict_last();
-#pragma unroll
-      for (int jb = 0; jb < 32; jb += 16) {
-        float2 a[16];
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-          a[j] = ld_f2_hint(p.partial_out + ro + g * 256 + (jb + j) * 8 + ((lane & 3) << 1), pol);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-          const int col = g * 256 + (jb + j) * 8 + ((lane & 3) << 1);
-          const float f0 = pmla_fold(a[j].x, o[4 * (jb + j) + 2 * sl] * inv, fw);
-          const float f1 = pmla_fold(a[j].y, o[4 * (jb + j) + 2 * sl + 1] * inv, fw);
-          if (final)
-            *(uint32_t *)(p.out + fo + col) = pack_bf16x2(f0, f1);
-          else
-            st_f2_hint(p.partial_out + ro + col, f0, f1, pol);
-        }
-      }
-      continue;
-    }
-    /* a partial is read back by the reduce or the next chunk's fold */
-    const uint64_t keep = l2_evict_last();
+    char *row = sO + rl * Staged<PARTIAL>::STRIDE;
 #pragma unroll
     for (int j = 0; j < 32; j++) {
-      int col = g * 256 + j * 8 + ((lane & 3) << 1);
-      float v0 = o[4 * j + 2 * sl] * inv, v1 = o[4 * j + 2 * sl + 1] * inv;
-      if (pslot >= 0)
-        st_f2_hint(p.partial_out + ro + col, v0, v1, keep);
+      const int col = g * 256 + j * 8 + ((lane & 3) << 1);
+      const float v0 = o[4 * j + 2 * sl] * inv[sl], v1 = o[4 * j + 2 * sl + 1] * inv[sl];
+      if (PARTIAL)
+        *(float2 *)(row + col * 4) = make_float2(v0, v1);
       else
-        *(uint32_t *)(p.out + ro + col) = pack_bf16x2(v0, v1);
+        *(uint32_t *)(row + col * 2) = pack_bf16x2(v0, v1);
     }
   }
 }
-/* an item's O and lse (see store_o) */
-template <bool FOLD>
-__device__ __forceinline__ void store_tile(const pmla_gpu_problem &p, const float (&o)[128],
-                                           const float *sM, const float *sL, int g, int lane,
-                                           const int (&myrow)[2], int nrows, int32_t pslot,
-                                           int32_t qb, int row0, int tid, float out_scale,
-                                           int32_t flags) {
-  store_o<FOLD>(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, out_scale, flags);
-  if (FOLD && pslot >= 0 && (flags & PMLA_WI_FOLD)) /* every thread has read the accumulator's lse */
-    __syncthreads();
-  store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, flags);
-}
-static_assert(ROWS * Staged<true>::STRIDE <= 2 * TILE, "staged O fits the two stages");
-/* this warpgroup's normalised O into the staged rows (Staged) */
+/* this warpgroup's normalised O into the staged rows */
 template <bool PARTIAL>
 __device__ __forceinline__ void stage_o(char *sO, const float (&o)[128], const float *sL, int g,
                                         int lane, const int (&myrow)[2], int nrows,
                                         float out_scale) {
+  float inv[2];
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+    inv[sl] = myrow[sl] < nrows ? pmla_sum_scale(out_scale, sL[myrow[sl]]) : 0.f;
+  stage_rows<PARTIAL>(sO, o, inv, g, lane, myrow, nrows);
+}
+/* A batch-invariant item with PMLA_WI_FOLD: the accumulator's rows (its
+ * slot, fp32) come into the staged rows by bulk copies (one warp; the
+ * last item's bulk stores, which may have written them, complete first),
+ * and this warpgroup's O becomes the fold of the accumulator and its own
+ * normalised result (fold.h), in registers. The caller restages O. */
+__device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o)[128], char *sO,
+                                            const float *sM, const float *sL, int g, int wi,
+                                            int lane, const int (&myrow)[2], int nrows,
+                                            int64_t obase, float out_scale, bool final,
+                                            uint32_t bar, uint32_t parity) {
+  constexpr int ROWB = Staged<true>::ROW, STRIDE = Staged<true>::STRIDE;
+  if (g == 1 && wi == 0) {
+    bulk_wait();
+    __syncwarp();
+    if (lane == 0)
+      mbar_arrive_tx(bar, (uint32_t)(nrows * ROWB));
+    __syncwarp();
+    /* read once more by the final fold only: let it go then */
+    const uint64_t pol = final ? l2_evict_first() : l2_evict_last();
+    for (int rr = lane; rr < nrows; rr += 32)
+      bulk_load_hint(smem_u32(sO) + rr * STRIDE, p.partial_out + (obase + rr) * PMLA_V_DIM, ROWB,
+                     bar, pol);
+  }
+  mbar_wait(bar, parity);
 #pragma unroll
   for (int sl = 0; sl < 2; sl++) {
     const int rl = myrow[sl];
     if (rl >= nrows)
       continue;
     const float l = sL[rl], inv = pmla_sum_scale(out_scale, l);
-    char *row = sO + rl * Staged<PARTIAL>::STRIDE;
+    const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + rl], row_lse(sM[rl], l));
+    const char *row = sO + rl * STRIDE;
 #pragma unroll
     for (int j = 0; j < 32; j++) {
       const int col = g * 256 + j * 8 + ((lane & 3) << 1);
-      const float v0 = o[4 * j + 2 * sl] * inv, v1 = o[4 * j + 2 * sl + 1] * inv;
-      if (PARTIAL)
-        *(float2 *)(row + col * 4) = make_float2(v0, v1);
-      else
-        *(uint32_t *)(row + col * 2) = pack_bf16x2(v0, v1);
+      const float2 a = *(const float2 *)(row + col * 4);
+      o[4 * j + 2 * sl] = pmla_fold(a.x, o[4 * j + 2 * sl] * inv, fw);
+      o[4 * j + 2 * sl + 1] = pmla_fold(a.y, o[4 * j + 2 * sl + 1] * inv, fw);
     }
   }
 }
@@ -306,6 +281,7 @@ template <int F, bool FOLD, bool NARROW>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
+  static_assert(!(FOLD && NARROW), "the NARROW epilogue does not fold");
   /* an E4M3 cache's tiles, Q and P are f16: one conversion per e4m3 pair,
    * unscaled e4m3 values exact; Q rescaled by rows to fit, its bf16 values
    * kept exactly (q_row_to_f16); P <= 2^RESCALE_SLACK keeps 11 bits down to
@@ -340,6 +316,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* FP8: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
+  /* FOLD: an mbarrier, the accumulator's rows landed in the stages */
+  const uint32_t aAcc = smem_u32(sMx + 132);
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -352,11 +330,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       mbar_init(aRawRead, 256);
       mbar_init(aRawRead + 8, 256);
     }
+    if (FOLD)
+      mbar_init(aAcc, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t conv_before = 0; /* FP8: blocks converted before the item */
+  uint32_t acc_phase = 0;   /* FOLD: parity of aAcc's next completion */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
                               barrier this side waits on (wg0 FULL, wg1 PREADY) */
   const int H = p.num_heads;
@@ -809,29 +790,41 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     __syncthreads();
     conv_before += FP8 ? (uint32_t)nblk : 0u;
 
-    if constexpr (!FOLD) { /* out is 16-byte aligned (gpu_decode refuses it otherwise) */
-      if constexpr (NARROW) {
-        if (pslot >= 0)
-          nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
-        else
-          nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
-      } else if (pslot >= 0) {
-        stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
-      } else {
-        stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
-      }
-      proxy_fence();
-      __syncthreads();
-      if (g == 1) {
-        staged = true;
-        if (wi == 0)
-          send_staged(p, sKV, pslot, qb, row0, nrows, lane);
-      }
-      store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, 0);
+    /* the epilogue: O staged in the two stages, row for row, and sent by
+     * bulk copies (out is 16-byte aligned: gpu_decode refuses it
+     * otherwise); a folding item first folds the accumulator in */
+    const int32_t piece = FOLD ? w[PMLA_WI_PIECE] : 0;
+    const bool fold = FOLD && pslot >= 0 && (piece & PMLA_WI_FOLD);
+    const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : pslot; /* -1: out */
+    const int64_t obase = (int64_t)pslot * p.max_q_len * H + row0;
+    if constexpr (NARROW) {
+      if (pslot >= 0)
+        nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
+      else
+        nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
+    } else if (fold) {
+      fold_into_o(p, o, sKV, sM, sL, g, wi, lane, myrow, nrows, obase, out_scale, dst < 0, aAcc,
+                  acc_phase);
+      acc_phase ^= 1;
+      __syncthreads(); /* every accumulator value and lse read before the restaging */
+      const float one[2] = {1.f, 1.f};
+      if (dst >= 0)
+        stage_rows<true>(sKV, o, one, g, lane, myrow, nrows);
+      else
+        stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
+    } else if (pslot >= 0) {
+      stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
     } else {
-      store_tile<FOLD>(p, o, sM, sL, g, lane, myrow, nrows, pslot, qb, row0, tid, out_scale,
-                       FOLD ? w[PMLA_WI_PIECE] : 0);
+      stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
     }
+    proxy_fence();
+    __syncthreads();
+    if (g == 1) {
+      staged = true;
+      if (wi == 0)
+        send_staged(p, sKV, dst, qb, row0, nrows, lane, FOLD && dst >= 0);
+    }
+    store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, piece);
     __syncthreads();
   }
   /* the bulk copies have read shared memory before the work-group leaves
