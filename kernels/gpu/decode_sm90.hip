@@ -375,8 +375,25 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     nb_sync_split(CONV + 1);
   };
 
+  /* the tile's Q rows of query tokens [qb, qe) into sQ by cp.async from the
+   * 128 threads of one warpgroup (t: 0..127); rows past the item's are zero */
+  auto load_q = [&](char *dst, int32_t qb, int32_t qe, int t) {
+    const int rows = (qe - qb) * H - row0, nr = rows < ROWS ? rows : ROWS;
+    const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
+    for (int c = t; c < ROWS * PMLA_TILE_CHUNKS; c += 128) {
+      const int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
+      const bool v = rr < nr;
+      cp16(dst + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
+    }
+  };
+  const int t_q = tid & 127;
   int32_t q_rows[2] = {-1, -1}; /* the rows of Q in sQ */
   bool staged = false; /* warpgroup 1: the last item's O may still be leaving the stages */
+  /* bf16 64-row tiles: the next item's Q, when it has other rows, is copied
+   * into sQ by warpgroup 0 once the item's last Q K^T is done, under the
+   * last block and the epilogue, instead of at the next item's start */
+  constexpr bool PREFETCH_Q = F == PMLA_KV_BF16 && !NARROW;
+  bool q_pref = false; /* warpgroup 0: sQ holds this item's Q by its own cp.async */
   const int it_end = p.work_indptr[u + 1];
   for (int it = p.work_indptr[u]; it < it_end; it++) {
     const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
@@ -391,6 +408,18 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
       continue;
     }
+    /* the next item whose Q this item's warpgroup 0 copies (-1: none): the
+     * one after it, when served and on other query rows */
+    int32_t nq_b = -1, nq_e = -1;
+    if (PREFETCH_Q && it + 1 < it_end) {
+      const int32_t *wn = p.work_info_set + (int64_t)(it + 1) * PMLA_WI_WORDS;
+      const int32_t b2 = wn[PMLA_WI_Q_BEGIN], e2 = wn[PMLA_WI_Q_END];
+      if (e2 - b2 > 0 && row0 < (e2 - b2) * H && b2 >= 0 && e2 <= p.num_tokens &&
+          e2 - b2 <= p.max_q_len && (b2 != qb || e2 != qe)) {
+        nq_b = b2;
+        nq_e = e2;
+      }
+    }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
     constexpr int OR = NARROW ? 32 : 128;
@@ -402,20 +431,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
      * find its Q in shared memory already (F16: converted, unless the item
      * had no block to convert it with) */
     const bool q_new = qb != q_rows[0] || qe != q_rows[1];
-    q_rows[0] = F16 && nblk == 0 ? -1 : qb;
+    q_rows[0] = nblk == 0 ? -1 : qb; /* no block: Q is neither needed nor loaded */
     q_rows[1] = qe;
 
     if (g == 1) {
       /* ---------------- warpgroup 1: loader + PV columns 256.. */
       const int t = tid - 128;
-      if (q_new) {
-        const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM);
-        for (int c = t; c < ROWS * PMLA_TILE_CHUNKS; c += 128) {
-          int rr = c / PMLA_TILE_CHUNKS, cc = c % PMLA_TILE_CHUNKS;
-          bool v = rr < nrows;
-          cp16(sQ + off(rr, cc), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc, v);
-        }
-      }
+      if (q_new && nblk > 0)
+        load_q(sQ, qb, qe, t);
       constexpr int TPT = 128 / BN; /* loader threads per token */
       const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
       const int ld_t = t / TPT, ld_sub = t % TPT;
@@ -756,6 +779,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           mma_n256_rs<F16>(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
         wg_commit();
       };
+      /* this item's Q came by this warpgroup's copies: landed and visible
+       * to wgmma from every thread before the first Q K^T */
+      if (PREFETCH_Q && q_pref) {
+        cp_wait<0>();
+        proxy_fence();
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+        q_pref = false;
+      }
       /* bf16: the stage is released as soon as this warpgroup's P V is
        * done, so the loader can refill it while S(b + 1) is computed; FP8:
        * the next block is converted once both P V are done (ring_convert) */
@@ -770,10 +801,21 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         wg_wait0();
         reg_fence<32>(s);
         softmax_pv(b);
+        if (PREFETCH_Q && b == nblk - 1 && nq_b >= 0) {
+          /* every Q K^T of the item is done (waited above) */
+          load_q(sQ, nq_b, nq_e, t_q);
+          cp_commit(); /* cp_wait covers committed groups only */
+          q_pref = true;
+        }
         wg_wait0();
         reg_fence<128>(o);
         if (!FP8 && b + 2 < nblk)
           nb_arrive(EMPTY + (b & 1));
+      }
+      if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
+        load_q(sQ, nq_b, nq_e, t_q);
+        cp_commit(); /* cp_wait covers committed groups only */
+        q_pref = true;
       }
 #pragma unroll
       for (int sl = 0; sl < 2; sl++)
@@ -826,6 +868,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, piece);
     __syncthreads();
+    if (PREFETCH_Q && nq_b >= 0) { /* sQ holds (or receives) the next item's Q */
+      q_rows[0] = nq_b;
+      q_rows[1] = nq_e;
+    }
   }
   /* the bulk copies have read shared memory before the work-group leaves
    * (the kernel's end makes their writes visible to the next kernel) */
