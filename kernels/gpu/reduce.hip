@@ -250,18 +250,19 @@ template <int PARTS>
 __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
                                                int p1, int part, int lane) {
   constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS;
-  const int col4 = lane + part * WARP * V4; /* this warp's float4 columns start there */
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
   constexpr int D = PARTS == 1 ? 4 : 8; /* pieces in flight (the same bytes either way) */
-  static_assert(WARP % D == 0, "a batch of slots ends where a round of D pieces does");
-  float4 acc[V4], buf[D][V4];
-  float lse = -INFINITY, bl[D];
-  /* this lane's piece of the batch from c: its partial row (-1 when never
+  static_assert(WARP % D == 0 && 2 * D <= WARP, "a round's loads stay within two batches");
+  const int col4 = lane + part * WARP * V4; /* this warp's float4 columns start there */
+  /* this lane's first float4 of the row in slot 0, and a slot's stride */
+  const float4 *row0 = (const float4 *)(p.partial_out + (int64_t)i * PMLA_V_DIM) + col4;
+  const int64_t stride4 = rows_max * (PMLA_V_DIM / 4);
+  /* this lane's piece of the batch from c: its slot (-1 when never
    * planned: flagged, folded as empty) and lse */
-  auto batch = [&](int c, int64_t &row, float &l) {
+  auto batch = [&](int c, int &slot, float &l) {
     const int q = c + lane;
-    row = -1;
+    slot = -1;
     l = -INFINITY;
     if (q >= p1)
       return;
@@ -270,72 +271,69 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
       atomicOr(p.work_meta_data + PMLA_META_ERROR, (int)PMLA_PLAN_ERR_OVERFLOW);
       return;
     }
-    row = (int64_t)s * rows_max + i;
-    l = ld_past_l1(p.partial_lse + row);
+    slot = s;
+    l = ld_past_l1(p.partial_lse + (int64_t)s * rows_max + i);
   };
-  int c0 = p0; /* pieces c0 .. c0 + WARP - 1 are in (rowc, lc), the next WARP in (rown, ln) */
-  int64_t rowc, rown = -1;
+  int c0 = p0; /* pieces c0 .. c0 + WARP - 1 are in (sc, lc), the next WARP in (sn, ln) */
+  int sc, sn = -1;
   float lc, ln = -INFINITY;
-  batch(c0, rowc, lc);
+  batch(c0, sc, lc);
   if (c0 + WARP < p1)
-    batch(c0 + WARP, rown, ln);
+    batch(c0 + WARP, sn, ln);
   auto load = [&](int q, float4 (&x)[V4], float &l) {
-    const int j = q - c0; /* < 2 WARP: loads run D pieces ahead of the fold */
-    const int64_t row = j < WARP ? lane_value(rowc, j) : lane_value(rown, j - WARP);
-    l = j < WARP ? lane_value(lc, j) : lane_value(ln, j - WARP);
-    if (row < 0) {
-#pragma unroll
-      for (int v = 0; v < V4; v++)
-        x[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-      return;
-    }
-    const float4 *src = (const float4 *)(p.partial_out + row * PMLA_V_DIM);
+    const int j = q - c0; /* < 2 WARP, the same on every lane */
+    const int slot = lane_value(j < WARP ? sc : sn, j & (WARP - 1));
+    l = lane_value(j < WARP ? lc : ln, j & (WARP - 1));
+    const float4 *src = row0 + (int64_t)slot * stride4;
 #pragma unroll
     for (int v = 0; v < V4; v++)
-      x[v] = ld_past_l1(src + col4 + v * WARP);
+      x[v] = slot >= 0 ? ld_past_l1(src + v * WARP) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
+  auto fold_in = [&](float4 (&acc)[V4], float &lse, const float4 (&x)[V4], float l) {
+    const pmla_fold_w fw = pmla_fold_weights(lse, l);
+#pragma unroll
+    for (int v = 0; v < V4; v++) {
+      acc[v].x = pmla_fold(acc[v].x, x[v].x, fw);
+      acc[v].y = pmla_fold(acc[v].y, x[v].y, fw);
+      acc[v].z = pmla_fold(acc[v].z, x[v].z, fw);
+      acc[v].w = pmla_fold(acc[v].w, x[v].w, fw);
+    }
+    lse = fw.lse;
+  };
+  /* the fold starts from the first piece as it is; the next D are read
+   * before it is waited for */
+  float4 acc[V4], buf[D][V4];
+  float lse, bl[D];
+  load(p0, acc, lse);
 #pragma unroll
   for (int d = 0; d < D; d++)
-    if (p0 + d < p1)
-      load(p0 + d, buf[d], bl[d]);
-#pragma unroll
-  for (int v = 0; v < V4; v++)
-    acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int base = p0; base < p1; base += D) {
-    if (base - c0 == WARP) { /* the next batch becomes current; read the one after */
-      c0 = base;
-      rowc = rown;
+    if (p0 + 1 + d < p1)
+      load(p0 + 1 + d, buf[d], bl[d]);
+  /* whole rounds of D pieces without a branch between the steps, so one
+   * step's loads and columns overlap the next step's weights (a row's
+   * steps are one dependent chain, and a lone request's rows are few) */
+  int q = p0 + 1;
+  for (; q + D <= p1; q += D) {
+    if (q - c0 >= WARP) { /* the next batch becomes current; read the one after */
+      c0 += WARP;
+      sc = sn;
       lc = ln;
-      rown = -1;
+      sn = -1;
       ln = -INFINITY;
       if (c0 + WARP < p1)
-        batch(c0 + WARP, rown, ln);
+        batch(c0 + WARP, sn, ln);
     }
 #pragma unroll
     for (int d = 0; d < D; d++) {
-      const int q = base + d;
-      if (q >= p1)
-        break;
-      if (q == p0) { /* the fold starts from the first piece as it is */
-#pragma unroll
-        for (int v = 0; v < V4; v++)
-          acc[v] = buf[d][v];
-        lse = bl[d];
-      } else {
-        const pmla_fold_w fw = pmla_fold_weights(lse, bl[d]);
-#pragma unroll
-        for (int v = 0; v < V4; v++) {
-          acc[v].x = pmla_fold(acc[v].x, buf[d][v].x, fw);
-          acc[v].y = pmla_fold(acc[v].y, buf[d][v].y, fw);
-          acc[v].z = pmla_fold(acc[v].z, buf[d][v].z, fw);
-          acc[v].w = pmla_fold(acc[v].w, buf[d][v].w, fw);
-        }
-        lse = fw.lse;
-      }
-      if (q + D < p1)
-        load(q + D, buf[d], bl[d]);
+      fold_in(acc, lse, buf[d], bl[d]);
+      if (q + D + d < p1)
+        load(q + D + d, buf[d], bl[d]);
     }
   }
+#pragma unroll
+  for (int d = 0; d < D; d++) /* the last pieces, read by the last round */
+    if (q + d < p1)
+      fold_in(acc, lse, buf[d], bl[d]);
   uint16_t *dst = p.out + ((int64_t)qb * H + i) * PMLA_V_DIM;
 #pragma unroll
   for (int v = 0; v < V4; v++) {
