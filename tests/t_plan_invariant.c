@@ -7,11 +7,13 @@
  * per later chunk, listed in chunk order for the reduce; slots stay within
  * the budget, items and reduce entries within their buffers. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
+#include "fold.h"
 #include "plan_invariant.h"
 
 typedef struct inv_buffers {
@@ -230,6 +232,37 @@ START_TEST(test_closed_forms_equal_the_serial_walk) {
 }
 END_TEST
 
+/* The one merge (fold.h), host form: a side that saw nothing (lse -inf)
+ * leaves the other exactly, a NaN on either side reaches the weights and
+ * the lse, and otherwise the weights are the two sides' shares of the
+ * merged sum, which is log(e^a + e^c) */
+START_TEST(test_the_fold_merges_two_softmax_results) {
+  const float inf = INFINITY;
+  pmla_fold_w w = pmla_fold_weights(1.5f, -inf);
+  EXPECT(w.wa == 1.f && w.wc == 0.f && w.lse == 1.5f, "chunk -inf: %g %g %g", w.wa, w.wc, w.lse);
+  w = pmla_fold_weights(-inf, -2.25f);
+  EXPECT(w.wa == 0.f && w.wc == 1.f && w.lse == -2.25f, "acc -inf: %g %g %g", w.wa, w.wc, w.lse);
+  w = pmla_fold_weights(-inf, -inf);
+  EXPECT(w.wa == 1.f && w.wc == 0.f && w.lse == -inf, "both -inf: %g %g %g", w.wa, w.wc, w.lse);
+  w = pmla_fold_weights(NAN, 0.5f);
+  EXPECT(isnan(w.wa) && isnan(w.wc) && isnan(w.lse), "acc NaN: %g %g %g", w.wa, w.wc, w.lse);
+  w = pmla_fold_weights(0.5f, NAN);
+  EXPECT(isnan(w.wa) && isnan(w.wc) && isnan(w.lse), "chunk NaN: %g %g %g", w.wa, w.wc, w.lse);
+  EXPECT(pmla_fold(2.f, 3.f, pmla_fold_weights(1.f, -inf)) == 2.f, "a merge with nothing");
+  uint64_t rng = harness_seed() ^ 0xf01du;
+  for (int i = 0; i < 100000; i++) {
+    const float a = (float)(rng_uniform(&rng) * 200.0 - 100.0);
+    const float c = a + (float)(rng_uniform(&rng) * 60.0 - 30.0);
+    w = pmla_fold_weights(a, c);
+    const double m = a > c ? a : c, sum = exp(a - m) + exp(c - m);
+    EXPECT(fabs(w.lse - (m + log(sum))) <= 1e-5 * (1.0 + fabs(m)), "lse(%g, %g) = %.9g", a, c,
+           w.lse);
+    EXPECT(fabs(w.wa - exp(a - m) / sum) <= 1e-6 && fabs(w.wc - exp(c - m) / sum) <= 1e-6,
+           "weights(%g, %g) = %.9g %.9g", a, c, w.wa, w.wc);
+  }
+}
+END_TEST
+
 Suite *suite_plan_invariant(void) {
   Suite *s = suite_create("plan_invariant");
   TCase *tc = tcase_create("layout");
@@ -237,6 +270,7 @@ Suite *suite_plan_invariant(void) {
   tcase_add_test(tc, test_chunk_size_is_a_function_of_the_length);
   tcase_add_test(tc, test_invariant_schedule_holds_its_layout_on_random_batches);
   tcase_add_test(tc, test_closed_forms_equal_the_serial_walk);
+  tcase_add_test(tc, test_the_fold_merges_two_softmax_results);
   suite_add_tcase(s, tc);
   return s;
 }
