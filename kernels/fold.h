@@ -79,7 +79,8 @@ PMLA_HD static inline pmla_fold_w pmla_fold_weights(float a, float c) {
    * Without a branch: an accumulator of -inf (d = +inf) gives e = 0, the
    * chunk's weight 1 and its lse, a chunk of -inf (d = -inf) weight 0 and
    * the accumulator's lse, exactly; only both at -inf (d NaN) needs the
-   * select. A NaN lse on either side makes every weight NaN. */
+   * select. A NaN lse on either side makes the merged lse NaN (and the
+   * weights, but for a chunk of -inf, which leaves the accumulator as is). */
   const float d = c - a, e = pmla_fold_exp(-fabsf(d)), s = 1.f + e, r = pmla_fold_rcp(s);
   const int later = d > 0.f; /* the new chunk holds the larger lse */
   const int none = c == -INFINITY; /* the chunk saw nothing: the accumulator stays */
