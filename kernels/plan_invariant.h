@@ -13,10 +13,19 @@
  *   split         the first piece (chunks 0..a-1, one unit) folds into a
  *                 slot of its own; every later chunk leaves its own partial;
  *                 the reduce folds [first piece, chunk a, ..., chunk n-1]
- * Each chunk goes to the unit whose equal share of all the step's work
- * holds the chunk's midpoint; a request whose chunks land on several units
- * is split. Where a request goes depends on the batch and changes the
- * balance, never the arithmetic. Splits spend a
+ * Where requests go depends on the batch and changes the balance, never
+ * the arithmetic. Two placements:
+ *   spread        when every request fits a unit's equal share of all the
+ *                 step's work (and at most PMLA_INV_SPREAD_MAX requests and
+ *                 units): each request whole on one unit, the requests
+ *                 dealt by decreasing cost to the units back and forth
+ *                 (a snake), so no unit holds more than its share plus one
+ *                 request (ragged batches: the line below leaves up to half
+ *                 a request at each end of a unit, 1.3x its share)
+ *   line          otherwise: each chunk goes to the unit whose equal share
+ *                 of the line of all work holds the chunk's midpoint; a
+ *                 request whose chunks land on several units is split.
+ * Splits spend a
  * slot budget fixed at init: max_partials - N slots (the last N are the
  * units' accumulators); a request whose split would not fit the budget
  * stays whole on its unit.
@@ -36,6 +45,7 @@
 #define PMLA_INV_WHOLE 4096            /* tokens: a dense request this short is one chunk */
 #define PMLA_INV_MAX_CHUNKS 64  /* per request */
 #define PMLA_INV_SLOT_UNITS 4   /* the split budget: 4 slots per unit */
+#define PMLA_INV_SPREAD_MAX 512 /* requests and units the spread placement sorts */
 
 enum {
   PMLA_WI_CHUNK_MASK = 0xffff,
@@ -163,6 +173,65 @@ PMLA_HD static inline void pmla_inv_write_item(const pmla_plan_output *out, int3
   w[PMLA_WI_PIECE] = j | flags;
 }
 
+/* The sums a step's placement needs: the work of all requests (total, at
+ * least 1), the costliest request's, and the chunks; ORs the input errors
+ * into *err. */
+typedef struct pmla_inv_sums {
+  int64_t total, max_cost, chunks;
+} pmla_inv_sums;
+
+PMLA_HD static inline pmla_inv_sums pmla_inv_sum(const pmla_plan_input *in, int32_t *err) {
+  pmla_inv_sums s = {0, 0, 0};
+  for (int32_t r = 0; r < in->num_requests; r++) {
+    const pmla_plan_req q = pmla_plan_describe(in, r, err);
+    const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in->uniform_len));
+    const int64_t cost = pmla_inv_cost(n, q.blocks);
+    s.total += cost;
+    s.max_cost = cost > s.max_cost ? cost : s.max_cost;
+    s.chunks += n;
+  }
+  if (s.total < 1)
+    s.total = 1;
+  return s;
+}
+
+/* Whether a step takes the spread placement: every request fits a unit's
+ * equal share of the work (so there are at least as many requests as units). */
+PMLA_HD static inline int pmla_inv_spread(int32_t R, int32_t N, int64_t total, int64_t max_cost) {
+  return R <= PMLA_INV_SPREAD_MAX && N <= PMLA_INV_SPREAD_MAX && max_cost * N <= total;
+}
+
+/* The sort key of request r of cost (below 2^31): increasing keys are
+ * decreasing costs, ties in request order. */
+PMLA_HD static inline int64_t pmla_inv_spread_key(int64_t cost, int32_t r) {
+  return ((int64_t)(INT32_MAX - cost) << 32) | (int64_t)(uint32_t)r;
+}
+
+/* The unit of the request of rank i (by decreasing cost): rounds of N go
+ * over the units forwards, then backwards, so a unit dealt a heavy request
+ * in one round is dealt a light one in the next. */
+PMLA_HD static inline int32_t pmla_inv_spread_unit(int32_t i, int32_t N) {
+  const int32_t k = i % (2 * N);
+  return k < N ? k : 2 * N - 1 - k;
+}
+
+/* The rank a unit is dealt in round k. */
+PMLA_HD static inline int32_t pmla_inv_spread_rank(int32_t u, int32_t k, int32_t N) {
+  return k * N + (k & 1 ? N - 1 - u : u);
+}
+
+/* The n chunks of request r, whole on unit u from item `item`, folding in
+ * the unit's accumulator acc (work_indptr is the caller's). */
+PMLA_HD static inline void pmla_inv_write_whole(const pmla_plan_output *out, int32_t r,
+                                                const pmla_plan_req *q, int32_t chunk, int32_t n,
+                                                int32_t item, int32_t u, int32_t acc) {
+  for (int32_t j = 0; j < n; j++) {
+    int32_t flags;
+    const int32_t slot = pmla_inv_item_slot(n, n, -1, acc, j, &flags);
+    pmla_inv_write_item(out, r, q, chunk, item + j, u, u, slot, j, flags);
+  }
+}
+
 /* PMLA_META_MODE of an invariant step */
 enum { PMLA_INV_MODE = 2 };
 
@@ -194,19 +263,40 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   const int64_t OH = PMLA_SPLIT_OVERHEAD;
   const int32_t budget = in->max_partials - N; /* slots for splits */
   int32_t err = 0, scratch = 0;
-  int64_t total = 0, chunks = 0;
-  for (int32_t r = 0; r < R; r++) {
-    const pmla_plan_req q = pmla_plan_describe(in, r, &err);
-    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
-    total += pmla_inv_cost(n, q.blocks);
-    chunks += n;
-  }
-  if (chunks > in->max_items) {
+  const pmla_inv_sums sums = pmla_inv_sum(in, &err);
+  const int64_t total = sums.total;
+  if (sums.chunks > in->max_items) {
     pmla_inv_empty(in, out, err, 0, 1);
     return err | PMLA_PLAN_ERR_OVERFLOW;
   }
-  if (total < 1)
-    total = 1;
+  if (pmla_inv_spread(R, N, total, sums.max_cost)) {
+    int64_t key[PMLA_INV_SPREAD_MAX];
+    int32_t rows = 0;
+    for (int32_t r = 0; r < R; r++) { /* insertion sort: R is small */
+      const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
+      const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in->uniform_len));
+      const int64_t k = pmla_inv_spread_key(pmla_inv_cost(n, q.blocks), r);
+      int32_t i = r;
+      for (; i > 0 && key[i - 1] > k; i--)
+        key[i] = key[i - 1];
+      key[i] = k;
+      rows += q.qe - q.qb;
+    }
+    int32_t items = 0;
+    for (int32_t u = 0; u < N; u++) {
+      out->work_indptr[u] = items;
+      for (int32_t k = 0, i; (i = pmla_inv_spread_rank(u, k, N)) < R; k++) {
+        const int32_t r = (int32_t)(key[i] & 0xffffffff);
+        const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
+        const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
+        const int32_t n = pmla_inv_chunks(q.len, chunk);
+        pmla_inv_write_whole(out, r, &q, chunk, n, items, u, budget + u);
+        items += n;
+      }
+    }
+    pmla_inv_finish(in, out, items, 0, 0, N - 1, 1, rows, err, 0, 1);
+    return err;
+  }
   int32_t items = 0, slots = 0, reduces = 0, rows = 0, max_pieces = 0, prev = 0;
   int64_t cum = 0; /* work before the chunk being placed */
   out->work_indptr[0] = 0;

@@ -178,7 +178,7 @@ int main(int argc, char **argv) {
   const int plans = argc > 1 ? atoi(argv[1]) : 300;
   g_rng = argc > 2 ? strtoull(argv[2], NULL, 10) | 1 : 1;
   static const int32_t edge_r[] = {0, 1, 511, 512, 513, 1024, 1025};
-  int fails = 0, kinds[3] = {0, 0, 0}, splits = 0;
+  int fails = 0, kinds[3] = {0, 0, 0}, splits = 0, spread = 0;
   for (int it = 0; it < plans; it++) {
     pmla_plan_input in;
     memset(&in, 0, sizeof in);
@@ -264,6 +264,11 @@ int main(int argc, char **argv) {
       continue;
     }
     kinds[in.invariant ? 2 : host[0][PMLA_META_MODE] ? 1 : 0]++;
+    if (in.invariant && host[0][PMLA_META_NUM_ITEMS] > 0) {
+      int32_t scratch = 0;
+      const pmla_inv_sums s = pmla_inv_sum(&in, &scratch);
+      spread += pmla_inv_spread(R, N, s.total, s.max_cost);
+    }
     splits += host[0][PMLA_META_NUM_REDUCE] > 0;
     for (int k = 0, done = 0; k < 6 && !done; k++)
       for (size_t i = 0; i < size[k]; i++)
@@ -277,8 +282,10 @@ int main(int argc, char **argv) {
           break;
         }
   }
-  printf("plan-emu: %d plans (fill %d, piece %d, invariant %d; %d with splits), %d differ\n", plans,
-         kinds[0], kinds[1], kinds[2], splits, fails);
+  printf("plan-emu: %d plans (fill %d, piece %d, invariant %d of which %d spread; %d with splits), "
+         "%d differ\n",
+         plans, kinds[0], kinds[1], kinds[2], spread, splits, fails);
   /* a run that never reached a mode proves nothing about it */
-  return fails != 0 || kinds[0] == 0 || kinds[1] == 0 || kinds[2] == 0 || splits == 0;
+  return fails != 0 || kinds[0] == 0 || kinds[1] == 0 || kinds[2] == 0 || splits == 0 ||
+         spread == 0 || spread == kinds[2];
 }

@@ -20,32 +20,65 @@ typedef struct inv_buffers {
   int32_t meta[PMLA_META_WORDS_], *indptr, *wi, *rindptr, *rfinal, *rmap;
 } inv_buffers;
 
+/* Each unit's work (blocks plus the overhead of each item); returns the
+ * heaviest unit's, and the step's total in *total. */
+static int64_t heaviest_unit(const pmla_plan_input *in, const inv_buffers *b, int64_t *total) {
+  int64_t worst = 0;
+  *total = 0;
+  for (int32_t u = 0; u < in->num_units; u++) {
+    int64_t load = 0;
+    for (int32_t i = b->indptr[u]; i < b->indptr[u + 1]; i++) {
+      const int32_t *w = b->wi + (int64_t)i * PMLA_WI_WORDS;
+      load += PMLA_SPLIT_OVERHEAD + pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
+    }
+    worst = load > worst ? load : worst;
+    *total += load;
+  }
+  return worst;
+}
+
 static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const inv_buffers *b,
                            const char *what) {
   const int32_t R = in->num_requests, N = in->num_units, budget = in->max_partials - N;
   const int32_t least = pmla_inv_least(in->uniform_len);
   const int32_t items = b->meta[PMLA_META_NUM_ITEMS], reduces = b->meta[PMLA_META_NUM_REDUCE];
+  int32_t scratch = 0;
+  const pmla_inv_sums sums = pmla_inv_sum(in, &scratch);
+  const int spread = pmla_inv_spread(R, N, sums.total, sums.max_cost);
   EXPECT(b->meta[PMLA_META_MODE] == 2, "%s: mode %d", what, b->meta[PMLA_META_MODE]);
   EXPECT(b->meta[PMLA_META_NUM_PARTIALS] <= budget, "%s: %d slots over the budget %d", what,
          b->meta[PMLA_META_NUM_PARTIALS], budget);
   EXPECT(b->indptr[0] == 0 && b->indptr[N] == items, "%s: work_indptr ends", what);
+  EXPECT(!spread || reduces == 0, "%s: spread, yet %d requests split", what, reduces);
   int32_t *unit_of = malloc(sizeof(int32_t) * (size_t)(items + 1));
-  ck_assert(unit_of);
+  int32_t *first = malloc(sizeof(int32_t) * (size_t)(R + 1)); /* each request's first item */
+  ck_assert(unit_of && first);
   for (int32_t u = 0; u < N; u++) {
     EXPECT(b->indptr[u] <= b->indptr[u + 1], "%s: work_indptr not monotone at %d", what, u);
     for (int32_t k = b->indptr[u]; k < b->indptr[u + 1]; k++)
       unit_of[k] = u;
   }
-  int32_t k = 0, red = 0;
+  for (int32_t r = 0; r < R; r++)
+    first[r] = -1;
+  for (int32_t k = 0; k < items; k++) {
+    const int32_t *w = b->wi + (int64_t)k * PMLA_WI_WORDS, r = w[PMLA_WI_REQUEST];
+    EXPECT(r >= 0 && r < R, "%s: item %d names request %d", what, k, r);
+    if ((w[PMLA_WI_PIECE] & PMLA_WI_CHUNK_MASK) == 0) {
+      EXPECT(first[r] < 0, "%s: request %d has two chunks 0", what, r);
+      first[r] = k;
+    }
+  }
+  int32_t seen = 0, red = 0;
   for (int32_t r = 0; r < R; r++) {
     const int32_t L = lens[r], C = pmla_inv_chunk(L, in->uniform_len), n = pmla_inv_chunks(L, C);
     EXPECT(n <= PMLA_INV_MAX_CHUNKS && C % PMLA_BLOCK_TOKENS == 0 && C >= least,
            "%s: request %d (len %d): chunk %d, %d chunks", what, r, L, C, n);
+    EXPECT(first[r] >= 0 && first[r] + n <= items, "%s: request %d has no chunk 0", what, r);
     const int split = red < reduces && b->rfinal[red] == r;
-    const int32_t first_unit = k < items ? unit_of[k] : -1;
+    const int32_t first_unit = unit_of[first[r]];
     int32_t a = 0; /* chunks of the first piece */
-    for (int32_t j = 0; j < n; j++, k++) {
-      EXPECT(k < items, "%s: request %d has %d of its %d chunks", what, r, j, n);
+    /* a request's chunks are consecutive items, in order */
+    for (int32_t j = 0, k = first[r]; j < n; j++, k++, seen++) {
       const int32_t *w = b->wi + (int64_t)k * PMLA_WI_WORDS;
       const int32_t kb = (int32_t)((int64_t)j * C < L ? (int64_t)j * C : L);
       const int32_t ke = (int32_t)((int64_t)(j + 1) * C < L ? (int64_t)(j + 1) * C : L);
@@ -83,37 +116,43 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
       red++;
     }
   }
-  EXPECT(k == items && red == reduces, "%s: %d items / %d reduces left over", what, items - k,
-         reduces - red);
-  /* balance: while the split budget never ran short (a request that would
-   * overrun it stays whole, wherever its chunks fall), no unit holds more
-   * than an equal share of all the work plus one chunk */
-  if (b->meta[PMLA_META_NUM_PARTIALS] + 1 + PMLA_INV_MAX_CHUNKS <= budget) {
-    int64_t total = 0, worst = 0, chunk_max = 0;
-    for (int32_t i = 0; i < items; i++) {
-      const int32_t *w = b->wi + (int64_t)i * PMLA_WI_WORDS;
-      const int64_t cost = PMLA_SPLIT_OVERHEAD +
-                           pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
-      total += cost;
-      chunk_max = cost > chunk_max ? cost : chunk_max;
-    }
-    for (int32_t u = 0; u < N; u++) {
-      int64_t load = 0;
-      for (int32_t i = b->indptr[u]; i < b->indptr[u + 1]; i++) {
-        const int32_t *w = b->wi + (int64_t)i * PMLA_WI_WORDS;
-        load += PMLA_SPLIT_OVERHEAD + pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
-      }
-      worst = load > worst ? load : worst;
-    }
-    EXPECT(worst <= (total + N - 1) / N + chunk_max,
-           "%s: a unit holds %lld blocks of work, over the share %lld plus a chunk %lld", what,
-           (long long)worst, (long long)((total + N - 1) / N), (long long)chunk_max);
+  EXPECT(seen == items && red == reduces, "%s: %d items / %d reduces left over", what,
+         items - seen, reduces - red);
+  /* balance: spread, no unit holds more than an equal share of all the work
+   * plus the costliest request; on the line, while the split budget never
+   * ran short (a request that would overrun it stays whole, wherever its
+   * chunks fall), more than the share plus one chunk */
+  int64_t total, chunk_max = 0;
+  const int64_t worst = heaviest_unit(in, b, &total);
+  for (int32_t i = 0; i < items; i++) {
+    const int32_t *w = b->wi + (int64_t)i * PMLA_WI_WORDS;
+    const int64_t cost =
+        PMLA_SPLIT_OVERHEAD + pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
+    chunk_max = cost > chunk_max ? cost : chunk_max;
   }
+  const int64_t share = (total + N - 1) / N;
+  if (spread)
+    EXPECT(worst <= share + sums.max_cost,
+           "%s: spread, a unit holds %lld blocks of work, over the share %lld plus a request %lld",
+           what, (long long)worst, (long long)share, (long long)sums.max_cost);
+  else if (b->meta[PMLA_META_NUM_PARTIALS] + 1 + PMLA_INV_MAX_CHUNKS <= budget)
+    EXPECT(worst <= share + chunk_max,
+           "%s: a unit holds %lld blocks of work, over the share %lld plus a chunk %lld", what,
+           (long long)worst, (long long)share, (long long)chunk_max);
+  free(first);
   free(unit_of);
 }
 
-/* Plans one random batch and checks it; returns how many requests split. */
-static int run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, const char *what) {
+/* What one planned batch came to. */
+typedef struct case_result {
+  int split, spread;   /* requests split; whether the spread placement ran */
+  int64_t worst, share; /* the heaviest unit's work, and an equal share */
+} case_result;
+
+/* Plans one random batch (ragged: every request 2048..6144 tokens) and
+ * checks it. */
+static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int ragged,
+                            const char *what) {
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)(R + 1));
   int32_t *qo = malloc(sizeof(int32_t) * (size_t)(R + 1));
   ck_assert(lens && qo);
@@ -121,7 +160,8 @@ static int run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, const char 
   qo[0] = 0;
   for (int32_t r = 0; r < R; r++) {
     const uint32_t kind = rng_below(rng, 10);
-    lens[r] = sparse ? topk
+    lens[r] = sparse   ? topk
+              : ragged ? 2048 + (int32_t)rng_below(rng, 4097)
               : kind == 0 ? 0
               : kind < 5  ? (int32_t)rng_below(rng, 3000)
               : kind < 9  ? (int32_t)rng_below(rng, 40000)
@@ -153,7 +193,14 @@ static int run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, const char 
   const int32_t err = pmla_plan_invariant(&in, &out);
   EXPECT(err == 0, "%s: planner error bits 0x%x", what, err);
   check_schedule(&in, lens, &b, what);
-  const int split = b.meta[PMLA_META_NUM_REDUCE];
+  case_result res;
+  int32_t scratch = 0;
+  const pmla_inv_sums sums = pmla_inv_sum(&in, &scratch);
+  res.split = b.meta[PMLA_META_NUM_REDUCE];
+  res.spread = pmla_inv_spread(R, N, sums.total, sums.max_cost);
+  int64_t total;
+  res.worst = heaviest_unit(&in, &b, &total);
+  res.share = (total + N - 1) / N;
   free(b.indptr);
   free(b.wi);
   free(b.rindptr);
@@ -161,23 +208,47 @@ static int run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, const char 
   free(b.rmap);
   free(lens);
   free(qo);
-  return split;
+  return res;
 }
 
 START_TEST(test_invariant_schedule_holds_its_layout_on_random_batches) {
   uint64_t rng = harness_seed() ^ 0x1a7u;
   static const int32_t units[] = {1, 2, 7, 66, 132};
-  int splits = 0;
+  int splits = 0, spread = 0, line = 0;
   for (int i = 0; i < 300; i++) {
-    char what[64];
+    char what[80];
     const int32_t R = i % 5 == 0 ? 1 : 1 + (int32_t)rng_below(&rng, i % 3 ? 16 : 300);
     const int32_t N = units[rng_below(&rng, 5)];
-    const int sparse = i % 4 == 3;
-    snprintf(what, sizeof what, "case %d (%d requests, %d units%s)", i, R, N,
-             sparse ? ", sparse" : "");
-    splits += run_case(&rng, R, N, sparse, what);
+    const int sparse = i % 4 == 3, ragged = i % 7 == 2;
+    snprintf(what, sizeof what, "case %d (%d requests, %d units%s%s)", i, R, N,
+             sparse ? ", sparse" : "", ragged ? ", ragged" : "");
+    const case_result c = run_case(&rng, R, N, sparse, ragged, what);
+    splits += c.split > 0;
+    spread += c.spread && N > 1;
+    line += !c.spread;
   }
-  ck_assert_msg(splits > 0, "no request was split in 300 batches: the test proves too little");
+  ck_assert_msg(splits > 0 && spread > 0 && line > 0,
+                "300 batches: %d split a request, %d spread over several units, %d on the line: "
+                "the test proves too little",
+                splits, spread, line);
+}
+END_TEST
+
+/* The ragged batch of the bench's dense suite (128 requests of 2048..6144
+ * tokens on 66 units: 128 heads on 132 compute units): spread, the heaviest
+ * unit holds at most 1.15 times an equal share of the work (1.03-1.13 over
+ * these seeds: a batch with more than 66 requests of three chunks must pair
+ * two of them on a unit; their chunks placed along the line: 1.18-1.36). */
+START_TEST(test_a_ragged_batch_is_spread_evenly) {
+  for (uint64_t seed = 1; seed <= 20; seed++) {
+    uint64_t rng = seed * 0x9e3779b97f4a7c15ull;
+    char what[64];
+    snprintf(what, sizeof what, "ragged batch, seed %llu", (unsigned long long)seed);
+    const case_result c = run_case(&rng, 128, 66, 0, 1, what);
+    EXPECT(c.spread && c.worst * 100 <= c.share * 115,
+           "%s: %s, the heaviest unit holds %lld blocks of work against a share of %lld", what,
+           c.spread ? "spread" : "on the line", (long long)c.worst, (long long)c.share);
+  }
 }
 END_TEST
 
@@ -269,6 +340,7 @@ Suite *suite_plan_invariant(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_chunk_size_is_a_function_of_the_length);
   tcase_add_test(tc, test_invariant_schedule_holds_its_layout_on_random_batches);
+  tcase_add_test(tc, test_a_ragged_batch_is_spread_evenly);
   tcase_add_test(tc, test_closed_forms_equal_the_serial_walk);
   tcase_add_test(tc, test_the_fold_merges_two_softmax_results);
   suite_add_tcase(s, tc);

@@ -174,6 +174,73 @@ struct InvReqs {
   unsigned long long *pieces; /* split: the pieces after the first, counted */
 };
 
+/* The spread placement of a batch-invariant step (plan_invariant.h; R and
+ * N at most PLAN_THREADS): the requests sorted by decreasing cost (a
+ * bitonic sort of their keys in buf, one a thread), each unit's ranks
+ * counted and scanned into work_indptr, then each request's chunks written
+ * by the thread of its rank. n_at: chunks by request; r_of: request by
+ * rank; item_at: first item by rank. */
+__device__ void plan_spread(const pmla_plan_input &in, const pmla_plan_output &out, int64_t *buf,
+                           int32_t *n_at, int32_t *r_of, int32_t *item_at, int32_t *s_err,
+                           int32_t *s_rows) {
+  static_assert(PMLA_INV_SPREAD_MAX <= PLAN_THREADS, "one request and one unit a thread");
+  const int t = threadIdx.x;
+  const int32_t R = in.num_requests, N = in.num_units, budget = in.max_partials - N;
+  int32_t scratch = 0, rows = 0;
+  int64_t key = INT64_MAX;
+  if (t < R) {
+    const pmla_plan_req q = pmla_plan_describe(&in, t, &scratch);
+    const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len));
+    n_at[t] = n;
+    rows = q.qe - q.qb;
+    key = pmla_inv_spread_key(pmla_inv_cost(n, q.blocks), t);
+  }
+  buf[t] = key;
+  __syncthreads();
+  int32_t P = 1;
+  while (P < R)
+    P <<= 1;
+  for (int32_t k = 2; k <= P; k <<= 1)
+    for (int32_t j = k >> 1; j > 0; j >>= 1) {
+      const int32_t l = t ^ j;
+      if (t < P && l > t) {
+        const int64_t a = buf[t], b = buf[l];
+        if ((a > b) == ((t & k) == 0)) {
+          buf[t] = b;
+          buf[l] = a;
+        }
+      }
+      __syncthreads();
+    }
+  if (t < R)
+    r_of[t] = (int32_t)(buf[t] & 0xffffffff);
+  __syncthreads();
+  int64_t count = 0;
+  if (t < N)
+    for (int32_t k = 0, i; (i = pmla_inv_spread_rank(t, k, N)) < R; k++)
+      count += n_at[r_of[i]];
+  int64_t all;
+  const int64_t start = block_exclusive_scan(count, buf, &all);
+  if (t < N) {
+    out.work_indptr[t] = (int32_t)start;
+    int32_t at = (int32_t)start;
+    for (int32_t k = 0, i; (i = pmla_inv_spread_rank(t, k, N)) < R; k++) {
+      item_at[i] = at;
+      at += n_at[r_of[i]];
+    }
+  }
+  __syncthreads();
+  if (t < R) {
+    const int32_t r = r_of[t], u = pmla_inv_spread_unit(t, N);
+    const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
+    pmla_inv_write_whole(&out, r, &q, chunk, n_at[r], item_at[t], u, budget + u);
+  }
+  atomicAdd(s_rows, rows);
+  __syncthreads();
+  pmla_inv_finish(&in, &out, (int32_t)all, 0, 0, N - 1, 1, *s_rows, *s_err, t, PLAN_THREADS);
+}
+
 /* The batch-invariant schedule (plan_invariant.h) placed by the whole
  * block: a request's chunks go where their midpoints fall on the line of all
  * work, and where a request starts on that line is a prefix sum of the
@@ -187,31 +254,37 @@ struct InvReqs {
 __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output &out,
                                int64_t *buf, int32_t *want, int32_t *split_at, int32_t *last_unit,
                                const InvReqs &rq, unsigned long long *s_total,
-                               unsigned long long *s_items, int32_t *s_err, int32_t *s_rows,
-                               int32_t *s_max_pieces) {
+                               unsigned long long *s_items, unsigned long long *s_max_cost,
+                               int32_t *s_err, int32_t *s_rows, int32_t *s_max_pieces) {
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units;
   const int32_t budget = in.max_partials - N; /* slots for splits; then one per unit */
   if (t == 0) {
-    *s_total = *s_items = 0;
+    *s_total = *s_items = *s_max_cost = 0;
     *s_err = *s_rows = *s_max_pieces = 0;
   }
   __syncthreads();
   int32_t err = 0, scratch = 0;
-  unsigned long long part = 0, nitems = 0;
+  unsigned long long part = 0, nitems = 0, costliest = 0;
   for (int32_t r = t; r < R; r += PLAN_THREADS) {
     const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
     const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len));
-    part += (unsigned long long)pmla_inv_cost(n, q.blocks);
+    const unsigned long long cost = (unsigned long long)pmla_inv_cost(n, q.blocks);
+    part += cost;
+    costliest = cost > costliest ? cost : costliest;
     nitems += (unsigned long long)n;
   }
-  block_sum_max(part, 0, s_total, NULL);
+  block_sum_max(part, costliest, s_total, s_max_cost);
   block_sum_max(nitems, 0, s_items, NULL);
   atomicOr(s_err, err);
   __syncthreads();
   const int64_t total = *s_total > 0 ? (int64_t)*s_total : 1;
   if (*s_items > (unsigned long long)in.max_items) {
     pmla_inv_empty(&in, &out, *s_err, t, PLAN_THREADS);
+    return;
+  }
+  if (pmla_inv_spread(R, N, total, (int64_t)*s_max_cost)) {
+    plan_spread(in, out, buf, want, split_at, last_unit, s_err, s_rows);
     return;
   }
   int64_t at_cum = 0; /* the prefix before the chunk of requests */
@@ -368,8 +441,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
      * rq.pieces shares buf, free between the scans */
     const InvReqs rq = {blocks, room_at, len_at,  qb_at, qe_at,
                         item_at, part_at, unit_at, pieces, (unsigned long long *)buf};
-    plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, &s_total, &s_piece_total, &s_err,
-                   &s_rows, &s_max_pieces);
+    plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, &s_total, &s_piece_total,
+                   &s_max_blocks, &s_err, &s_rows, &s_max_pieces);
     return;
   }
   const int32_t R = in.num_requests, N = in.num_units;
