@@ -15,9 +15,9 @@
  *                 the reduce folds [first piece, chunk a, ..., chunk n-1]
  * Where requests go depends on the batch and changes the balance, never
  * the arithmetic. Two placements:
- *   spread        when every request fits a unit's equal share of all the
- *                 step's work (and at most PMLA_INV_SPREAD_MAX requests and
- *                 units): each request whole on one unit, the requests
+ *   spread        when every request fits 1.25 units' equal shares of all
+ *                 the step's work (and at most PMLA_INV_SPREAD_MAX requests
+ *                 and units): each request whole on one unit, the requests
  *                 dealt by decreasing cost to the units back and forth
  *                 (a snake), so no unit holds more than its share plus one
  *                 request (ragged batches: the line below leaves up to half
@@ -195,10 +195,15 @@ PMLA_HD static inline pmla_inv_sums pmla_inv_sum(const pmla_plan_input *in, int3
   return s;
 }
 
-/* Whether a step takes the spread placement: every request fits a unit's
- * equal share of the work (so there are at least as many requests as units). */
+/* Whether a step takes the spread placement: every request fits 1.25 units'
+ * equal shares of the work. Its heaviest unit is then at most 1.25x a
+ * share where requests are fewer than units, and no split is needed: at
+ * b=56 L=8192 h=128 (1.18 shares a request) 299.8 us on the line, 284.6
+ * spread; at b=60 L=16384 h=128 (1.10) 759.6 and 561.9, where the line's
+ * splits overrun the slot budget (docs/performance.md). */
 PMLA_HD static inline int pmla_inv_spread(int32_t R, int32_t N, int64_t total, int64_t max_cost) {
-  return R <= PMLA_INV_SPREAD_MAX && N <= PMLA_INV_SPREAD_MAX && max_cost * N <= total;
+  return R > 0 && R <= PMLA_INV_SPREAD_MAX && N <= PMLA_INV_SPREAD_MAX &&
+         max_cost * N * 4 <= total * 5;
 }
 
 /* The sort key of request r of cost (below 2^31): increasing keys are
@@ -207,16 +212,26 @@ PMLA_HD static inline int64_t pmla_inv_spread_key(int64_t cost, int32_t r) {
   return ((int64_t)(INT32_MAX - cost) << 32) | (int64_t)(uint32_t)r;
 }
 
-/* The unit of the request of rank i (by decreasing cost): rounds of N go
- * over the units forwards, then backwards, so a unit dealt a heavy request
- * in one round is dealt a light one in the next. */
-PMLA_HD static inline int32_t pmla_inv_spread_unit(int32_t i, int32_t N) {
+/* The unit of the request of rank i (by decreasing cost) of R. Fewer
+ * requests than units: one a unit, spaced evenly over the units, so the
+ * idle ones are spread over the GPU (b=120 L=4096 h=16 on 132 units:
+ * 155.8 us with the idle units bunched at the end against 151.3 on the
+ * line, side by side; spaced 150.0 against 150.0). Otherwise rounds of N go over
+ * the units forwards, then backwards, so a unit dealt a heavy request in
+ * one round is dealt a light one in the next. */
+PMLA_HD static inline int32_t pmla_inv_spread_unit(int32_t i, int32_t N, int32_t R) {
+  if (R < N)
+    return (int32_t)((int64_t)i * N / R);
   const int32_t k = i % (2 * N);
   return k < N ? k : 2 * N - 1 - k;
 }
 
-/* The rank a unit is dealt in round k. */
-PMLA_HD static inline int32_t pmla_inv_spread_rank(int32_t u, int32_t k, int32_t N) {
+/* The rank unit u is dealt in round k (R or more: none). */
+PMLA_HD static inline int32_t pmla_inv_spread_rank(int32_t u, int32_t k, int32_t N, int32_t R) {
+  if (R < N) {
+    const int32_t i = (int32_t)(((int64_t)u * R + N - 1) / N); /* the first rank at or past u */
+    return k == 0 && i < R && pmla_inv_spread_unit(i, N, R) == u ? i : R;
+  }
   return k * N + (k & 1 ? N - 1 - u : u);
 }
 
@@ -285,7 +300,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     int32_t items = 0;
     for (int32_t u = 0; u < N; u++) {
       out->work_indptr[u] = items;
-      for (int32_t k = 0, i; (i = pmla_inv_spread_rank(u, k, N)) < R; k++) {
+      for (int32_t k = 0, i; (i = pmla_inv_spread_rank(u, k, N, R)) < R; k++) {
         const int32_t r = (int32_t)(key[i] & 0xffffffff);
         const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
         const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);

@@ -149,9 +149,11 @@ typedef struct case_result {
   int64_t worst, share; /* the heaviest unit's work, and an equal share */
 } case_result;
 
-/* Plans one random batch (ragged: every request 2048..6144 tokens) and
- * checks it. */
-static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int ragged,
+enum { LENS_MIXED, LENS_RAGGED, LENS_16K };
+
+/* Plans one random batch and checks it: lengths of every kind from 0 to
+ * 300000 (LENS_MIXED), 2048..6144 tokens (LENS_RAGGED) or all 16384. */
+static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int lens_kind,
                             const char *what) {
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)(R + 1));
   int32_t *qo = malloc(sizeof(int32_t) * (size_t)(R + 1));
@@ -161,7 +163,8 @@ static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int
   for (int32_t r = 0; r < R; r++) {
     const uint32_t kind = rng_below(rng, 10);
     lens[r] = sparse   ? topk
-              : ragged ? 2048 + (int32_t)rng_below(rng, 4097)
+              : lens_kind == LENS_RAGGED ? 2048 + (int32_t)rng_below(rng, 4097)
+              : lens_kind == LENS_16K    ? 16384
               : kind == 0 ? 0
               : kind < 5  ? (int32_t)rng_below(rng, 3000)
               : kind < 9  ? (int32_t)rng_below(rng, 40000)
@@ -222,7 +225,7 @@ START_TEST(test_invariant_schedule_holds_its_layout_on_random_batches) {
     const int sparse = i % 4 == 3, ragged = i % 7 == 2;
     snprintf(what, sizeof what, "case %d (%d requests, %d units%s%s)", i, R, N,
              sparse ? ", sparse" : "", ragged ? ", ragged" : "");
-    const case_result c = run_case(&rng, R, N, sparse, ragged, what);
+    const case_result c = run_case(&rng, R, N, sparse, ragged ? LENS_RAGGED : LENS_MIXED, what);
     splits += c.split > 0;
     spread += c.spread && N > 1;
     line += !c.spread;
@@ -231,6 +234,52 @@ START_TEST(test_invariant_schedule_holds_its_layout_on_random_batches) {
                 "300 batches: %d split a request, %d spread over several units, %d on the line: "
                 "the test proves too little",
                 splits, spread, line);
+}
+END_TEST
+
+/* Fewer requests than units, each within 1.25 units' shares: spread, one
+ * request a unit, no split (on the line, 60 requests of 16384 tokens on
+ * 66 units split so many that the slot budget ran out: 1.6x the default
+ * mode's time); 50 of them are 1.32 shares each and stay on the line. */
+START_TEST(test_fewer_requests_than_units_take_one_unit_each) {
+  uint64_t rng = 7;
+  case_result c = run_case(&rng, 60, 66, 0, LENS_16K, "60 requests of 16384 tokens, 66 units");
+  /* one request a unit: 8 chunks of 2048 tokens */
+  EXPECT(c.spread && c.split == 0 &&
+             c.worst == 8 * PMLA_SPLIT_OVERHEAD + 16384 / PMLA_BLOCK_TOKENS,
+         "60 x 16384 tokens on 66 units: %s, %d split, heaviest unit %lld",
+         c.spread ? "spread" : "on the line", c.split, (long long)c.worst);
+  c = run_case(&rng, 50, 66, 0, LENS_16K, "50 requests of 16384 tokens, 66 units");
+  EXPECT(!c.spread && c.split > 0, "50 x 16384 tokens on 66 units: %s, %d split",
+         c.spread ? "spread" : "on the line", c.split);
+}
+END_TEST
+
+/* The spread placement's two closed forms agree: walking each unit's
+ * rounds (pmla_inv_spread_rank) meets every rank exactly once, on the unit
+ * pmla_inv_spread_unit gives it; fewer requests than units take one unit
+ * each, never two neighbours while a gap of two is left. */
+START_TEST(test_spread_ranks_and_units_agree) {
+  static int32_t seen[PMLA_INV_SPREAD_MAX];
+  for (int32_t N = 1; N <= 300; N += N < 20 ? 1 : 13)
+    for (int32_t R = 1; R <= PMLA_INV_SPREAD_MAX; R += R < 40 ? 1 : 29) {
+      memset(seen, 0, sizeof seen);
+      for (int32_t u = 0; u < N; u++)
+        for (int32_t k = 0, i; (i = pmla_inv_spread_rank(u, k, N, R)) < R; k++) {
+          EXPECT(i >= 0 && pmla_inv_spread_unit(i, N, R) == u,
+                 "N %d R %d: unit %d round %d deals rank %d, whose unit is %d", N, R, u, k, i,
+                 i >= 0 ? pmla_inv_spread_unit(i, N, R) : -1);
+          seen[i]++;
+        }
+      for (int32_t i = 0; i < R; i++)
+        EXPECT(seen[i] == 1, "N %d R %d: rank %d dealt %d times", N, R, i, seen[i]);
+      if (R < N)
+        for (int32_t i = 1; i < R; i++) {
+          const int32_t gap = pmla_inv_spread_unit(i, N, R) - pmla_inv_spread_unit(i - 1, N, R);
+          EXPECT(gap >= N / R && gap <= (N + R - 1) / R, "N %d R %d: ranks %d, %d %d units apart",
+                 N, R, i - 1, i, gap);
+        }
+    }
 }
 END_TEST
 
@@ -244,7 +293,7 @@ START_TEST(test_a_ragged_batch_is_spread_evenly) {
     uint64_t rng = seed * 0x9e3779b97f4a7c15ull;
     char what[64];
     snprintf(what, sizeof what, "ragged batch, seed %llu", (unsigned long long)seed);
-    const case_result c = run_case(&rng, 128, 66, 0, 1, what);
+    const case_result c = run_case(&rng, 128, 66, 0, LENS_RAGGED, what);
     EXPECT(c.spread && c.worst * 100 <= c.share * 115,
            "%s: %s, the heaviest unit holds %lld blocks of work against a share of %lld", what,
            c.spread ? "spread" : "on the line", (long long)c.worst, (long long)c.share);
@@ -341,6 +390,8 @@ Suite *suite_plan_invariant(void) {
   tcase_add_test(tc, test_chunk_size_is_a_function_of_the_length);
   tcase_add_test(tc, test_invariant_schedule_holds_its_layout_on_random_batches);
   tcase_add_test(tc, test_a_ragged_batch_is_spread_evenly);
+  tcase_add_test(tc, test_spread_ranks_and_units_agree);
+  tcase_add_test(tc, test_fewer_requests_than_units_take_one_unit_each);
   tcase_add_test(tc, test_closed_forms_equal_the_serial_walk);
   tcase_add_test(tc, test_the_fold_merges_two_softmax_results);
   suite_add_tcase(s, tc);

@@ -175,11 +175,12 @@ struct InvReqs {
 };
 
 /* The spread placement of a batch-invariant step (plan_invariant.h; R and
- * N at most PLAN_THREADS): the requests sorted by decreasing cost (a
- * bitonic sort of their keys in buf, one a thread), each unit's ranks
- * counted and scanned into work_indptr, then each request's chunks written
- * by the thread of its rank. n_at: chunks by request; r_of: request by
- * rank; item_at: first item by rank. */
+ * N at most PLAN_THREADS): each request's rank by decreasing cost counted
+ * by its thread over all keys in buf (every thread reads the same key at
+ * once: b=128 took ~2 us more with a bitonic sort's 28 barrier rounds),
+ * each unit's ranks counted and scanned into work_indptr, then each
+ * request's chunks written by the thread of its rank. n_at: chunks by
+ * request; r_of: request by rank; item_at: first item by rank. */
 __device__ void plan_spread(const pmla_plan_input &in, const pmla_plan_output &out, int64_t *buf,
                            int32_t *n_at, int32_t *r_of, int32_t *item_at, int32_t *s_err,
                            int32_t *s_rows) {
@@ -197,41 +198,30 @@ __device__ void plan_spread(const pmla_plan_input &in, const pmla_plan_output &o
   }
   buf[t] = key;
   __syncthreads();
-  int32_t P = 1;
-  while (P < R)
-    P <<= 1;
-  for (int32_t k = 2; k <= P; k <<= 1)
-    for (int32_t j = k >> 1; j > 0; j >>= 1) {
-      const int32_t l = t ^ j;
-      if (t < P && l > t) {
-        const int64_t a = buf[t], b = buf[l];
-        if ((a > b) == ((t & k) == 0)) {
-          buf[t] = b;
-          buf[l] = a;
-        }
-      }
-      __syncthreads();
-    }
-  if (t < R)
-    r_of[t] = (int32_t)(buf[t] & 0xffffffff);
+  if (t < R) { /* the rank: the keys below this one (all differ) */
+    int32_t rank = 0;
+    for (int32_t j = 0; j < R; j++)
+      rank += buf[j] < key;
+    r_of[rank] = t;
+  }
   __syncthreads();
   int64_t count = 0;
   if (t < N)
-    for (int32_t k = 0, i; (i = pmla_inv_spread_rank(t, k, N)) < R; k++)
+    for (int32_t k = 0, i; (i = pmla_inv_spread_rank(t, k, N, R)) < R; k++)
       count += n_at[r_of[i]];
   int64_t all;
   const int64_t start = block_exclusive_scan(count, buf, &all);
   if (t < N) {
     out.work_indptr[t] = (int32_t)start;
     int32_t at = (int32_t)start;
-    for (int32_t k = 0, i; (i = pmla_inv_spread_rank(t, k, N)) < R; k++) {
+    for (int32_t k = 0, i; (i = pmla_inv_spread_rank(t, k, N, R)) < R; k++) {
       item_at[i] = at;
       at += n_at[r_of[i]];
     }
   }
   __syncthreads();
   if (t < R) {
-    const int32_t r = r_of[t], u = pmla_inv_spread_unit(t, N);
+    const int32_t r = r_of[t], u = pmla_inv_spread_unit(t, N, R);
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
     const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
     pmla_inv_write_whole(&out, r, &q, chunk, n_at[r], item_at[t], u, budget + u);
