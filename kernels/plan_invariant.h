@@ -14,27 +14,31 @@
  *                 slot of its own; every later chunk leaves its own partial;
  *                 the reduce folds [first piece, chunk a, ..., chunk n-1]
  * Where requests go depends on the batch and changes the balance, never
- * the arithmetic. Two placements:
- *   spread        when every request fits 1.25 units' equal shares of all
- *                 the step's work (and at most PMLA_INV_SPREAD_MAX requests
- *                 and units): each request whole on one unit, the requests
- *                 dealt by decreasing cost to the units back and forth
- *                 (a snake), so no unit holds more than its share plus one
- *                 request (ragged batches: the line below leaves up to half
- *                 a request at each end of a unit, 1.3x its share)
+ * the arithmetic. Three placements (pmla_inv_placement):
+ *   whole         every request fits 1.25 units' equal shares of all the
+ *                 step's work: each request whole on one unit, the
+ *                 requests dealt by decreasing cost a round of N at a
+ *                 time, each round's heaviest to the least loaded unit
+ *                 (ragged batches: the line below leaves up to half a
+ *                 request at each end of a unit, 1.3x its share)
+ *   pieces        else, with at least half as many requests as units:
+ *                 every request of several chunks split into its chunks
+ *                 (the first piece chunk 0 alone), and the pieces dealt
+ *                 the same way
  *   line          otherwise: each chunk goes to the unit whose equal share
  *                 of the line of all work holds the chunk's midpoint; a
  *                 request whose chunks land on several units is split.
- * Splits spend a
- * slot budget fixed at init: max_partials - N slots (the last N are the
- * units' accumulators); a request whose split would not fit the budget
- * stays whole on its unit.
+ * The two deals take at most PMLA_INV_SPREAD_MAX pieces and units. Splits
+ * spend a slot budget fixed at init: max_partials - N slots (the last N are
+ * the units' accumulators); on the line a request whose split would not
+ * fit the budget stays whole on its unit.
  *
  * Work item word PMLA_WI_PIECE holds the chunk index and the flags below.
  * pmla_plan_invariant is serial; the GPU metadata kernel places the same
- * schedule in parallel from the closed forms below (a request's line
- * position is a prefix sum of the requests' costs), walking only the split
- * budget in request order when it binds. */
+ * schedule in parallel: on the line from the closed forms below (a
+ * request's line position is a prefix sum of the requests' costs), walking
+ * only the split budget in request order when it binds; a deal a round at a
+ * time, one unit a thread. */
 #ifndef PMLA_PLAN_INVARIANT_H
 #define PMLA_PLAN_INVARIANT_H
 
@@ -45,7 +49,7 @@
 #define PMLA_INV_WHOLE 4096            /* tokens: a dense request this short is one chunk */
 #define PMLA_INV_MAX_CHUNKS 64  /* per request */
 #define PMLA_INV_SLOT_UNITS 4   /* the split budget: 4 slots per unit */
-#define PMLA_INV_SPREAD_MAX 512 /* requests and units the spread placement sorts */
+#define PMLA_INV_SPREAD_MAX 512 /* pieces and units the deals take */
 
 enum {
   PMLA_WI_CHUNK_MASK = 0xffff,
@@ -174,65 +178,107 @@ PMLA_HD static inline void pmla_inv_write_item(const pmla_plan_output *out, int3
 }
 
 /* The sums a step's placement needs: the work of all requests (total, at
- * least 1), the costliest request's, and the chunks; ORs the input errors
- * into *err. */
+ * least 1), the costliest request's, the chunks, and for the chunk-spread
+ * placement its pieces (every chunk of a request of several, every other
+ * request whole), the partial slots they take and the costliest piece's;
+ * ORs the input errors into *err. */
 typedef struct pmla_inv_sums {
-  int64_t total, max_cost, chunks;
+  int64_t total, max_cost, chunks, pieces, slots, max_piece;
 } pmla_inv_sums;
 
+/* A piece's cost: chunk j of a request of n > 1 chunks, else the request. */
+PMLA_HD static inline int64_t pmla_inv_piece_cost(const pmla_plan_req *q, int32_t chunk,
+                                                  int32_t n, int32_t j) {
+  return n > 1 ? PMLA_SPLIT_OVERHEAD + pmla_inv_chunk_blocks(q->len, chunk, j)
+               : pmla_inv_cost(n, q->blocks);
+}
+
 PMLA_HD static inline pmla_inv_sums pmla_inv_sum(const pmla_plan_input *in, int32_t *err) {
-  pmla_inv_sums s = {0, 0, 0};
+  pmla_inv_sums s = {0, 0, 0, 0, 0, 0};
   for (int32_t r = 0; r < in->num_requests; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, err);
-    const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in->uniform_len));
-    const int64_t cost = pmla_inv_cost(n, q.blocks);
+    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
+    const int64_t cost = pmla_inv_cost(n, q.blocks), piece = pmla_inv_piece_cost(&q, chunk, n, 0);
     s.total += cost;
     s.max_cost = cost > s.max_cost ? cost : s.max_cost;
     s.chunks += n;
+    s.pieces += n > 1 ? n : 1;
+    s.slots += n > 1 ? n : 0;
+    s.max_piece = piece > s.max_piece ? piece : s.max_piece;
   }
   if (s.total < 1)
     s.total = 1;
   return s;
 }
 
-/* Whether a step takes the spread placement: every request fits 1.25 units'
- * equal shares of the work. Its heaviest unit is then at most 1.25x a
- * share where requests are fewer than units, and no split is needed: at
- * b=56 L=8192 h=128 (1.18 shares a request) 299.8 us on the line, 284.6
- * spread; at b=60 L=16384 h=128 (1.10) 759.6 and 561.9, where the line's
- * splits overrun the slot budget (docs/performance.md). */
-PMLA_HD static inline int pmla_inv_spread(int32_t R, int32_t N, int64_t total, int64_t max_cost) {
-  return R > 0 && R <= PMLA_INV_SPREAD_MAX && N <= PMLA_INV_SPREAD_MAX &&
-         max_cost * N * 4 <= total * 5;
+/* How a step's work is placed on the units. */
+enum {
+  PMLA_INV_PLACE_LINE,  /* chunks cut along the line of all work */
+  PMLA_INV_PLACE_WHOLE, /* requests whole, spread by cost */
+  PMLA_INV_PLACE_CHUNKS /* pieces (the chunks of longer requests) spread by cost */
+};
+
+/* The placement of a step of R requests on N units with `budget` split
+ * slots. Requests whole and spread when each fits 1.25 units' equal shares
+ * of the work: the heaviest unit is then at most 1.25x a share where
+ * requests are fewer than units, and no split is needed (b=56 L=8192 h=128,
+ * 1.18 shares a request: 299.8 us on the line, 284.6 spread; b=60 L=16384
+ * h=128, 1.10: 759.6 and 561.9, where the line's splits overrun the slot
+ * budget). Else, with at least half as many requests as units, pieces
+ * spread when each fits 1.25 shares and their slots the budget: a ragged
+ * batch with fewer requests than units, several of them longer than a
+ * share (b=128 L=2048..6144 h=64 on 132 units: 234.4 us on the line).
+ * Else the line: long requests in batches of fewer, where each request's
+ * chunks on one unit fold there instead of each leaving a partial. At most
+ * PMLA_INV_SPREAD_MAX pieces and units either way. */
+PMLA_HD static inline int pmla_inv_placement(int32_t R, int32_t N, int32_t budget,
+                                             const pmla_inv_sums *s) {
+  if (R < 1 || N > PMLA_INV_SPREAD_MAX)
+    return PMLA_INV_PLACE_LINE;
+  if (R <= PMLA_INV_SPREAD_MAX && s->max_cost * N * 4 <= s->total * 5)
+    return PMLA_INV_PLACE_WHOLE;
+  if (2 * (int64_t)R >= N && s->pieces <= PMLA_INV_SPREAD_MAX && s->slots <= budget &&
+      s->max_piece * N * 4 <= s->total * 5)
+    return PMLA_INV_PLACE_CHUNKS;
+  return PMLA_INV_PLACE_LINE;
 }
 
-/* The sort key of request r of cost (below 2^31): increasing keys are
- * decreasing costs, ties in request order. */
+/* The sort key of request (or piece) r of cost (below 2^31): increasing
+ * keys are decreasing costs, ties in order. */
 PMLA_HD static inline int64_t pmla_inv_spread_key(int64_t cost, int32_t r) {
   return ((int64_t)(INT32_MAX - cost) << 32) | (int64_t)(uint32_t)r;
 }
 
-/* The unit of the request of rank i (by decreasing cost) of R. Fewer
- * requests than units: one a unit, spaced evenly over the units, so the
- * idle ones are spread over the GPU (b=120 L=4096 h=16 on 132 units:
- * 155.8 us with the idle units bunched at the end against 151.3 on the
- * line, side by side; spaced 150.0 against 150.0). Otherwise rounds of N go over
- * the units forwards, then backwards, so a unit dealt a heavy request in
- * one round is dealt a light one in the next. */
-PMLA_HD static inline int32_t pmla_inv_spread_unit(int32_t i, int32_t N, int32_t R) {
-  if (R < N)
-    return (int32_t)((int64_t)i * N / R);
-  const int32_t k = i % (2 * N);
-  return k < N ? k : 2 * N - 1 - k;
+/* The deal of P pieces ranked by decreasing cost to N units. Fewer pieces
+ * than units: one a unit, spaced evenly over the units, so the idle ones
+ * are spread over the GPU (b=120 L=4096 h=16 on 132 units: 155.8 us with
+ * the idle units bunched at the end against 151.3 on the line, side by
+ * side; spaced 150.0 against 150.0); pmla_inv_spaced_rank is the rank unit
+ * u is dealt (-1: none). Otherwise rounds of N ranks, in each the heaviest
+ * to the least loaded unit (pmla_inv_load_rank: a unit's place among the
+ * units by increasing load, ties by unit), so the heaviest unit stays
+ * within a piece of its share (longest-first to the least loaded unit, a round at
+ * a time: a ragged batch's pieces on 132 units 1.03-1.11x a share in a
+ * model, 1.03-1.21x dealt in a fixed back-and-forth order). */
+PMLA_HD static inline int32_t pmla_inv_spaced_rank(int32_t u, int32_t N, int32_t P) {
+  const int32_t i = (int32_t)(((int64_t)u * P + N - 1) / N); /* the first i with i N / P >= u */
+  return i < P && (int64_t)i * N / P == u ? i : -1;
 }
 
-/* The rank unit u is dealt in round k (R or more: none). */
-PMLA_HD static inline int32_t pmla_inv_spread_rank(int32_t u, int32_t k, int32_t N, int32_t R) {
-  if (R < N) {
-    const int32_t i = (int32_t)(((int64_t)u * R + N - 1) / N); /* the first rank at or past u */
-    return k == 0 && i < R && pmla_inv_spread_unit(i, N, R) == u ? i : R;
-  }
-  return k * N + (k & 1 ? N - 1 - u : u);
+PMLA_HD static inline int32_t pmla_inv_load_rank(const int64_t *load, int32_t u, int32_t N) {
+  int32_t pos = 0;
+  for (int32_t v = 0; v < N; v++)
+    pos += load[v] < load[u] || (load[v] == load[u] && v < u);
+  return pos;
+}
+/* The rounds of a deal of P pieces to N units. */
+PMLA_HD static inline int32_t pmla_inv_rounds(int32_t P, int32_t N) {
+  return P < N ? 1 : (P + N - 1) / N;
+}
+
+/* The cost a sort key holds. */
+PMLA_HD static inline int64_t pmla_inv_key_cost(int64_t key) {
+  return INT32_MAX - (key >> 32);
 }
 
 /* The n chunks of request r, whole on unit u from item `item`, folding in
@@ -284,32 +330,78 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     pmla_inv_empty(in, out, err, 0, 1);
     return err | PMLA_PLAN_ERR_OVERFLOW;
   }
-  if (pmla_inv_spread(R, N, total, sums.max_cost)) {
+  const int place = pmla_inv_placement(R, N, budget, &sums);
+  if (place != PMLA_INV_PLACE_LINE) {
+    /* the pieces by decreasing cost (insertion sort: at most 512), then
+     * dealt to the units; a split request's slots and reduce entry in
+     * request order */
     int64_t key[PMLA_INV_SPREAD_MAX];
-    int32_t rows = 0;
-    for (int32_t r = 0; r < R; r++) { /* insertion sort: R is small */
+    int32_t req_of[PMLA_INV_SPREAD_MAX], first_of[PMLA_INV_SPREAD_MAX];
+    int32_t P = 0, rows = 0, slots = 0, reduces = 0, max_pieces = 1;
+    for (int32_t r = 0; r < R; r++) {
       const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-      const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in->uniform_len));
-      const int64_t k = pmla_inv_spread_key(pmla_inv_cost(n, q.blocks), r);
-      int32_t i = r;
-      for (; i > 0 && key[i - 1] > k; i--)
-        key[i] = key[i - 1];
-      key[i] = k;
+      const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
+      const int split = place == PMLA_INV_PLACE_CHUNKS && n > 1;
       rows += q.qe - q.qb;
+      first_of[r] = split ? slots : -1;
+      if (split) {
+        out->reduce_indptr[reduces] = slots;
+        out->reduce_final_map[reduces++] = r;
+        for (int32_t j = 0; j < n; j++)
+          out->reduce_partial_map[slots + j] = slots + j;
+        slots += n;
+        max_pieces = n > max_pieces ? n : max_pieces;
+      }
+      for (int32_t j = 0; j < (split ? n : 1); j++, P++) {
+        const int64_t k = pmla_inv_spread_key(
+            split ? pmla_inv_piece_cost(&q, chunk, n, j) : pmla_inv_cost(n, q.blocks), P);
+        req_of[P] = r;
+        int32_t i = P;
+        for (; i > 0 && key[i - 1] > k; i--)
+          key[i] = key[i - 1];
+        key[i] = k;
+      }
+    }
+    /* the deal: perm[k N + u] is the rank unit u gets in round k (-1: none) */
+    int64_t load[PMLA_INV_SPREAD_MAX];
+    int32_t perm[2 * PMLA_INV_SPREAD_MAX], pos[PMLA_INV_SPREAD_MAX];
+    const int32_t rounds = pmla_inv_rounds(P, N);
+    for (int32_t u = 0; u < N; u++)
+      load[u] = 0;
+    for (int32_t k = 0; k < rounds; k++) {
+      for (int32_t u = 0; u < N; u++)
+        pos[u] = P < N ? pmla_inv_spaced_rank(u, N, P) : pmla_inv_load_rank(load, u, N);
+      for (int32_t u = 0; u < N; u++) {
+        const int32_t i = P < N ? pos[u] : k * N + pos[u] < P ? k * N + pos[u] : -1;
+        perm[k * N + u] = i;
+        load[u] += i >= 0 ? pmla_inv_key_cost(key[i]) : 0;
+      }
     }
     int32_t items = 0;
     for (int32_t u = 0; u < N; u++) {
       out->work_indptr[u] = items;
-      for (int32_t k = 0, i; (i = pmla_inv_spread_rank(u, k, N, R)) < R; k++) {
-        const int32_t r = (int32_t)(key[i] & 0xffffffff);
+      for (int32_t k = 0; k < rounds; k++) {
+        const int32_t i = perm[k * N + u];
+        if (i < 0)
+          continue;
+        const int32_t p = (int32_t)(key[i] & 0xffffffff), r = req_of[p];
         const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
         const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
         const int32_t n = pmla_inv_chunks(q.len, chunk);
-        pmla_inv_write_whole(out, r, &q, chunk, n, items, u, budget + u);
-        items += n;
+        if (first_of[r] < 0) { /* whole */
+          pmla_inv_write_whole(out, r, &q, chunk, n, items, u, budget + u);
+          items += n;
+        } else { /* chunk j of a split request: a partial of its own */
+          int32_t j = 0;
+          while (p - j > 0 && req_of[p - j - 1] == r)
+            j++;
+          int32_t flags;
+          const int32_t slot = pmla_inv_item_slot(n, 1, first_of[r], 0, j, &flags);
+          pmla_inv_write_item(out, r, &q, chunk, items++, u, u, slot, j, flags);
+        }
       }
     }
-    pmla_inv_finish(in, out, items, 0, 0, N - 1, 1, rows, err, 0, 1);
+    pmla_inv_finish(in, out, items, slots, reduces, N - 1, max_pieces, rows, err, 0, 1);
     return err;
   }
   int32_t items = 0, slots = 0, reduces = 0, rows = 0, max_pieces = 0, prev = 0;

@@ -178,7 +178,7 @@ int main(int argc, char **argv) {
   const int plans = argc > 1 ? atoi(argv[1]) : 300;
   g_rng = argc > 2 ? strtoull(argv[2], NULL, 10) | 1 : 1;
   static const int32_t edge_r[] = {0, 1, 511, 512, 513, 1024, 1025};
-  int fails = 0, kinds[3] = {0, 0, 0}, splits = 0, spread = 0;
+  int fails = 0, kinds[3] = {0, 0, 0}, splits = 0, places[3] = {0, 0, 0};
   for (int it = 0; it < plans; it++) {
     pmla_plan_input in;
     memset(&in, 0, sizeof in);
@@ -189,6 +189,12 @@ int main(int argc, char **argv) {
     in.num_requests = R;
     in.num_units = N;
     in.invariant = below(3) == 0;
+    /* a ragged batch (2048..6144 tokens) on about as many units as requests */
+    const int ragged = in.invariant && below(3) == 0;
+    if (ragged) {
+      R = in.num_requests = 8 + (int32_t)below(160);
+      N = in.num_units = R * (6 + (int32_t)below(5)) / 8;
+    }
     in.split_cap = below(2) ? 0 : (int32_t)below((uint32_t)N + 2);
     const int piece = !in.invariant && it % 3 == 1; /* a cap that binds: piece mode */
     if (piece) {
@@ -196,7 +202,7 @@ int main(int argc, char **argv) {
       in.split_cap = 1 + (int32_t)below(6);
     }
     in.max_q_len = 1 + (int32_t)below(3);
-    const int bad = below(4) == 0, layout = (int)below(3);
+    const int bad = below(4) == 0, layout = ragged ? 0 : (int)below(3);
     std::vector<int32_t> qo(R + 1), lens(R + 1), indptr(R + 1), last(R + 1);
     for (int32_t r = 0; r < R; r++) {
       qo[r + 1] = qo[r] + (int32_t)below((uint32_t)in.max_q_len + 1);
@@ -205,10 +211,13 @@ int main(int argc, char **argv) {
     }
     in.qo_indptr = below(4) ? qo.data() : NULL;
     static const uint32_t longest[] = {200, 5000, 200000, 2000000000u};
-    const uint32_t maxlen = longest[below(4)];
+    const uint32_t maxlen = ragged ? 200000 : longest[below(4)];
     if (layout == 0) { /* block table lengths */
       for (int32_t r = 0; r < R; r++) {
-        lens[r] = below(8) == 0 ? 0 : below(6) == 0 ? (int32_t)maxlen - 1 : (int32_t)below(maxlen);
+        lens[r] = ragged ? 2048 + (int32_t)below(4097)
+                  : below(8) == 0 ? 0
+                  : below(6) == 0 ? (int32_t)maxlen - 1
+                                  : (int32_t)below(maxlen);
         if (piece && below(40)) /* mostly short, a few long */
           lens[r] = (int32_t)below(maxlen < 300 ? maxlen : 300);
         if (bad && below(30) == 0)
@@ -267,7 +276,7 @@ int main(int argc, char **argv) {
     if (in.invariant && host[0][PMLA_META_NUM_ITEMS] > 0) {
       int32_t scratch = 0;
       const pmla_inv_sums s = pmla_inv_sum(&in, &scratch);
-      spread += pmla_inv_spread(R, N, s.total, s.max_cost);
+      places[pmla_inv_placement(R, N, in.max_partials - N, &s)]++;
     }
     splits += host[0][PMLA_META_NUM_REDUCE] > 0;
     for (int k = 0, done = 0; k < 6 && !done; k++)
@@ -282,10 +291,10 @@ int main(int argc, char **argv) {
           break;
         }
   }
-  printf("plan-emu: %d plans (fill %d, piece %d, invariant %d of which %d spread; %d with splits), "
-         "%d differ\n",
-         plans, kinds[0], kinds[1], kinds[2], spread, splits, fails);
+  printf("plan-emu: %d plans (fill %d, piece %d, invariant %d: line %d, whole requests spread %d, "
+         "pieces spread %d; %d with splits), %d differ\n",
+         plans, kinds[0], kinds[1], kinds[2], places[0], places[1], places[2], splits, fails);
   /* a run that never reached a mode proves nothing about it */
   return fails != 0 || kinds[0] == 0 || kinds[1] == 0 || kinds[2] == 0 || splits == 0 ||
-         spread == 0 || spread == kinds[2];
+         places[0] == 0 || places[1] == 0 || places[2] == 0;
 }

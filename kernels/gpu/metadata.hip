@@ -174,61 +174,145 @@ struct InvReqs {
   unsigned long long *pieces; /* split: the pieces after the first, counted */
 };
 
-/* The spread placement of a batch-invariant step (plan_invariant.h; R and
- * N at most PLAN_THREADS): each request's rank by decreasing cost counted
- * by its thread over all keys in buf (every thread reads the same key at
- * once: b=128 took ~2 us more with a bitonic sort's 28 barrier rounds),
- * each unit's ranks counted and scanned into work_indptr, then each
- * request's chunks written by the thread of its rank. n_at: chunks by
- * request; r_of: request by rank; item_at: first item by rank. */
-__device__ void plan_spread(const pmla_plan_input &in, const pmla_plan_output &out, int64_t *buf,
-                           int32_t *n_at, int32_t *r_of, int32_t *item_at, int32_t *s_err,
-                           int32_t *s_rows) {
-  static_assert(PMLA_INV_SPREAD_MAX <= PLAN_THREADS, "one request and one unit a thread");
+/* The sums of pmla_inv_sum, block-wide (shared memory). */
+struct InvSums {
+  unsigned long long total, max_cost, chunks, pieces, slots, max_piece;
+};
+
+/* The spread placements of a batch-invariant step (plan_invariant.h: at
+ * most PLAN_THREADS pieces and units). Each request's pieces, split slots
+ * and reduce entry are numbered by one scan; each piece's rank by
+ * decreasing cost is counted by its thread over all keys in buf (every
+ * thread reads the same key at once: b=128 took ~2 us more with a bitonic
+ * sort's 28 barrier rounds);
+ * the ranks are dealt to the units a round at a time; each unit's items
+ * are counted and scanned into work_indptr, then each piece's items
+ * written by the thread of its rank. By request: n_at chunks, poff_at
+ * first piece, first_at first split slot (-1 whole); by piece: req_of; by
+ * rank: piece_of, item_at, unit_of; perm and load: the deal's. */
+struct SpreadArrays {
+  int32_t *n_at, *poff_at, *first_at, *req_of, *piece_of, *item_at, *unit_of;
+  int32_t *perm; /* 2 PLAN_THREADS */
+  int64_t *load; /* by unit */
+};
+__device__ void plan_spread(const pmla_plan_input &in, const pmla_plan_output &out, int place,
+                           int64_t *buf, const SpreadArrays &a, int32_t *s_err, int32_t *s_rows,
+                           int32_t *s_max_pieces) {
+  static_assert(PMLA_INV_SPREAD_MAX <= PLAN_THREADS, "one piece and one unit a thread");
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units, budget = in.max_partials - N;
-  int32_t scratch = 0, rows = 0;
-  int64_t key = INT64_MAX;
+  int32_t scratch = 0, rows = 0, n = 0, split = 0;
   if (t < R) {
     const pmla_plan_req q = pmla_plan_describe(&in, t, &scratch);
-    const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len));
-    n_at[t] = n;
+    n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len));
+    split = place == PMLA_INV_PLACE_CHUNKS && n > 1;
     rows = q.qe - q.qb;
-    key = pmla_inv_spread_key(pmla_inv_cost(n, q.blocks), t);
+  }
+  int64_t sum;
+  const int64_t packed = (int64_t)(split ? n : t < R) | ((int64_t)(split ? n : 0) << FIELD_BITS) |
+                         ((int64_t)split << (2 * FIELD_BITS));
+  const int64_t before = block_exclusive_scan(packed, buf, &sum);
+  const int32_t P = (int32_t)(sum & FIELD_MASK), slots = (int32_t)((sum >> FIELD_BITS) & FIELD_MASK);
+  const int32_t reduces = (int32_t)(sum >> (2 * FIELD_BITS));
+  if (t < R) {
+    const int32_t first = (int32_t)((before >> FIELD_BITS) & FIELD_MASK);
+    a.n_at[t] = n;
+    a.poff_at[t] = (int32_t)(before & FIELD_MASK);
+    a.first_at[t] = split ? first : -1;
+    if (split) {
+      const int32_t red = (int32_t)(before >> (2 * FIELD_BITS));
+      out.reduce_indptr[red] = first;
+      out.reduce_final_map[red] = t;
+      for (int32_t j = 0; j < n; j++)
+        out.reduce_partial_map[first + j] = first + j;
+      atomicMax(s_max_pieces, n);
+    } else {
+      atomicMax(s_max_pieces, 1);
+    }
+    for (int32_t j = 0; j < (split ? n : 1); j++)
+      a.req_of[a.poff_at[t] + j] = t;
+  }
+  __syncthreads();
+  int64_t key = INT64_MAX;
+  if (t < P) {
+    const int32_t r = a.req_of[t], j = t - a.poff_at[r];
+    const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
+    key = pmla_inv_spread_key(a.first_at[r] >= 0 ? pmla_inv_piece_cost(&q, chunk, a.n_at[r], j)
+                                                 : pmla_inv_cost(a.n_at[r], q.blocks),
+                              t);
   }
   buf[t] = key;
   __syncthreads();
-  if (t < R) { /* the rank: the keys below this one (all differ) */
+  if (t < P) { /* the rank: the keys below this one (all differ) */
     int32_t rank = 0;
-    for (int32_t j = 0; j < R; j++)
+    for (int32_t j = 0; j < P; j++)
       rank += buf[j] < key;
-    r_of[rank] = t;
+    a.piece_of[rank] = t;
   }
   __syncthreads();
+  /* the deal, a round at a time (plan_invariant.h): unit u gets rank
+   * perm[k N + u] in round k (-1: none), the unit of rank i is unit_of[i] */
+  const int32_t rounds = pmla_inv_rounds(P, N);
+  if (t < N)
+    a.load[t] = 0;
+  for (int32_t k = 0; k < rounds; k++) {
+    __syncthreads();
+    int32_t i = -1;
+    if (t < N) {
+      const int32_t pos = P < N ? pmla_inv_spaced_rank(t, N, P) : pmla_inv_load_rank(a.load, t, N);
+      i = P < N ? pos : k * N + pos < P ? k * N + pos : -1;
+    }
+    __syncthreads();
+    if (t < N) {
+      a.perm[k * N + t] = i;
+      if (i >= 0) {
+        a.unit_of[i] = t;
+        a.load[t] += pmla_inv_key_cost(buf[a.piece_of[i]]);
+      }
+    }
+  }
+  __syncthreads();
+  /* a piece's items: a whole request's chunks, or one */
+  auto items_of = [&](int32_t i) {
+    const int32_t r = a.req_of[a.piece_of[i]];
+    return a.first_at[r] >= 0 ? 1 : a.n_at[r];
+  };
   int64_t count = 0;
   if (t < N)
-    for (int32_t k = 0, i; (i = pmla_inv_spread_rank(t, k, N, R)) < R; k++)
-      count += n_at[r_of[i]];
+    for (int32_t k = 0; k < rounds; k++)
+      count += a.perm[k * N + t] >= 0 ? items_of(a.perm[k * N + t]) : 0;
   int64_t all;
   const int64_t start = block_exclusive_scan(count, buf, &all);
   if (t < N) {
     out.work_indptr[t] = (int32_t)start;
     int32_t at = (int32_t)start;
-    for (int32_t k = 0, i; (i = pmla_inv_spread_rank(t, k, N, R)) < R; k++) {
-      item_at[i] = at;
-      at += n_at[r_of[i]];
+    for (int32_t k = 0; k < rounds; k++) {
+      const int32_t i = a.perm[k * N + t];
+      if (i >= 0) {
+        a.item_at[i] = at;
+        at += items_of(i);
+      }
     }
   }
   __syncthreads();
-  if (t < R) {
-    const int32_t r = r_of[t], u = pmla_inv_spread_unit(t, N, R);
+  if (t < P) {
+    const int32_t p = a.piece_of[t], r = a.req_of[p], u = a.unit_of[t];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
     const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
-    pmla_inv_write_whole(&out, r, &q, chunk, n_at[r], item_at[t], u, budget + u);
+    if (a.first_at[r] < 0) {
+      pmla_inv_write_whole(&out, r, &q, chunk, a.n_at[r], a.item_at[t], u, budget + u);
+    } else {
+      const int32_t j = p - a.poff_at[r];
+      int32_t flags;
+      const int32_t slot = pmla_inv_item_slot(a.n_at[r], 1, a.first_at[r], 0, j, &flags);
+      pmla_inv_write_item(&out, r, &q, chunk, a.item_at[t], u, u, slot, j, flags);
+    }
   }
   atomicAdd(s_rows, rows);
   __syncthreads();
-  pmla_inv_finish(&in, &out, (int32_t)all, 0, 0, N - 1, 1, *s_rows, *s_err, t, PLAN_THREADS);
+  pmla_inv_finish(&in, &out, (int32_t)all, slots, reduces, N - 1, *s_max_pieces, *s_rows, *s_err,
+                  t, PLAN_THREADS);
 }
 
 /* The batch-invariant schedule (plan_invariant.h) placed by the whole
@@ -243,38 +327,52 @@ __device__ void plan_spread(const pmla_plan_input &in, const pmla_plan_output &o
  * tests/plan_emu.cc), which one thread took 135-165 us at b=128. */
 __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output &out,
                                int64_t *buf, int32_t *want, int32_t *split_at, int32_t *last_unit,
-                               const InvReqs &rq, unsigned long long *s_total,
-                               unsigned long long *s_items, unsigned long long *s_max_cost,
-                               int32_t *s_err, int32_t *s_rows, int32_t *s_max_pieces) {
+                               const InvReqs &rq, InvSums *ss, int32_t *s_err, int32_t *s_rows,
+                               int32_t *s_max_pieces) {
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units;
   const int32_t budget = in.max_partials - N; /* slots for splits; then one per unit */
   if (t == 0) {
-    *s_total = *s_items = *s_max_cost = 0;
+    ss->total = ss->max_cost = ss->chunks = ss->pieces = ss->slots = ss->max_piece = 0;
     *s_err = *s_rows = *s_max_pieces = 0;
   }
   __syncthreads();
   int32_t err = 0, scratch = 0;
-  unsigned long long part = 0, nitems = 0, costliest = 0;
+  unsigned long long part = 0, nitems = 0, costliest = 0, npieces = 0, nslots = 0, big = 0;
   for (int32_t r = t; r < R; r += PLAN_THREADS) {
     const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
-    const int32_t n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len));
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len), n = pmla_inv_chunks(q.len, chunk);
     const unsigned long long cost = (unsigned long long)pmla_inv_cost(n, q.blocks);
+    const unsigned long long piece = (unsigned long long)pmla_inv_piece_cost(&q, chunk, n, 0);
     part += cost;
     costliest = cost > costliest ? cost : costliest;
     nitems += (unsigned long long)n;
+    npieces += n > 1 ? (unsigned long long)n : 1ull;
+    nslots += n > 1 ? (unsigned long long)n : 0ull;
+    big = piece > big ? piece : big;
   }
-  block_sum_max(part, costliest, s_total, s_max_cost);
-  block_sum_max(nitems, 0, s_items, NULL);
+  block_sum_max(part, costliest, &ss->total, &ss->max_cost);
+  block_sum_max(nitems, big, &ss->chunks, &ss->max_piece);
+  block_sum_max(npieces, 0, &ss->pieces, NULL);
+  block_sum_max(nslots, 0, &ss->slots, NULL);
   atomicOr(s_err, err);
   __syncthreads();
-  const int64_t total = *s_total > 0 ? (int64_t)*s_total : 1;
-  if (*s_items > (unsigned long long)in.max_items) {
+  const int64_t total = ss->total > 0 ? (int64_t)ss->total : 1;
+  if (ss->chunks > (unsigned long long)in.max_items) {
     pmla_inv_empty(&in, &out, *s_err, t, PLAN_THREADS);
     return;
   }
-  if (pmla_inv_spread(R, N, total, (int64_t)*s_max_cost)) {
-    plan_spread(in, out, buf, want, split_at, last_unit, s_err, s_rows);
+  const pmla_inv_sums sums = {total,
+                              (int64_t)ss->max_cost,
+                              (int64_t)ss->chunks,
+                              (int64_t)ss->pieces,
+                              (int64_t)ss->slots,
+                              (int64_t)ss->max_piece};
+  const int place = pmla_inv_placement(R, N, budget, &sums);
+  if (place != PMLA_INV_PLACE_LINE) {
+    const SpreadArrays sa = {want,  rq.item, rq.slot0, rq.len, split_at, last_unit, rq.qb,
+                             (int32_t *)rq.cum, rq.chunk};
+    plan_spread(in, out, place, buf, sa, s_err, s_rows, s_max_pieces);
     return;
   }
   int64_t at_cum = 0; /* the prefix before the chunk of requests */
@@ -421,6 +519,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int32_t part_at[PLAN_THREADS]; /* first partial slot; -1 unsplit, -2 no room */
   __shared__ int32_t last_unit[PLAN_THREADS];
   __shared__ unsigned long long s_total, s_piece_total, s_max_blocks;
+  __shared__ InvSums s_inv;
   __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
   pdl_wait();
   pdl_trigger();
@@ -431,8 +530,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
      * rq.pieces shares buf, free between the scans */
     const InvReqs rq = {blocks, room_at, len_at,  qb_at, qe_at,
                         item_at, part_at, unit_at, pieces, (unsigned long long *)buf};
-    plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, &s_total, &s_piece_total,
-                   &s_max_blocks, &s_err, &s_rows, &s_max_pieces);
+    plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, &s_inv, &s_err, &s_rows,
+                   &s_max_pieces);
     return;
   }
   const int32_t R = in.num_requests, N = in.num_units;
