@@ -256,8 +256,10 @@ PMLA_HD static inline int64_t pmla_inv_spread_key(int64_t cost, int32_t r) {
  * side; spaced 150.0 against 150.0); pmla_inv_spaced_rank is the rank unit
  * u is dealt (-1: none). Otherwise rounds of N ranks, in each the heaviest
  * to the least loaded unit (pmla_inv_load_rank: a unit's place among the
- * units by increasing load, ties by unit), so the heaviest unit stays
- * within a piece of its share (longest-first to the least loaded unit, a round at
+ * units by increasing load, ties by unit). In a round the heavier pieces
+ * go to the lighter units, so the gap between the most and the least
+ * loaded unit never grows past the costliest piece, and no unit holds more
+ * than its share plus one piece (longest-first to the least loaded unit, a round at
  * a time: a ragged batch's pieces on 132 units 1.03-1.11x a share in a
  * model, 1.03-1.21x dealt in a fixed back-and-forth order). */
 PMLA_HD static inline int32_t pmla_inv_spaced_rank(int32_t u, int32_t N, int32_t P) {

@@ -250,7 +250,8 @@ END_TEST
 /* Fewer requests than units, each within 1.25 units' shares: spread, one
  * request a unit, no split (on the line, 60 requests of 16384 tokens on
  * 66 units split so many that the slot budget ran out: 1.6x the default
- * mode's time); 50 of them are 1.32 shares each and stay on the line. */
+ * mode's time); 50 of them are 1.32 shares each, and their 400 chunks
+ * would overrun the budget of 264 slots as pieces: they stay on the line. */
 START_TEST(test_fewer_requests_than_units_take_one_unit_each) {
   uint64_t rng = 7;
   case_result c = run_case(&rng, 60, 66, 0, LENS_16K, "60 requests of 16384 tokens, 66 units");
@@ -301,9 +302,10 @@ END_TEST
  * whole, the heaviest unit at most 1.15 times an equal share of the work
  * (1.03-1.13 over these seeds: a batch with more than 66 requests of three
  * chunks must pair two of them on a unit; their chunks placed along the
- * line: 1.18-1.36). On 132 units (64 heads or fewer), where requests
- * longer than a share are split into their chunks and the pieces spread:
- * at most 1.15 too (1.6-1.8 on the line). */
+ * line: 1.18-1.36). On 132 units (64 heads or fewer), where a third of
+ * the requests are longer than a share, every request of several chunks
+ * is split into its chunks and the pieces are dealt: at most 1.15 too
+ * (1.6-1.8 on the line). */
 START_TEST(test_a_ragged_batch_is_spread_evenly) {
   for (uint64_t seed = 1; seed <= 20; seed++)
     for (int wide = 0; wide < 2; wide++) {

@@ -403,13 +403,15 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
 
 template <int PARTS, bool FOLD, bool GROUPED = false>
 hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
-  /* entries < num_units (a split request spans a boundary between units,
-   * in both planners) and, but for requests without query rows (which
-   * have nothing to merge), <= num_tokens; rows per entry <= max_q_len *
-   * heads. The loop strides over the pairs, so the grid only sets how many
-   * run at once: one that fills the GPU once is enough, and blocks past the
-   * step's entries would only start and exit (a lone request's reduce
-   * needs 16 blocks, not 2048). */
+  /* entries < num_units where a split request spans a boundary between
+   * units (the default planner, the batch-invariant line), and, but for
+   * requests without query rows (which have nothing to merge), <=
+   * num_tokens; rows per entry <= max_q_len * heads. A batch-invariant step
+   * whose pieces are dealt can split more requests than there are units:
+   * the grid is then sized for num_units of them. The loop strides over the
+   * pairs, so the grid only sets how many run at once: one that fills the
+   * GPU once is enough, and blocks past the step's entries would only start
+   * and exit (a lone request's reduce needs 16 blocks, not 2048). */
   const int64_t entries = p.num_tokens < p.num_units ? p.num_tokens : p.num_units;
   int64_t pairs = entries * p.max_q_len * p.num_heads * PARTS;
   const int per_block = GROUPED ? 1 : REDUCE_THREADS / WARP;
