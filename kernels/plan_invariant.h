@@ -28,7 +28,7 @@
  *   line          otherwise: each chunk goes to the unit whose equal share
  *                 of the line of all work holds the chunk's midpoint; a
  *                 request whose chunks land on several units is split.
- * The two deals take at most PMLA_INV_SPREAD_MAX pieces and units. Splits
+ * The two deals take at most PMLA_INV_DEAL_MAX pieces and units. Splits
  * spend a slot budget fixed at init: max_partials - N slots (the last N are
  * the units' accumulators); on the line a request whose split would not
  * fit the budget stays whole on its unit.
@@ -49,7 +49,7 @@
 #define PMLA_INV_WHOLE 4096            /* tokens: a dense request this short is one chunk */
 #define PMLA_INV_MAX_CHUNKS 64  /* per request */
 #define PMLA_INV_SLOT_UNITS 4   /* the split budget: 4 slots per unit */
-#define PMLA_INV_SPREAD_MAX 512 /* pieces and units the deals take */
+#define PMLA_INV_DEAL_MAX 512 /* pieces and units the deals take */
 
 enum {
   PMLA_WI_CHUNK_MASK = 0xffff,
@@ -178,7 +178,7 @@ PMLA_HD static inline void pmla_inv_write_item(const pmla_plan_output *out, int3
 }
 
 /* The sums a step's placement needs: the work of all requests (total, at
- * least 1), the costliest request's, the chunks, and for the chunk-spread
+ * least 1), the costliest request's, the chunks, and for the pieces
  * placement its pieces (every chunk of a request of several, every other
  * request whole), the partial slots they take and the costliest piece's;
  * ORs the input errors into *err. */
@@ -215,7 +215,7 @@ PMLA_HD static inline pmla_inv_sums pmla_inv_sum(const pmla_plan_input *in, int3
 enum {
   PMLA_INV_PLACE_LINE,  /* chunks cut along the line of all work */
   PMLA_INV_PLACE_WHOLE, /* requests whole, spread by cost */
-  PMLA_INV_PLACE_CHUNKS /* pieces (the chunks of longer requests) spread by cost */
+  PMLA_INV_PLACE_PIECES /* pieces (the chunks of longer requests) spread by cost */
 };
 
 /* The placement of a step of R requests on N units with `budget` split
@@ -230,22 +230,22 @@ enum {
  * share (b=128 L=2048..6144 h=64 on 132 units: 234.4 us on the line).
  * Else the line: long requests in batches of fewer, where each request's
  * chunks on one unit fold there instead of each leaving a partial. At most
- * PMLA_INV_SPREAD_MAX pieces and units either way. */
+ * PMLA_INV_DEAL_MAX pieces and units either way. */
 PMLA_HD static inline int pmla_inv_placement(int32_t R, int32_t N, int32_t budget,
                                              const pmla_inv_sums *s) {
-  if (R < 1 || N > PMLA_INV_SPREAD_MAX)
+  if (R < 1 || N > PMLA_INV_DEAL_MAX)
     return PMLA_INV_PLACE_LINE;
-  if (R <= PMLA_INV_SPREAD_MAX && s->max_cost * N * 4 <= s->total * 5)
+  if (R <= PMLA_INV_DEAL_MAX && s->max_cost * N * 4 <= s->total * 5)
     return PMLA_INV_PLACE_WHOLE;
-  if (2 * (int64_t)R >= N && s->pieces <= PMLA_INV_SPREAD_MAX && s->slots <= budget &&
+  if (2 * (int64_t)R >= N && s->pieces <= PMLA_INV_DEAL_MAX && s->slots <= budget &&
       s->max_piece * N * 4 <= s->total * 5)
-    return PMLA_INV_PLACE_CHUNKS;
+    return PMLA_INV_PLACE_PIECES;
   return PMLA_INV_PLACE_LINE;
 }
 
 /* The sort key of request (or piece) r of cost (below 2^31): increasing
  * keys are decreasing costs, ties in order. */
-PMLA_HD static inline int64_t pmla_inv_spread_key(int64_t cost, int32_t r) {
+PMLA_HD static inline int64_t pmla_inv_deal_key(int64_t cost, int32_t r) {
   return ((int64_t)(INT32_MAX - cost) << 32) | (int64_t)(uint32_t)r;
 }
 
@@ -337,13 +337,13 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     /* the pieces by decreasing cost (insertion sort: at most 512), then
      * dealt to the units; a split request's slots and reduce entry in
      * request order */
-    int64_t key[PMLA_INV_SPREAD_MAX];
-    int32_t req_of[PMLA_INV_SPREAD_MAX], first_of[PMLA_INV_SPREAD_MAX];
+    int64_t key[PMLA_INV_DEAL_MAX];
+    int32_t req_of[PMLA_INV_DEAL_MAX], first_of[PMLA_INV_DEAL_MAX];
     int32_t P = 0, rows = 0, slots = 0, reduces = 0, max_pieces = 1;
     for (int32_t r = 0; r < R; r++) {
       const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
       const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
-      const int split = place == PMLA_INV_PLACE_CHUNKS && n > 1;
+      const int split = place == PMLA_INV_PLACE_PIECES && n > 1;
       rows += q.qe - q.qb;
       first_of[r] = split ? slots : -1;
       if (split) {
@@ -355,7 +355,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
         max_pieces = n > max_pieces ? n : max_pieces;
       }
       for (int32_t j = 0; j < (split ? n : 1); j++, P++) {
-        const int64_t k = pmla_inv_spread_key(
+        const int64_t k = pmla_inv_deal_key(
             split ? pmla_inv_piece_cost(&q, chunk, n, j) : pmla_inv_cost(n, q.blocks), P);
         req_of[P] = r;
         int32_t i = P;
@@ -365,8 +365,8 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
       }
     }
     /* the deal: perm[k N + u] is the rank unit u gets in round k (-1: none) */
-    int64_t load[PMLA_INV_SPREAD_MAX];
-    int32_t perm[2 * PMLA_INV_SPREAD_MAX], pos[PMLA_INV_SPREAD_MAX];
+    int64_t load[PMLA_INV_DEAL_MAX];
+    int32_t perm[2 * PMLA_INV_DEAL_MAX], pos[PMLA_INV_DEAL_MAX];
     const int32_t rounds = pmla_inv_rounds(P, N);
     for (int32_t u = 0; u < N; u++)
       load[u] = 0;

@@ -81,13 +81,13 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
     EXPECT(n <= PMLA_INV_MAX_CHUNKS && C % PMLA_BLOCK_TOKENS == 0 && C >= least,
            "%s: request %d (len %d): chunk %d, %d chunks", what, r, L, C, n);
     const int split = red < reduces && b->rfinal[red] == r;
-    EXPECT(place != PMLA_INV_PLACE_CHUNKS || split == (n > 1),
+    EXPECT(place != PMLA_INV_PLACE_PIECES || split == (n > 1),
            "%s: pieces spread, request %d of %d chunks %s", what, r, n,
            split ? "split" : "whole");
     const int32_t *at = item_of + off[r], first_unit = unit_of[at[0]];
     /* split: the first piece, chunks 0..a-1 (one partial), then one each */
     const int32_t a = split ? n + 1 - (b->rindptr[red + 1] - b->rindptr[red]) : n;
-    EXPECT(!split || (a >= 1 && a < n && (place != PMLA_INV_PLACE_CHUNKS || a == 1)),
+    EXPECT(!split || (a >= 1 && a < n && (place != PMLA_INV_PLACE_PIECES || a == 1)),
            "%s: split request %d: first piece %d of %d chunks", what, r, a, n);
     for (int32_t j = 0; j < n; j++) {
       const int32_t k = at[j], *w = b->wi + (int64_t)k * PMLA_WI_WORDS;
@@ -270,7 +270,7 @@ END_TEST
 /* Fewer pieces than units: each dealt to one unit, in rank order, every
  * piece once, the units taken spaced evenly (gaps differ by at most one). */
 START_TEST(test_fewer_pieces_than_units_are_spaced_evenly) {
-  for (int32_t N = 2; N <= PMLA_INV_SPREAD_MAX; N += N < 40 ? 1 : 23)
+  for (int32_t N = 2; N <= PMLA_INV_DEAL_MAX; N += N < 40 ? 1 : 23)
     for (int32_t P = 1; P < N; P += P < 30 ? 1 : 17) {
       int32_t last = -1, gap_lo = N, gap_hi = 0;
       for (int32_t u = 0; u < N; u++) {
@@ -314,7 +314,7 @@ START_TEST(test_a_ragged_batch_is_spread_evenly) {
       snprintf(what, sizeof what, "ragged batch on %d units, seed %llu", wide ? 132 : 66,
                (unsigned long long)seed);
       const case_result c = run_case(&rng, 128, wide ? 132 : 66, 0, LENS_RAGGED, what);
-      EXPECT(c.place == (wide ? PMLA_INV_PLACE_CHUNKS : PMLA_INV_PLACE_WHOLE) &&
+      EXPECT(c.place == (wide ? PMLA_INV_PLACE_PIECES : PMLA_INV_PLACE_WHOLE) &&
                  c.worst * 100 <= c.share * 115,
              "%s: placement %d, the heaviest unit holds %lld blocks of work against a share of "
              "%lld",

@@ -179,7 +179,7 @@ struct InvSums {
   unsigned long long total, max_cost, chunks, pieces, slots, max_piece;
 };
 
-/* The spread placements of a batch-invariant step (plan_invariant.h: at
+/* The dealt placements of a batch-invariant step (plan_invariant.h: at
  * most PLAN_THREADS pieces and units). Each request's pieces, split slots
  * and reduce entry are numbered by one scan; each piece's rank by
  * decreasing cost is counted by its thread over all keys in buf (every
@@ -190,22 +190,22 @@ struct InvSums {
  * written by the thread of its rank. By request: n_at chunks, poff_at
  * first piece, first_at first split slot (-1 whole); by piece: req_of; by
  * rank: piece_of, item_at, unit_of; perm and load: the deal's. */
-struct SpreadArrays {
+struct DealArrays {
   int32_t *n_at, *poff_at, *first_at, *req_of, *piece_of, *item_at, *unit_of;
   int32_t *perm; /* 2 PLAN_THREADS */
   int64_t *load; /* by unit */
 };
-__device__ void plan_spread(const pmla_plan_input &in, const pmla_plan_output &out, int place,
-                           int64_t *buf, const SpreadArrays &a, int32_t *s_err, int32_t *s_rows,
+__device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out, int place,
+                           int64_t *buf, const DealArrays &a, int32_t *s_err, int32_t *s_rows,
                            int32_t *s_max_pieces) {
-  static_assert(PMLA_INV_SPREAD_MAX <= PLAN_THREADS, "one piece and one unit a thread");
+  static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "one piece and one unit a thread");
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units, budget = in.max_partials - N;
   int32_t scratch = 0, rows = 0, n = 0, split = 0;
   if (t < R) {
     const pmla_plan_req q = pmla_plan_describe(&in, t, &scratch);
     n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len));
-    split = place == PMLA_INV_PLACE_CHUNKS && n > 1;
+    split = place == PMLA_INV_PLACE_PIECES && n > 1;
     rows = q.qe - q.qb;
   }
   int64_t sum;
@@ -238,7 +238,7 @@ __device__ void plan_spread(const pmla_plan_input &in, const pmla_plan_output &o
     const int32_t r = a.req_of[t], j = t - a.poff_at[r];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
     const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
-    key = pmla_inv_spread_key(a.first_at[r] >= 0 ? pmla_inv_piece_cost(&q, chunk, a.n_at[r], j)
+    key = pmla_inv_deal_key(a.first_at[r] >= 0 ? pmla_inv_piece_cost(&q, chunk, a.n_at[r], j)
                                                  : pmla_inv_cost(a.n_at[r], q.blocks),
                               t);
   }
@@ -370,9 +370,9 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
                               (int64_t)ss->max_piece};
   const int place = pmla_inv_placement(R, N, budget, &sums);
   if (place != PMLA_INV_PLACE_LINE) {
-    const SpreadArrays sa = {want,  rq.item, rq.slot0, rq.len, split_at, last_unit, rq.qb,
+    const DealArrays sa = {want,  rq.item, rq.slot0, rq.len, split_at, last_unit, rq.qb,
                              (int32_t *)rq.cum, rq.chunk};
-    plan_spread(in, out, place, buf, sa, s_err, s_rows, s_max_pieces);
+    plan_deal(in, out, place, buf, sa, s_err, s_rows, s_max_pieces);
     return;
   }
   int64_t at_cum = 0; /* the prefix before the chunk of requests */
