@@ -186,25 +186,33 @@ typedef struct pmla_inv_sums {
   int64_t total, max_cost, chunks, pieces, slots, max_piece;
 } pmla_inv_sums;
 
-/* A piece's cost: chunk j of a request of n > 1 chunks, else the request. */
+/* A piece's cost: chunk j of a split request, else the whole request. */
 PMLA_HD static inline int64_t pmla_inv_piece_cost(const pmla_plan_req *q, int32_t chunk,
-                                                  int32_t n, int32_t j) {
-  return n > 1 ? PMLA_SPLIT_OVERHEAD + pmla_inv_chunk_blocks(q->len, chunk, j)
+                                                  int32_t n, int32_t j, int split) {
+  return split ? PMLA_SPLIT_OVERHEAD + pmla_inv_chunk_blocks(q->len, chunk, j)
                : pmla_inv_cost(n, q->blocks);
+}
+
+/* What one request adds to the sums: its cost, its chunks, and as pieces
+ * (split when it has several chunks) their count, slots and the costliest. */
+PMLA_HD static inline void pmla_inv_sum_add(pmla_inv_sums *s, const pmla_plan_req *q,
+                                            int32_t chunk, int32_t n) {
+  const int64_t cost = pmla_inv_cost(n, q->blocks);
+  const int64_t piece = pmla_inv_piece_cost(q, chunk, n, 0, n > 1); /* chunk 0 is whole */
+  s->total += cost;
+  s->max_cost = cost > s->max_cost ? cost : s->max_cost;
+  s->chunks += n;
+  s->pieces += n > 1 ? n : 1;
+  s->slots += n > 1 ? n : 0;
+  s->max_piece = piece > s->max_piece ? piece : s->max_piece;
 }
 
 PMLA_HD static inline pmla_inv_sums pmla_inv_sum(const pmla_plan_input *in, int32_t *err) {
   pmla_inv_sums s = {0, 0, 0, 0, 0, 0};
   for (int32_t r = 0; r < in->num_requests; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, err);
-    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
-    const int64_t cost = pmla_inv_cost(n, q.blocks), piece = pmla_inv_piece_cost(&q, chunk, n, 0);
-    s.total += cost;
-    s.max_cost = cost > s.max_cost ? cost : s.max_cost;
-    s.chunks += n;
-    s.pieces += n > 1 ? n : 1;
-    s.slots += n > 1 ? n : 0;
-    s.max_piece = piece > s.max_piece ? piece : s.max_piece;
+    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
+    pmla_inv_sum_add(&s, &q, chunk, pmla_inv_chunks(q.len, chunk));
   }
   if (s.total < 1)
     s.total = 1;
@@ -318,6 +326,81 @@ PMLA_HD static inline void pmla_inv_empty(const pmla_plan_input *in, const pmla_
   pmla_inv_finish(in, out, 0, 0, 0, -1, 0, 0, err | PMLA_PLAN_ERR_OVERFLOW, lane, lanes);
 }
 
+/* The step on the units by a deal (place: PMLA_INV_PLACE_WHOLE or
+ * _PIECES): the pieces by decreasing cost (insertion sort: at most
+ * PMLA_INV_DEAL_MAX), dealt a round at a time; a split request's slots and
+ * reduce entry in request order. err: the input errors found. */
+PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla_plan_output *out,
+                                           int place, int32_t err) {
+  const int32_t R = in->num_requests, N = in->num_units, budget = in->max_partials - N;
+  int32_t scratch = 0;
+  int64_t key[PMLA_INV_DEAL_MAX];
+  int32_t req_of[PMLA_INV_DEAL_MAX], first_of[PMLA_INV_DEAL_MAX], poff_of[PMLA_INV_DEAL_MAX];
+  int32_t P = 0, rows = 0, slots = 0, reduces = 0, max_pieces = 1;
+  for (int32_t r = 0; r < R; r++) {
+    const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
+    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
+    const int split = place == PMLA_INV_PLACE_PIECES && n > 1;
+    rows += q.qe - q.qb;
+    first_of[r] = split ? slots : -1;
+    poff_of[r] = P;
+    if (split) {
+      out->reduce_indptr[reduces] = slots;
+      out->reduce_final_map[reduces++] = r;
+      for (int32_t j = 0; j < n; j++)
+        out->reduce_partial_map[slots + j] = slots + j;
+      slots += n;
+      max_pieces = n > max_pieces ? n : max_pieces;
+    }
+    for (int32_t j = 0; j < (split ? n : 1); j++, P++) {
+      const int64_t k = pmla_inv_deal_key(pmla_inv_piece_cost(&q, chunk, n, j, split), P);
+      req_of[P] = r;
+      int32_t i = P;
+      for (; i > 0 && key[i - 1] > k; i--)
+        key[i] = key[i - 1];
+      key[i] = k;
+    }
+  }
+  /* the deal: perm[k N + u] is the rank unit u gets in round k (-1: none) */
+  int64_t load[PMLA_INV_DEAL_MAX];
+  int32_t perm[2 * PMLA_INV_DEAL_MAX], pos[PMLA_INV_DEAL_MAX];
+  const int32_t rounds = pmla_inv_rounds(P, N);
+  for (int32_t u = 0; u < N; u++)
+    load[u] = 0;
+  for (int32_t k = 0; k < rounds; k++) {
+    for (int32_t u = 0; u < N; u++)
+      pos[u] = P < N ? pmla_inv_spaced_rank(u, N, P) : pmla_inv_load_rank(load, u, N);
+    for (int32_t u = 0; u < N; u++) {
+      const int32_t i = P < N ? pos[u] : k * N + pos[u] < P ? k * N + pos[u] : -1;
+      perm[k * N + u] = i;
+      load[u] += i >= 0 ? pmla_inv_key_cost(key[i]) : 0;
+    }
+  }
+  int32_t items = 0;
+  for (int32_t u = 0; u < N; u++) {
+    out->work_indptr[u] = items;
+    for (int32_t k = 0; k < rounds; k++) {
+      const int32_t i = perm[k * N + u];
+      if (i < 0)
+        continue;
+      const int32_t p = (int32_t)(key[i] & 0xffffffff), r = req_of[p];
+      const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
+      const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
+      const int32_t n = pmla_inv_chunks(q.len, chunk);
+      if (first_of[r] < 0) { /* whole */
+        pmla_inv_write_whole(out, r, &q, chunk, n, items, u, budget + u);
+        items += n;
+      } else { /* chunk j of a split request: a partial of its own */
+        const int32_t j = p - poff_of[r];
+        int32_t flags;
+        const int32_t slot = pmla_inv_item_slot(n, 1, first_of[r], 0, j, &flags);
+        pmla_inv_write_item(out, r, &q, chunk, items++, u, u, slot, j, flags);
+      }
+    }
+  }
+  pmla_inv_finish(in, out, items, slots, reduces, N - 1, max_pieces, rows, err, 0, 1);
+}
+
 /* Fills every output buffer for one batch-invariant step. Returns the error
  * bits it found (also ORed into work_meta_data[PMLA_META_ERROR]). */
 PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
@@ -334,76 +417,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   }
   const int place = pmla_inv_placement(R, N, budget, &sums);
   if (place != PMLA_INV_PLACE_LINE) {
-    /* the pieces by decreasing cost (insertion sort: at most 512), then
-     * dealt to the units; a split request's slots and reduce entry in
-     * request order */
-    int64_t key[PMLA_INV_DEAL_MAX];
-    int32_t req_of[PMLA_INV_DEAL_MAX], first_of[PMLA_INV_DEAL_MAX];
-    int32_t P = 0, rows = 0, slots = 0, reduces = 0, max_pieces = 1;
-    for (int32_t r = 0; r < R; r++) {
-      const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-      const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
-      const int split = place == PMLA_INV_PLACE_PIECES && n > 1;
-      rows += q.qe - q.qb;
-      first_of[r] = split ? slots : -1;
-      if (split) {
-        out->reduce_indptr[reduces] = slots;
-        out->reduce_final_map[reduces++] = r;
-        for (int32_t j = 0; j < n; j++)
-          out->reduce_partial_map[slots + j] = slots + j;
-        slots += n;
-        max_pieces = n > max_pieces ? n : max_pieces;
-      }
-      for (int32_t j = 0; j < (split ? n : 1); j++, P++) {
-        const int64_t k = pmla_inv_deal_key(
-            split ? pmla_inv_piece_cost(&q, chunk, n, j) : pmla_inv_cost(n, q.blocks), P);
-        req_of[P] = r;
-        int32_t i = P;
-        for (; i > 0 && key[i - 1] > k; i--)
-          key[i] = key[i - 1];
-        key[i] = k;
-      }
-    }
-    /* the deal: perm[k N + u] is the rank unit u gets in round k (-1: none) */
-    int64_t load[PMLA_INV_DEAL_MAX];
-    int32_t perm[2 * PMLA_INV_DEAL_MAX], pos[PMLA_INV_DEAL_MAX];
-    const int32_t rounds = pmla_inv_rounds(P, N);
-    for (int32_t u = 0; u < N; u++)
-      load[u] = 0;
-    for (int32_t k = 0; k < rounds; k++) {
-      for (int32_t u = 0; u < N; u++)
-        pos[u] = P < N ? pmla_inv_spaced_rank(u, N, P) : pmla_inv_load_rank(load, u, N);
-      for (int32_t u = 0; u < N; u++) {
-        const int32_t i = P < N ? pos[u] : k * N + pos[u] < P ? k * N + pos[u] : -1;
-        perm[k * N + u] = i;
-        load[u] += i >= 0 ? pmla_inv_key_cost(key[i]) : 0;
-      }
-    }
-    int32_t items = 0;
-    for (int32_t u = 0; u < N; u++) {
-      out->work_indptr[u] = items;
-      for (int32_t k = 0; k < rounds; k++) {
-        const int32_t i = perm[k * N + u];
-        if (i < 0)
-          continue;
-        const int32_t p = (int32_t)(key[i] & 0xffffffff), r = req_of[p];
-        const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-        const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
-        const int32_t n = pmla_inv_chunks(q.len, chunk);
-        if (first_of[r] < 0) { /* whole */
-          pmla_inv_write_whole(out, r, &q, chunk, n, items, u, budget + u);
-          items += n;
-        } else { /* chunk j of a split request: a partial of its own */
-          int32_t j = 0;
-          while (p - j > 0 && req_of[p - j - 1] == r)
-            j++;
-          int32_t flags;
-          const int32_t slot = pmla_inv_item_slot(n, 1, first_of[r], 0, j, &flags);
-          pmla_inv_write_item(out, r, &q, chunk, items++, u, u, slot, j, flags);
-        }
-      }
-    }
-    pmla_inv_finish(in, out, items, slots, reduces, N - 1, max_pieces, rows, err, 0, 1);
+    pmla_plan_dealt(in, out, place, err);
     return err;
   }
   int32_t items = 0, slots = 0, reduces = 0, rows = 0, max_pieces = 0, prev = 0;

@@ -20,17 +20,21 @@ typedef struct inv_buffers {
   int32_t meta[PMLA_META_WORDS_], *indptr, *wi, *rindptr, *rfinal, *rmap;
 } inv_buffers;
 
-/* Each unit's work (blocks plus the overhead of each item); returns the
- * heaviest unit's, and the step's total in *total. */
+/* Work item i's cost: its blocks plus the overhead of an item. */
+static int64_t item_cost(const inv_buffers *b, int32_t i) {
+  const int32_t *w = b->wi + (int64_t)i * PMLA_WI_WORDS;
+  return PMLA_SPLIT_OVERHEAD + pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
+}
+
+/* Each unit's work; returns the heaviest unit's, and the step's total in
+ * *total. */
 static int64_t heaviest_unit(const pmla_plan_input *in, const inv_buffers *b, int64_t *total) {
   int64_t worst = 0;
   *total = 0;
   for (int32_t u = 0; u < in->num_units; u++) {
     int64_t load = 0;
-    for (int32_t i = b->indptr[u]; i < b->indptr[u + 1]; i++) {
-      const int32_t *w = b->wi + (int64_t)i * PMLA_WI_WORDS;
-      load += PMLA_SPLIT_OVERHEAD + pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
-    }
+    for (int32_t i = b->indptr[u]; i < b->indptr[u + 1]; i++)
+      load += item_cost(b, i);
     worst = load > worst ? load : worst;
     *total += load;
   }
@@ -133,12 +137,8 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
    * wherever its chunks fall), more than the share plus one chunk */
   int64_t total, chunk_max = 0;
   const int64_t worst = heaviest_unit(in, b, &total);
-  for (int32_t i = 0; i < items; i++) {
-    const int32_t *w = b->wi + (int64_t)i * PMLA_WI_WORDS;
-    const int64_t cost =
-        PMLA_SPLIT_OVERHEAD + pmla_plan_blocks(w[PMLA_WI_KV_END] - w[PMLA_WI_KV_BEGIN]);
-    chunk_max = cost > chunk_max ? cost : chunk_max;
-  }
+  for (int32_t i = 0; i < items; i++)
+    chunk_max = item_cost(b, i) > chunk_max ? item_cost(b, i) : chunk_max;
   const int64_t share = (total + N - 1) / N;
   const int64_t most = place == PMLA_INV_PLACE_WHOLE ? sums.max_cost : sums.max_piece;
   if (place != PMLA_INV_PLACE_LINE)

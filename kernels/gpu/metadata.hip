@@ -238,9 +238,7 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
     const int32_t r = a.req_of[t], j = t - a.poff_at[r];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
     const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
-    key = pmla_inv_deal_key(a.first_at[r] >= 0 ? pmla_inv_piece_cost(&q, chunk, a.n_at[r], j)
-                                                 : pmla_inv_cost(a.n_at[r], q.blocks),
-                              t);
+    key = pmla_inv_deal_key(pmla_inv_piece_cost(&q, chunk, a.n_at[r], j, a.first_at[r] >= 0), t);
   }
   buf[t] = key;
   __syncthreads();
@@ -338,23 +336,17 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   }
   __syncthreads();
   int32_t err = 0, scratch = 0;
-  unsigned long long part = 0, nitems = 0, costliest = 0, npieces = 0, nslots = 0, big = 0;
+  pmla_inv_sums mine = {0, 0, 0, 0, 0, 0}; /* this thread's requests' */
   for (int32_t r = t; r < R; r += PLAN_THREADS) {
     const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
-    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len), n = pmla_inv_chunks(q.len, chunk);
-    const unsigned long long cost = (unsigned long long)pmla_inv_cost(n, q.blocks);
-    const unsigned long long piece = (unsigned long long)pmla_inv_piece_cost(&q, chunk, n, 0);
-    part += cost;
-    costliest = cost > costliest ? cost : costliest;
-    nitems += (unsigned long long)n;
-    npieces += n > 1 ? (unsigned long long)n : 1ull;
-    nslots += n > 1 ? (unsigned long long)n : 0ull;
-    big = piece > big ? piece : big;
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
+    pmla_inv_sum_add(&mine, &q, chunk, pmla_inv_chunks(q.len, chunk));
   }
-  block_sum_max(part, costliest, &ss->total, &ss->max_cost);
-  block_sum_max(nitems, big, &ss->chunks, &ss->max_piece);
-  block_sum_max(npieces, 0, &ss->pieces, NULL);
-  block_sum_max(nslots, 0, &ss->slots, NULL);
+  typedef unsigned long long u64;
+  block_sum_max((u64)mine.total, (u64)mine.max_cost, &ss->total, &ss->max_cost);
+  block_sum_max((u64)mine.chunks, (u64)mine.max_piece, &ss->chunks, &ss->max_piece);
+  block_sum_max((u64)mine.pieces, 0, &ss->pieces, NULL);
+  block_sum_max((u64)mine.slots, 0, &ss->slots, NULL);
   atomicOr(s_err, err);
   __syncthreads();
   const int64_t total = ss->total > 0 ? (int64_t)ss->total : 1;
