@@ -53,6 +53,10 @@
 
 enum {
   PMLA_WI_CHUNK_MASK = 0xffff,
+  /* the result is folded again by a later item of the same unit: it may
+   * stay in a layout of the kernel's own choosing (a slot without it holds
+   * rows, for the reduce) */
+  PMLA_WI_KEEP = 1 << 28,
   PMLA_WI_FINAL = 1 << 29, /* after folding, write out and lse (not the slot) */
   PMLA_WI_FOLD = 1 << 30   /* fold into the slot's accumulator, don't overwrite it */
 };
@@ -128,14 +132,15 @@ PMLA_HD static inline int32_t pmla_inv_chunk_unit(int64_t cum, int32_t chunk, in
  * Whole (first < 0): the unit's accumulator acc, which chunk 0 writes,
  * later chunks fold into and the last one folds into out and lse; a single
  * chunk writes out directly (-1). Split: chunks 0..a-1 fold into slot
- * first, each later chunk leaves its own partial in first + 1 + (j - a). */
+ * first, each later chunk leaves its own partial in first + 1 + (j - a).
+ * Every chunk that a later one folds is PMLA_WI_KEEP. */
 PMLA_HD static inline int32_t pmla_inv_item_slot(int32_t n, int32_t a, int32_t first,
                                                  int32_t acc, int32_t j, int32_t *flags) {
   if (first < 0) {
-    *flags = n == 1 || j == 0 ? 0 : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL : PMLA_WI_FOLD;
+    *flags = (j > 0 ? PMLA_WI_FOLD : 0) | (j == n - 1 ? (j > 0 ? PMLA_WI_FINAL : 0) : PMLA_WI_KEEP);
     return n == 1 ? -1 : acc;
   }
-  *flags = j == 0 || j >= a ? 0 : PMLA_WI_FOLD;
+  *flags = j >= a ? 0 : (j > 0 ? PMLA_WI_FOLD : 0) | (j < a - 1 ? PMLA_WI_KEEP : 0);
   return j < a ? first : first + 1 + (j - a);
 }
 

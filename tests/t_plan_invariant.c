@@ -104,15 +104,18 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
         EXPECT(unit_of[k] == first_unit && k == at[0] + j,
                "%s: whole request %d: chunk %d is item %d on unit %d, chunk 0 item %d on %d", what,
                r, j, k, unit_of[k], at[0], first_unit);
-        const int32_t want = n == 1 ? 0 : j == 0 ? 0 : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL
-                                                                   : PMLA_WI_FOLD;
+        const int32_t want = n == 1       ? 0
+                             : j == 0     ? PMLA_WI_KEEP
+                             : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL
+                                          : PMLA_WI_FOLD | PMLA_WI_KEEP;
         EXPECT(flags == want && slot == (n == 1 ? -1 : budget + first_unit),
                "%s: whole request %d chunk %d: flags 0x%x slot %d", what, r, j, flags, slot);
         continue;
       }
       const int32_t p0 = b->rindptr[red];
       if (j < a) { /* the first piece: in order on one unit, folding in its slot */
-        EXPECT(slot == b->rmap[p0] && flags == (j ? PMLA_WI_FOLD : 0) &&
+        EXPECT(slot == b->rmap[p0] &&
+                   flags == ((j ? PMLA_WI_FOLD : 0) | (j < a - 1 ? PMLA_WI_KEEP : 0)) &&
                    unit_of[k] == first_unit && (j == 0 || k > at[j - 1]),
                "%s: split request %d first-piece chunk %d: flags 0x%x slot %d item %d unit %d",
                what, r, j, flags, slot, k, unit_of[k]);

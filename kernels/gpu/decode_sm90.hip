@@ -57,8 +57,9 @@
  * in the two stages, row for row as in global memory, and one loader warp
  * sends the rows with bulk copies; the loader waits for them to be read
  * before the next item's first block enters the stages. A batch-invariant
- * item that folds first brings the accumulator's rows into the stages by
- * bulk copies and folds them into O (fold_into_o).
+ * chunk that a later chunk of the work-group folds leaves O from registers
+ * in the threads' own order instead (keep_o), and the folding chunk reads
+ * it back into registers (fold_into_o).
  * The data hand-offs are mbarriers (release / acquire) rather than bar.arrive
  * + bar.sync, which racecheck does not see as ordering the sCorr read. A
  * side reaches a stage's barrier again only after a hand-off from the other
@@ -191,30 +192,48 @@ __device__ __forceinline__ void stage_o(char *sO, const float (&o)[128], const f
     inv[sl] = myrow[sl] < nrows ? pmla_sum_scale(out_scale, sL[myrow[sl]]) : 0.f;
   stage_rows<PARTIAL>(sO, o, inv, g, lane, myrow, nrows);
 }
-/* A batch-invariant item with PMLA_WI_FOLD: the accumulator's rows (its
- * slot, fp32) come into the staged rows by bulk copies (one warp; the
- * last item's bulk stores, which may have written them, complete first),
- * and this warpgroup's O becomes the fold of the accumulator and its own
- * normalised result (fold.h), in registers. The caller restages O. */
-__device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o)[128], char *sO,
-                                            const float *sM, const float *sL, int g, int wi,
-                                            int lane, const int (&myrow)[2], int nrows,
-                                            int64_t obase, float out_scale, bool final,
-                                            uint32_t bar, uint32_t parity) {
-  constexpr int ROWB = Staged<true>::ROW, STRIDE = Staged<true>::STRIDE;
-  if (g == 1 && wi == 0) {
-    bulk_wait();
-    __syncwarp();
-    if (lane == 0)
-      mbar_arrive_tx(bar, (uint32_t)(nrows * ROWB));
-    __syncwarp();
-    /* read once more by the final fold only: let it go then */
-    const uint64_t pol = final ? l2_evict_first() : l2_evict_last();
-    for (int rr = lane; rr < nrows; rr += 32)
-      bulk_load_hint(smem_u32(sO) + rr * STRIDE, p.partial_out + (obase + rr) * PMLA_V_DIM, ROWB,
-                     bar, pol);
+/* A batch-invariant accumulator that only this work-group's later chunks
+ * fold (PMLA_WI_KEEP) is kept in the order of the thread's fragments, not
+ * as rows: thread (g, lane) holds columns g * 256 + 8 j + 2 (lane & 3)
+ * + {0, 1} of its rows (j = 0..31), and the pair j = 2 i, 2 i + 1 sits as
+ * one 16-byte word at g * 256 + 16 i + 4 (lane & 3) of the row's 512. Each
+ * thread writes and later reads back its own words from registers: no
+ * staging in the stages, which the next chunk's first block then finds
+ * free, and no barrier between the chunks' epilogues. */
+__device__ __forceinline__ float *kept_words(const pmla_gpu_problem &p, int64_t orow, int g,
+                                             int lane) {
+  return p.partial_out + orow * PMLA_V_DIM + g * 256 + ((lane & 3) << 2);
+}
+/* this warpgroup's O, times inv[sl] by row, kept (above); evict_last: the
+ * next chunk reads it back after its whole KV stream has passed L2 */
+__device__ __forceinline__ void keep_o(const pmla_gpu_problem &p, const float (&o)[128],
+                                       const float (&inv)[2], int g, int lane,
+                                       const int (&myrow)[2], int nrows, int64_t obase) {
+  const uint64_t pol = l2_evict_last();
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++) {
+    if (myrow[sl] >= nrows)
+      continue;
+    float *w = kept_words(p, obase + myrow[sl], g, lane);
+    const float f = inv[sl];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+      st_f4_hint(w + 16 * i,
+                 make_float4(o[8 * i + 2 * sl] * f, o[8 * i + 2 * sl + 1] * f,
+                             o[8 * i + 4 + 2 * sl] * f, o[8 * i + 5 + 2 * sl] * f),
+                 pol);
   }
-  mbar_wait(bar, parity);
+}
+/* A batch-invariant item with PMLA_WI_FOLD: this warpgroup's O becomes the
+ * fold (fold.h) of the kept accumulator (its lse in the slot's) and its
+ * own normalised result, in registers. */
+__device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o)[128],
+                                            const float *sM, const float *sL, int g, int lane,
+                                            const int (&myrow)[2], int nrows, int64_t obase,
+                                            float out_scale, bool final) {
+  /* read once more only if this fold keeps it again */
+  const uint64_t pol = final ? l2_evict_first() : l2_evict_last();
+  constexpr int FLY = 8; /* words in flight a thread (16 measured no faster) */
 #pragma unroll
   for (int sl = 0; sl < 2; sl++) {
     const int rl = myrow[sl];
@@ -222,13 +241,21 @@ __device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o
       continue;
     const float l = sL[rl], inv = pmla_sum_scale(out_scale, l);
     const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + rl], row_lse(sM[rl], l));
-    const char *row = sO + rl * STRIDE;
+    const float *w = kept_words(p, obase + rl, g, lane);
 #pragma unroll
-    for (int j = 0; j < 32; j++) {
-      const int col = g * 256 + j * 8 + ((lane & 3) << 1);
-      const float2 a = *(const float2 *)(row + col * 4);
-      o[4 * j + 2 * sl] = pmla_fold(a.x, o[4 * j + 2 * sl] * inv, fw);
-      o[4 * j + 2 * sl + 1] = pmla_fold(a.y, o[4 * j + 2 * sl + 1] * inv, fw);
+    for (int h = 0; h < 16 / FLY; h++) {
+      float4 a[FLY];
+#pragma unroll
+      for (int i = 0; i < FLY; i++)
+        a[i] = ld_f4_hint(w + 16 * (FLY * h + i), pol);
+#pragma unroll
+      for (int i = 0; i < FLY; i++) {
+        float *e = o + 8 * (FLY * h + i) + 2 * sl;
+        e[0] = pmla_fold(a[i].x, e[0] * inv, fw);
+        e[1] = pmla_fold(a[i].y, e[1] * inv, fw);
+        e[4] = pmla_fold(a[i].z, e[4] * inv, fw);
+        e[5] = pmla_fold(a[i].w, e[5] * inv, fw);
+      }
     }
   }
 }
@@ -316,8 +343,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* FP8: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
-  /* FOLD: an mbarrier, the accumulator's rows landed in the stages */
-  const uint32_t aAcc = smem_u32(sMx + 132);
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -330,14 +355,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       mbar_init(aRawRead, 256);
       mbar_init(aRawRead + 8, 256);
     }
-    if (FOLD)
-      mbar_init(aAcc, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t conv_before = 0; /* FP8: blocks converted before the item */
-  uint32_t acc_phase = 0;   /* FOLD: parity of aAcc's next completion */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
                               barrier this side waits on (wg0 FULL, wg1 PREADY) */
   const int H = p.num_heads;
@@ -395,8 +417,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   constexpr bool PREFETCH_Q = F == PMLA_KV_BF16 && !NARROW;
   bool q_pref = false; /* warpgroup 0: sQ holds this item's Q by its own cp.async */
   const int it_end = p.work_indptr[u + 1];
+  auto item_at = [&](int k) { return p.work_info_set + (int64_t)k * PMLA_WI_WORDS; };
   for (int it = p.work_indptr[u]; it < it_end; it++) {
-    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
+    const int32_t *w = item_at(it);
     const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
     const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
     const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
@@ -412,7 +435,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
      * one after it, when served and on other query rows */
     int32_t nq_b = -1, nq_e = -1;
     if (PREFETCH_Q && it + 1 < it_end) {
-      const int32_t *wn = p.work_info_set + (int64_t)(it + 1) * PMLA_WI_WORDS;
+      const int32_t *wn = item_at(it + 1);
       const int32_t b2 = wn[PMLA_WI_Q_BEGIN], e2 = wn[PMLA_WI_Q_END];
       if (e2 - b2 > 0 && row0 < (e2 - b2) * H && b2 >= 0 && e2 <= p.num_tokens &&
           e2 - b2 <= p.max_q_len && (b2 != qb || e2 != qe)) {
@@ -837,34 +860,43 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
      * otherwise); a folding item first folds the accumulator in */
     const int32_t piece = FOLD ? w[PMLA_WI_PIECE] : 0;
     const bool fold = FOLD && pslot >= 0 && (piece & PMLA_WI_FOLD);
+    const bool keep = FOLD && pslot >= 0 && (piece & PMLA_WI_KEEP);
     const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : pslot; /* -1: out */
     const int64_t obase = (int64_t)pslot * p.max_q_len * H + row0;
+    const float one[2] = {1.f, 1.f};
     if constexpr (NARROW) {
       if (pslot >= 0)
         nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
       else
         nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
     } else if (fold) {
-      fold_into_o(p, o, sKV, sM, sL, g, wi, lane, myrow, nrows, obase, out_scale, dst < 0, aAcc,
-                  acc_phase);
-      acc_phase ^= 1;
-      __syncthreads(); /* every accumulator value and lse read before the restaging */
-      const float one[2] = {1.f, 1.f};
-      if (dst >= 0)
+      fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0);
+      __syncthreads(); /* every accumulator lse read before store_lse replaces it */
+      if (keep)
+        keep_o(p, o, one, g, lane, myrow, nrows, obase);
+      else if (dst >= 0)
         stage_rows<true>(sKV, o, one, g, lane, myrow, nrows);
       else
         stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
+    } else if (keep) {
+      float inv[2];
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++)
+        inv[sl] = myrow[sl] < nrows ? pmla_sum_scale(out_scale, sL[myrow[sl]]) : 0.f;
+      keep_o(p, o, inv, g, lane, myrow, nrows, obase);
     } else if (pslot >= 0) {
       stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
     } else {
       stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
     }
-    proxy_fence();
-    __syncthreads();
-    if (g == 1) {
-      staged = true;
-      if (wi == 0)
-        send_staged(p, sKV, dst, qb, row0, nrows, lane, FOLD && dst >= 0);
+    if (!keep) {
+      proxy_fence();
+      __syncthreads();
+      if (g == 1) {
+        staged = true;
+        if (wi == 0)
+          send_staged(p, sKV, dst, qb, row0, nrows, lane);
+      }
     }
     store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, piece);
     __syncthreads();

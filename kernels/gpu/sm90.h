@@ -239,15 +239,15 @@ __device__ __forceinline__ uint64_t l2_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
   return pol;
 }
-__device__ __forceinline__ void st_f2_hint(float *p, float a, float b, uint64_t pol) {
-  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(p), "f"(a), "f"(b),
-               "l"(pol)
+__device__ __forceinline__ void st_f4_hint(float *p, float4 v, uint64_t pol) {
+  asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(p), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w), "l"(pol)
                : "memory");
 }
-__device__ __forceinline__ float2 ld_f2_hint(const float *p, uint64_t pol) {
-  float2 v;
-  asm volatile("ld.global.L2::cache_hint.v2.f32 {%0, %1}, [%2], %3;\n"
-               : "=f"(v.x), "=f"(v.y)
+__device__ __forceinline__ float4 ld_f4_hint(const float *p, uint64_t pol) {
+  float4 v;
+  asm volatile("ld.global.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "l"(p), "l"(pol)
                : "memory");
   return v;
@@ -259,32 +259,12 @@ __device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t byt
                "r"(src), "r"(bytes)
                : "memory");
 }
-/* the same with an L2 eviction policy (l2_evict_last / _first) */
-__device__ __forceinline__ void bulk_store_hint(void *dst, uint32_t src, uint32_t bytes,
-                                                uint64_t pol) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" ::"l"(
-                   dst),
-               "r"(src), "r"(bytes), "l"(pol)
-               : "memory");
-}
-/* a bulk copy global -> shared, its bytes counted on the mbarrier at bar */
-__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void *src, uint32_t bytes,
-                                               uint32_t bar, uint64_t pol) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-               " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar), "l"(pol)
-               : "memory");
-}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 /* the sources of this thread's bulk copies have been read */
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-/* this thread's bulk copies are complete (their writes performed) */
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 } /* namespace pmla_sm90 */
 #endif /* PMLA_SM90_DEVICE */

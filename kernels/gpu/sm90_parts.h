@@ -163,23 +163,15 @@ __device__ __forceinline__ void nar_row_stats(float *sMx, const float (&m_run)[N
  * out (bf16) or to the item's partial slot (fp32) */
 __device__ __forceinline__ void send_staged(const pmla_gpu_problem &p, const char *sO,
                                             int32_t pslot, int32_t qb, int row0, int nrows,
-                                            int lane, bool keep = false) {
+                                            int lane) {
   const int H = p.num_heads;
   const int rowb = pslot >= 0 ? Staged<true>::ROW : Staged<false>::ROW;
   const int stride = pslot >= 0 ? Staged<true>::STRIDE : Staged<false>::STRIDE;
   char *dst = pslot >= 0
                   ? (char *)(p.partial_out + ((int64_t)pslot * p.max_q_len * H + row0) * PMLA_V_DIM)
                   : (char *)(p.out + ((int64_t)qb * H + row0) * PMLA_V_DIM);
-  /* keep: the rows are read again by this work-group's next chunk, later
-   * than the KV stream would leave them in L2 */
-  const uint64_t pol = keep ? pmla_sm90::l2_evict_last() : 0;
-  for (int rr = lane; rr < nrows; rr += 32) {
-    const uint32_t src = pmla_mma::smem_u32(sO) + rr * stride;
-    if (keep)
-      pmla_sm90::bulk_store_hint(dst + (int64_t)rr * rowb, src, rowb, pol);
-    else
-      pmla_sm90::bulk_store(dst + (int64_t)rr * rowb, src, rowb);
-  }
+  for (int rr = lane; rr < nrows; rr += 32)
+    pmla_sm90::bulk_store(dst + (int64_t)rr * rowb, pmla_mma::smem_u32(sO) + rr * stride, rowb);
   pmla_sm90::bulk_commit();
 }
 /* the lse of row tid of the tile (tid < nrows); in a folding item it
