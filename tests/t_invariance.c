@@ -3,7 +3,8 @@
  * and lse are bitwise the same decoded alone and inside random batches
  * (sizes 1..256, random neighbours, the request at a random position),
  * whatever cu_count is (1, 2, 7, all); q_len 1..4; block table, CSR and
- * sparse steps. The request alone also matches the fp64 reference. */
+ * sparse steps; bf16 caches and both FP8 layouts. The request alone also
+ * matches the fp64 reference. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,23 +24,69 @@
 
 static const uint32_t cus[] = {1, 2, 7, 0};
 
+/* A shared cache of kv_dtype: bf16 values in [-1, 1] (host), or FP8 bytes
+ * (bytes): any finite e4m3 value, E4M3 with the scale 2^-8 (kv_scale),
+ * DS_MLA with tile scales 2^-8..2^-10 and rope values in [-1, 1]. */
 typedef struct cache {
-  test_tensor kv;
+  uint32_t dtype;
+  test_tensor kv, scale;
   uint16_t *host;
+  uint8_t *bytes;
 } cache;
 
-static void cache_make(cache *c, uint64_t *rng) {
-  const size_t n = (size_t)PAGES * PS * 576;
-  c->host = malloc(n * 2);
-  ck_assert(c->host);
-  for (size_t i = 0; i < n; i++)
-    c->host[i] = ref_float_to_bf16((float)(rng_uniform(rng) * 2.0 - 1.0));
-  tt_make3(&c->kv, TT_BF16, c->host, PAGES, PS, 576);
+#define E4M3_SCALE (1.f / 256.f)
+
+static uint8_t e4m3_random(uint64_t *rng) {
+  const uint8_t b = (uint8_t)rng_below(rng, 256);
+  return (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b; /* S.1111.111 is NaN */
 }
+
+static void cache_make_as(cache *c, uint64_t *rng, uint32_t dtype) {
+  memset(c, 0, sizeof *c);
+  c->dtype = dtype;
+  const size_t slots = (size_t)PAGES * PS;
+  if (dtype == PMLA_DTYPE_BF16) {
+    c->host = malloc(slots * 576 * 2);
+    ck_assert(c->host);
+    for (size_t i = 0; i < slots * 576; i++)
+      c->host[i] = ref_float_to_bf16((float)(rng_uniform(rng) * 2.0 - 1.0));
+    tt_make3(&c->kv, TT_BF16, c->host, PAGES, PS, 576);
+    return;
+  }
+  const size_t w = dtype == PMLA_DTYPE_FP8_E4M3 ? 576 : 656;
+  c->bytes = malloc(slots * w);
+  ck_assert(c->bytes);
+  for (size_t sl = 0; sl < slots; sl++) {
+    uint8_t *row = c->bytes + sl * w;
+    if (dtype == PMLA_DTYPE_FP8_E4M3) {
+      for (size_t d = 0; d < 576; d++)
+        row[d] = e4m3_random(rng);
+      continue;
+    }
+    for (size_t d = 0; d < 512; d++)
+      row[d] = e4m3_random(rng);
+    for (int t = 0; t < 4; t++) {
+      const float f = ldexpf(1.f, -8 - (int)rng_below(rng, 3));
+      memcpy(row + 512 + 4 * t, &f, 4);
+    }
+    for (int d = 0; d < 64; d++) {
+      const uint16_t v = ref_float_to_bf16((float)(rng_uniform(rng) * 2.0 - 1.0));
+      memcpy(row + 528 + 2 * d, &v, 2);
+    }
+  }
+  tt_make3(&c->kv, kDLUInt, 8, c->bytes, PAGES, PS, (int64_t)w);
+  const float scale = E4M3_SCALE;
+  tt_make1(&c->scale, TT_F32, &scale, 1);
+}
+
+static void cache_make(cache *c, uint64_t *rng) { cache_make_as(c, rng, PMLA_DTYPE_BF16); }
 
 static void cache_free(cache *c) {
   tt_free(&c->kv);
+  if (c->bytes)
+    tt_free(&c->scale);
   free(c->host);
+  free(c->bytes);
 }
 
 /* builds in which some request was split (several pieces, merged by the
@@ -95,6 +142,7 @@ static void decode_rows(pmla_builder *b, const cache *c, const uint16_t *q, int6
   args.out = &t_out.t;
   args.lse = &t_lse.t;
   args.stream = harness_stream();
+  args.kv_scale = c->dtype == PMLA_DTYPE_FP8_E4M3 ? &c->scale.t : NULL;
   pmla_status st = g_be->decode(b, &args);
   ck_assert_msg(st == PMLA_OK, "decode: %s", g_be->last_error(b));
   uint16_t *out = malloc(t_out.bytes + 2);
@@ -117,6 +165,7 @@ static void decode_batch(const cache *c, req *const *reqs, int32_t n, int32_t pr
                          uint32_t layout, uint32_t cu, uint16_t *got_out, float *got_lse) {
   pmla_builder_config cfg = harness_config(H, PS, MAXB, MAXQ, 0, cu);
   cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
+  cfg.kv_dtype = c->dtype;
   pmla_builder *b = harness_init(&cfg);
   int32_t qo[MAXB + 1] = {0}, lens[MAXB], kvp[MAXB + 1] = {0}, last[MAXB], width = 1;
   for (int32_t i = 0; i < n; i++) {
@@ -162,8 +211,12 @@ static void check_reference(const cache *c, const req *r, const uint16_t *out, c
   double *ro = malloc(rows * 512 * 8), *rl = malloc(rows * 8);
   float *of = malloc(rows * 512 * 4);
   ck_assert(ro && rl && of);
+  const int fmt = c->dtype == PMLA_DTYPE_FP8_E4M3    ? REF_KV_FP8_E4M3
+                  : c->dtype == PMLA_DTYPE_FP8_DS_MLA ? REF_KV_FP8_DS_MLA
+                                                      : 0;
   ref_problem p = {r->q_len, H, r->q, c->host, (int64_t)PAGES * PS, &lists,
-                   harness_config(H, PS, 1, 1, 0, 1).softmax_scale, 0, NULL, 0};
+                   harness_config(H, PS, 1, 1, 0, 1).softmax_scale, fmt, c->bytes,
+                   E4M3_SCALE};
   ck_assert_int_eq(ref_mla_decode(&p, ro, rl), 0);
   for (size_t i = 0; i < rows * 512; i++)
     of[i] = ref_bf16_to_float(out[i]);
@@ -196,10 +249,14 @@ static void result_free(result *r) {
   free(r->lse);
 }
 
-static void run_dense(uint32_t layout, uint64_t seed) {
+static const char *dtype_name(uint32_t dtype) {
+  return dtype == PMLA_DTYPE_FP8_E4M3 ? "fp8_e4m3" : dtype == PMLA_DTYPE_FP8_DS_MLA ? "fp8_ds_mla" : "bf16";
+}
+
+static void run_dense(uint32_t layout, uint64_t seed, uint32_t dtype) {
   uint64_t rng = seed;
   cache c;
-  cache_make(&c, &rng);
+  cache_make_as(&c, &rng, dtype);
   req probe;
   req_random(&probe, &rng, 3000);
   /* more than one chunk (longer than the 4096 tokens a dense request keeps
@@ -227,18 +284,18 @@ static void run_dense(uint32_t layout, uint64_t seed) {
     }
     decode_batch(&c, batch, n, at, layout, cu, got.out, got.lse);
     ck_assert_msg(result_same(&alone, &got),
-                  "%s: request (q_len %d, kv_len %d) at %d of a batch of %d, cu_count %u: out "
-                  "or lse differs from the request decoded alone",
-                  layout == PMLA_KV_CSR ? "CSR" : "block table", probe.q_len, probe.kv_len, at,
-                  n, cu);
+                  "%s %s: request (q_len %d, kv_len %d) at %d of a batch of %d, cu_count %u: "
+                  "out or lse differs from the request decoded alone",
+                  dtype_name(dtype), layout == PMLA_KV_CSR ? "CSR" : "block table", probe.q_len,
+                  probe.kv_len, at, n, cu);
     for (int32_t i = 0; i < n; i++)
       if (i != at)
         free(pool[i].q);
   }
-  printf("invariance %s: %d batches (sizes 1..256, cu_count 1/2/7/all), q_len %d, kv_len %d, "
-         "%d builds split a request\n",
-         layout == PMLA_KV_CSR ? "CSR" : "block table", TRIALS, probe.q_len, probe.kv_len,
-         g_split_builds);
+  printf("invariance %s %s: %d batches (sizes 1..256, cu_count 1/2/7/all), q_len %d, "
+         "kv_len %d, %d builds split a request\n",
+         dtype_name(dtype), layout == PMLA_KV_CSR ? "CSR" : "block table", TRIALS, probe.q_len,
+         probe.kv_len, g_split_builds);
   ck_assert_msg(g_split_builds > 0, "no build split a request: the test proves too little");
   free(probe.q);
   result_free(&alone);
@@ -248,7 +305,16 @@ static void run_dense(uint32_t layout, uint64_t seed) {
 
 START_TEST(test_dense_output_is_independent_of_the_batch) {
   REQUIRE_BACKEND();
-  run_dense(_i % 2 ? PMLA_KV_CSR : PMLA_KV_BLOCK_TABLE, harness_seed() ^ (0x1a0u + (uint64_t)_i));
+  run_dense(_i % 2 ? PMLA_KV_CSR : PMLA_KV_BLOCK_TABLE, harness_seed() ^ (0x1a0u + (uint64_t)_i),
+            PMLA_DTYPE_BF16);
+}
+END_TEST
+
+/* FP8 caches: the same promise (each dtype has kernels of its own) */
+START_TEST(test_fp8_output_is_independent_of_the_batch) {
+  REQUIRE_BACKEND();
+  run_dense(_i % 2 ? PMLA_KV_CSR : PMLA_KV_BLOCK_TABLE, harness_seed() ^ (0xf80u + (uint64_t)_i),
+            _i < 2 ? PMLA_DTYPE_FP8_E4M3 : PMLA_DTYPE_FP8_DS_MLA);
 }
 END_TEST
 
@@ -436,6 +502,7 @@ Suite *suite_invariance(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_builder_flags_and_a_1_0_config);
   tcase_add_loop_test(tc, test_dense_output_is_independent_of_the_batch, 0, 4);
+  tcase_add_loop_test(tc, test_fp8_output_is_independent_of_the_batch, 0, 4);
   tcase_add_test(tc, test_sparse_output_is_independent_of_the_batch);
   tcase_add_test(tc, test_a_long_request_folds_alike_in_many_pieces);
   suite_add_tcase(s, tc);
