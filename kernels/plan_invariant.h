@@ -48,7 +48,7 @@
 #define PMLA_INV_MIN_CHUNK_SPARSE 1024 /* top-k positions, sparse steps */
 #define PMLA_INV_WHOLE 4096            /* tokens: a dense request this short is one chunk */
 #define PMLA_INV_MAX_CHUNKS 64  /* per request */
-#define PMLA_INV_SLOT_UNITS 4   /* the split budget: 4 slots per unit */
+#define PMLA_INV_SLOT_UNITS 8   /* the split budget: 8 slots per unit (docs/performance.md) */
 #define PMLA_INV_DEAL_MAX 512 /* pieces and units the deals take */
 
 enum {

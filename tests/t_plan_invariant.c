@@ -163,7 +163,7 @@ typedef struct case_result {
   int64_t worst, share; /* the heaviest unit's work, and an equal share */
 } case_result;
 
-enum { LENS_MIXED, LENS_RAGGED, LENS_16K };
+enum { LENS_MIXED, LENS_RAGGED, LENS_16K, LENS_32K, LENS_64K };
 
 /* Plans one random batch and checks it: lengths of every kind from 0 to
  * 300000 (LENS_MIXED), 2048..6144 tokens (LENS_RAGGED) or all 16384. */
@@ -179,6 +179,8 @@ static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int
     lens[r] = sparse   ? topk
               : lens_kind == LENS_RAGGED ? 2048 + (int32_t)rng_below(rng, 4097)
               : lens_kind == LENS_16K    ? 16384
+              : lens_kind == LENS_32K    ? 32768
+              : lens_kind == LENS_64K    ? 65536
               : kind == 0 ? 0
               : kind < 5  ? (int32_t)rng_below(rng, 3000)
               : kind < 9  ? (int32_t)rng_below(rng, 40000)
@@ -252,9 +254,10 @@ END_TEST
 
 /* Fewer requests than units, each within 1.25 units' shares: spread, one
  * request a unit, no split (on the line, 60 requests of 16384 tokens on
- * 66 units split so many that the slot budget ran out: 1.6x the default
- * mode's time); 50 of them are 1.32 shares each, and their 400 chunks
- * would overrun the budget of 264 slots as pieces: they stay on the line. */
+ * 66 units split so many that a budget of 4 slots a unit ran out: 1.6x the
+ * default mode's time); 50 of them are 1.32 shares each, and their 400
+ * chunks fit the budget of 528 slots as pieces (on the line, with 264
+ * slots, the requests left over stayed whole: 2x the share). */
 START_TEST(test_fewer_requests_than_units_take_one_unit_each) {
   uint64_t rng = 7;
   case_result c = run_case(&rng, 60, 66, 0, LENS_16K, "60 requests of 16384 tokens, 66 units");
@@ -265,8 +268,10 @@ START_TEST(test_fewer_requests_than_units_take_one_unit_each) {
          c.place == PMLA_INV_PLACE_WHOLE ? "spread" : "not spread whole", c.split,
          (long long)c.worst);
   c = run_case(&rng, 50, 66, 0, LENS_16K, "50 requests of 16384 tokens, 66 units");
-  EXPECT(c.place == PMLA_INV_PLACE_LINE && c.split > 0,
-         "50 x 16384 tokens on 66 units: placement %d, %d split", c.place, c.split);
+  EXPECT(c.place == PMLA_INV_PLACE_PIECES && c.split == 50 && c.worst * 100 <= c.share * 120,
+         "50 x 16384 tokens on 66 units: placement %d, %d split, heaviest unit %lld against a "
+         "share of %lld",
+         c.place, c.split, (long long)c.worst, (long long)c.share);
 }
 END_TEST
 
@@ -328,6 +333,32 @@ END_TEST
 
 /* The chunk boundaries: a function of the length (and dense / sparse)
  * alone, at most PMLA_INV_MAX_CHUNKS, whole blocks, covering the request */
+/* Batches of long requests with fewer than half as many requests as units
+ * stay on the line, and most of their chunks past a request's first unit
+ * each take a slot of the split budget. With 4 slots a unit these batches
+ * ran out of it: the requests left over stayed whole, each on one unit, 2.0
+ * to 4.3x the share (the H200 took 1240 us for b=20 L=32768 h=128 where the
+ * default mode takes 316). The budget holds their splits now. */
+START_TEST(test_long_requests_on_the_line_split_within_the_budget) {
+  static const struct {
+    int32_t R, N, lens;
+  } cases[] = {{20, 66, LENS_32K}, {28, 66, LENS_32K}, {16, 66, LENS_64K},
+               {40, 132, LENS_32K}, {60, 132, LENS_32K}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint64_t rng = 0x51075u + i;
+    char what[80];
+    snprintf(what, sizeof what, "%d requests of %d tokens, %d units", cases[i].R,
+             cases[i].lens == LENS_32K ? 32768 : 65536, cases[i].N);
+    const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, cases[i].lens, what);
+    EXPECT(c.place == PMLA_INV_PLACE_LINE && c.split == cases[i].R &&
+               c.worst * 100 <= c.share * 112,
+           "%s: placement %d, %d requests split, the heaviest unit holds %lld blocks of work "
+           "against a share of %lld",
+           what, c.place, c.split, (long long)c.worst, (long long)c.share);
+  }
+}
+END_TEST
+
 START_TEST(test_chunk_size_is_a_function_of_the_length) {
   for (int32_t L = 0; L < 5000000; L = L * 3 / 2 + 1) {
     for (int sparse = 0; sparse < 2; sparse++) {
@@ -412,6 +443,7 @@ Suite *suite_plan_invariant(void) {
   Suite *s = suite_create("plan_invariant");
   TCase *tc = tcase_create("layout");
   tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_long_requests_on_the_line_split_within_the_budget);
   tcase_add_test(tc, test_chunk_size_is_a_function_of_the_length);
   tcase_add_test(tc, test_invariant_schedule_holds_its_layout_on_random_batches);
   tcase_add_test(tc, test_a_ragged_batch_is_spread_evenly);
