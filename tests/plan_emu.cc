@@ -242,8 +242,8 @@ int main(int argc, char **argv) {
       in.uniform_len = below(5) == 0 ? 0 : 1 + (int32_t)below(below(2) ? 3000 : 300000);
     }
     /* the builder's sizes (plugin/builder.c), sometimes shrunk */
-    in.max_items = in.invariant ? R * 64 + N : R + N;
-    in.max_partials = in.invariant ? 5 * N : 2 * N;
+    in.max_items = in.invariant ? R * PMLA_INV_MAX_CHUNKS + N : R + N;
+    in.max_partials = in.invariant ? (PMLA_INV_SLOT_UNITS + 1) * N : 2 * N;
     if (below(8) == 0) {
       in.max_items = (int32_t)below((uint32_t)in.max_items + 1);
       in.max_partials = (int32_t)below((uint32_t)in.max_partials + 1);
