@@ -32,8 +32,8 @@ typedef struct pmla_gpu_problem {
   const int32_t *qo_indptr;   /* dense: [R+1]; sparse: NULL (request r = row r) */
   uint16_t *out;              /* bf16 [num_tokens, heads, 512] */
   float *lse;                 /* fp32 [num_tokens, heads] or NULL */
-  float *partial_out;         /* fp32 [2N, max_q_len, heads, 512] */
-  float *partial_lse;         /* fp32 [2N, max_q_len, heads] */
+  float *partial_out;         /* fp32 [max_slots, max_q_len, heads, 512] */
+  float *partial_lse;         /* fp32 [max_slots, max_q_len, heads] */
   int32_t *work_meta_data;    /* [PMLA_META_WORDS_]; error word at PMLA_META_ERROR */
   const int32_t *work_indptr; /* [N+1] */
   const int32_t *work_info_set;

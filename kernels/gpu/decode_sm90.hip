@@ -891,6 +891,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     if (!keep) {
       proxy_fence();
+      /* a folding item's slot held kept words, written and read by these
+       * threads through the generic proxy; the bulk stores below may
+       * overwrite them */
+      if (fold)
+        proxy_fence_global();
       __syncthreads();
       if (g == 1) {
         staged = true;

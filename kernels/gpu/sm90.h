@@ -38,6 +38,10 @@ __device__ __forceinline__ void wg_wait0() {
 __device__ __forceinline__ void proxy_fence() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+/* the same for this thread's global accesses */
+__device__ __forceinline__ void proxy_fence_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
 /* keeps uses of the accumulators after the wait that completes them */
 template <int N> __device__ __forceinline__ void reg_fence(float *d) {
 #pragma unroll
