@@ -30,10 +30,8 @@
  *                 request whose chunks land on several units is split.
  * The two deals take at most PMLA_INV_DEAL_MAX pieces and units. Splits
  * spend a slot budget fixed at init: max_partials - N slots (the last N are
- * the units' accumulators). On the line, splits that would take more share
- * it: none takes more than a cap, its first piece lengthened instead
- * (pmla_inv_need_cap); where even two slots each do not fit, the budget
- * goes in request order and a request it cannot take stays whole.
+ * the units' accumulators); on the line a request whose split would not
+ * fit the budget stays whole on its unit.
  *
  * Work item word PMLA_WI_PIECE holds the chunk index and the flags below.
  * pmla_plan_invariant is serial; the GPU metadata kernel places the same
@@ -161,35 +159,6 @@ PMLA_HD static inline int32_t pmla_inv_first_piece(const pmla_plan_req *q, int32
     c += cost;
   }
   return a;
-}
-
-/* The line's splits when they ask for more slots than the budget holds:
- * hist[k] requests need k slots (k <= PMLA_INV_MAX_NEED). Returns the
- * largest cap c >= 2 with sum_k hist[k] * min(k, c) <= budget: a request
- * that needs more takes c, its first piece lengthened to n - c + 1 chunks
- * (any first piece folds to the same bits), so every request is split and
- * none is left whole on one unit (b=20 L=32768 h=128 on a budget of 4
- * slots a unit: 3.9x the default mode's time). 0 when even c = 2 does not
- * fit; the budget is then spent in request order. */
-#define PMLA_INV_MAX_NEED (PMLA_INV_MAX_CHUNKS + 1)
-PMLA_HD static inline int32_t pmla_inv_need_cap(const int32_t *hist, int32_t budget) {
-  int64_t below = 0, ge = 0; /* sum of k hist[k] for k < c; requests needing c or more */
-  for (int32_t k = 2; k <= PMLA_INV_MAX_NEED; k++)
-    ge += hist[k];
-  if (2 * ge > budget)
-    return 0;
-  for (int32_t c = 3; c <= PMLA_INV_MAX_NEED; c++) {
-    below += (int64_t)(c - 1) * hist[c - 1];
-    ge -= hist[c - 1];
-    if (below + c * ge > budget)
-      return c - 1;
-  }
-  return PMLA_INV_MAX_NEED;
-}
-
-/* A split's first piece a (of n chunks) under the cap (above). */
-PMLA_HD static inline int32_t pmla_inv_capped_first(int32_t a, int32_t n, int32_t cap) {
-  return cap >= 2 && a < n && 1 + (n - a) > cap ? n - (cap - 1) : a;
 }
 
 /* Work item `item`: chunk j of request r on unit `unit` with slot `slot`
@@ -466,33 +435,16 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
    * only grow along the line, so each search starts at the unit of the last
    * chunk placed (pmla_inv_unit_from: no division). */
   int32_t ucur = 0; /* the unit of the last chunk placed */
-  /* splits that may not all fit the budget (each takes at most a slot per
-   * chunk and one): the cap, from what each would take */
-  int32_t cap = 0;
-  if (sums.chunks + R > budget) {
-    int32_t hist[PMLA_INV_MAX_NEED + 1] = {0};
-    int64_t c = 0;
-    for (int32_t r = 0; r < R; r++) {
-      const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-      const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
-      const int32_t u0 = pmla_inv_chunk_unit(c, chunk, q.len, 0, N, total);
-      const int32_t a = pmla_inv_first_piece(&q, chunk, n, c, u0, N, total);
-      hist[a < n ? 1 + (n - a) : 0]++;
-      c += pmla_inv_cost(n, q.blocks);
-    }
-    cap = pmla_inv_need_cap(hist, budget);
-  }
   for (int32_t r = 0; r < R; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
     const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
     rows += q.qe - q.qb;
     /* the first piece: the chunks on the unit of chunk 0 (units only grow
-     * along the line, so they are a prefix), more under the cap */
+     * along the line, so they are a prefix) */
     const int64_t cost0 = OH + pmla_inv_chunk_blocks(q.len, chunk, 0);
     ucur = pmla_inv_unit_from(ucur, 2 * cum + cost0, N, total);
     const int32_t u0 = ucur;
-    const int32_t a =
-        pmla_inv_capped_first(pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total), n, cap);
+    const int32_t a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
     const int split = a < n && slots + 1 + (n - a) <= budget && reduces < R;
     if (!split) { /* whole on unit u0, folding in its accumulator */
       for (int32_t j = 0; j < n; j++) {

@@ -316,11 +316,9 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
 /* The batch-invariant schedule (plan_invariant.h) placed by the whole
  * block: a request's chunks go where their midpoints fall on the line of all
  * work, and where a request starts on that line is a prefix sum of the
- * requests' costs, so each thread places its own request. Splits that
- * would outgrow the budget are capped after a first pass (a histogram of
- * what each would take); only where even the cap of two does not fit is
- * the budget spent in request order, one thread walking it for a chunk of
- * requests. The items are
+ * requests' costs, so each thread places its own request. Only the split
+ * budget is spent in request order; one thread walks it for a chunk of
+ * requests when those that would split do not all fit it. The items are
  * then written one a thread across the whole chunk of requests (a lone
  * request's 64 chunks no longer by one thread: b=1 L=131072 took 25 us).
  * Equal to pmla_plan_invariant word for word (t_plan_exact,
@@ -369,43 +367,6 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
     plan_deal(in, out, place, buf, sa, s_err, s_rows, s_max_pieces);
     return;
   }
-  /* splits that may not all fit the budget: the cap on what each takes
-   * (pmla_inv_need_cap), from a histogram in want[0..PMLA_INV_MAX_NEED] of
-   * what each would take; the cap then in want[PMLA_INV_MAX_NEED + 1] */
-  int32_t cap = 0;
-  if (sums.chunks + R > budget) {
-    static_assert(PMLA_INV_MAX_NEED + 2 <= PLAN_THREADS, "the histogram fits want");
-    for (int32_t k = t; k <= PMLA_INV_MAX_NEED; k += PLAN_THREADS)
-      want[k] = 0;
-    __syncthreads();
-    int64_t pre = 0; /* the prefix before the chunk of requests */
-    for (int32_t c0 = 0; c0 < R; c0 += PLAN_THREADS) {
-      const int32_t r = c0 + t;
-      pmla_plan_req q = {0, 0, 0, 0};
-      int32_t chunk = 0, n = 0;
-      if (r < R) {
-        q = pmla_plan_describe(&in, r, &scratch);
-        chunk = pmla_inv_chunk(q.len, in.uniform_len);
-        n = pmla_inv_chunks(q.len, chunk);
-      }
-      int64_t cost_sum;
-      const int64_t cum =
-          pre + block_exclusive_scan(r < R ? pmla_inv_cost(n, q.blocks) : 0, buf, &cost_sum);
-      if (r < R) {
-        const int32_t u0 = pmla_inv_chunk_unit(cum, chunk, q.len, 0, N, total);
-        const int32_t a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
-        if (a < n)
-          atomicAdd(&want[1 + (n - a)], 1);
-      }
-      pre += cost_sum;
-    }
-    __syncthreads();
-    if (t == 0)
-      want[PMLA_INV_MAX_NEED + 1] = pmla_inv_need_cap(want, budget);
-    __syncthreads();
-    cap = want[PMLA_INV_MAX_NEED + 1];
-    __syncthreads();
-  }
   int64_t at_cum = 0; /* the prefix before the chunk of requests */
   int32_t at_items = 0, at_slots = 0, at_reduces = 0, at_unit = 0;
   int32_t rows = 0, max_pieces = 0;
@@ -426,7 +387,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
     int32_t a = n;
     if (valid) {
       u0 = pmla_inv_chunk_unit(cum, chunk, q.len, 0, N, total);
-      a = pmla_inv_capped_first(pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total), n, cap);
+      a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
       need = a < n ? 1 + (n - a) : 0;
     }
     /* the split budget, in request order (the serial planner's other
