@@ -323,6 +323,7 @@ static void decode_sparse(const cache *c, const int32_t *lists, const uint16_t *
                           int32_t probe, uint32_t cu, uint16_t *out1, float *lse1) {
   pmla_builder_config cfg = harness_config(H, PS, MAXB, 1, SPARSE_TOPK, cu);
   cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
+  cfg.kv_dtype = c->dtype;
   pmla_builder *b = harness_init(&cfg);
   test_tensor t_idx;
   tt_make2(&t_idx, TT_I32, lists, n, SPARSE_TOPK);
@@ -339,11 +340,14 @@ static void decode_sparse(const cache *c, const int32_t *lists, const uint16_t *
   g_be->destroy_builder(b);
 }
 
+/* bf16, fp8_ds_mla (DeepSeek V3.2's sparse cache) and fp8_e4m3 */
 START_TEST(test_sparse_output_is_independent_of_the_batch) {
   REQUIRE_BACKEND();
-  uint64_t rng = harness_seed() ^ 0x5a11u;
+  static const uint32_t dtypes[] = {PMLA_DTYPE_BF16, PMLA_DTYPE_FP8_DS_MLA, PMLA_DTYPE_FP8_E4M3};
+  const uint32_t dtype = dtypes[_i];
+  uint64_t rng = harness_seed() ^ (0x5a11u + (uint64_t)_i);
   cache c;
-  cache_make(&c, &rng);
+  cache_make_as(&c, &rng, dtype);
   int32_t *lists = malloc(sizeof(int32_t) * MAXB * SPARSE_TOPK);
   uint16_t *q = malloc((size_t)MAXB * H * 576 * 2);
   int32_t probe_list[SPARSE_TOPK];
@@ -376,11 +380,11 @@ START_TEST(test_sparse_output_is_independent_of_the_batch) {
     decode_sparse(&c, lists, q, n, at, cus[t % 4], got, got_lse);
     ck_assert_msg(memcmp(alone, got, sizeof alone) == 0 && memcmp(alone_lse, got_lse,
                                                                   sizeof alone_lse) == 0,
-                  "sparse: token at %d of %d, cu_count %u: out or lse differs from alone", at, n,
-                  cus[t % 4]);
+                  "sparse %s: token at %d of %d, cu_count %u: out or lse differs from alone",
+                  dtype_name(dtype), at, n, cus[t % 4]);
   }
-  printf("invariance sparse: %d batches (1..256 tokens, cu_count 1/2/7/all), %d builds split "
-         "a token\n", TRIALS, g_split_builds);
+  printf("invariance sparse %s: %d batches (1..256 tokens, cu_count 1/2/7/all), %d builds "
+         "split a token\n", dtype_name(dtype), TRIALS, g_split_builds);
   ck_assert_msg(g_split_builds > 0, "no build split a token: the test proves too little");
   free(lists);
   free(q);
@@ -503,7 +507,7 @@ Suite *suite_invariance(void) {
   tcase_add_test(tc, test_builder_flags_and_a_1_0_config);
   tcase_add_loop_test(tc, test_dense_output_is_independent_of_the_batch, 0, 4);
   tcase_add_loop_test(tc, test_fp8_output_is_independent_of_the_batch, 0, 4);
-  tcase_add_test(tc, test_sparse_output_is_independent_of_the_batch);
+  tcase_add_loop_test(tc, test_sparse_output_is_independent_of_the_batch, 0, 3);
   tcase_add_test(tc, test_a_long_request_folds_alike_in_many_pieces);
   suite_add_tcase(s, tc);
   return s;
