@@ -181,15 +181,20 @@ __device__ __forceinline__ void stage_rows(char *sO, const float (&o)[128], cons
     }
   }
 }
+/* the factors that normalise this thread's two rows of O (0 past nrows) */
+__device__ __forceinline__ void row_factors(float (&inv)[2], const float *sL,
+                                            const int (&myrow)[2], int nrows, float out_scale) {
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+    inv[sl] = myrow[sl] < nrows ? pmla_sum_scale(out_scale, sL[myrow[sl]]) : 0.f;
+}
 /* this warpgroup's normalised O into the staged rows */
 template <bool PARTIAL>
 __device__ __forceinline__ void stage_o(char *sO, const float (&o)[128], const float *sL, int g,
                                         int lane, const int (&myrow)[2], int nrows,
                                         float out_scale) {
   float inv[2];
-#pragma unroll
-  for (int sl = 0; sl < 2; sl++)
-    inv[sl] = myrow[sl] < nrows ? pmla_sum_scale(out_scale, sL[myrow[sl]]) : 0.f;
+  row_factors(inv, sL, myrow, nrows, out_scale);
   stage_rows<PARTIAL>(sO, o, inv, g, lane, myrow, nrows);
 }
 /* A batch-invariant accumulator that only this work-group's later chunks
@@ -880,9 +885,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
     } else if (keep) {
       float inv[2];
-#pragma unroll
-      for (int sl = 0; sl < 2; sl++)
-        inv[sl] = myrow[sl] < nrows ? pmla_sum_scale(out_scale, sL[myrow[sl]]) : 0.f;
+      row_factors(inv, sL, myrow, nrows, out_scale);
       keep_o(p, o, inv, g, lane, myrow, nrows, obase);
     } else if (pslot >= 0) {
       stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
