@@ -161,6 +161,10 @@ uint64_t rng_next(uint64_t *s) { /* splitmix64 */
 }
 uint32_t rng_below(uint64_t *s, uint32_t n) { return n ? (uint32_t)(rng_next(s) % n) : 0; }
 double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+uint8_t rng_e4m3(uint64_t *s) {
+  const uint8_t b = (uint8_t)rng_below(s, 256);
+  return (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b; /* S.1111.111 is NaN */
+}
 
 static const char *g_env_prefix = "PMLA_CONFORMANCE";
 

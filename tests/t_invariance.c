@@ -36,11 +36,6 @@ typedef struct cache {
 
 #define E4M3_SCALE (1.f / 256.f)
 
-static uint8_t e4m3_random(uint64_t *rng) {
-  const uint8_t b = (uint8_t)rng_below(rng, 256);
-  return (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b; /* S.1111.111 is NaN */
-}
-
 static void cache_make_as(cache *c, uint64_t *rng, uint32_t dtype) {
   memset(c, 0, sizeof *c);
   c->dtype = dtype;
@@ -60,11 +55,11 @@ static void cache_make_as(cache *c, uint64_t *rng, uint32_t dtype) {
     uint8_t *row = c->bytes + sl * w;
     if (dtype == PMLA_DTYPE_FP8_E4M3) {
       for (size_t d = 0; d < 576; d++)
-        row[d] = e4m3_random(rng);
+        row[d] = rng_e4m3(rng);
       continue;
     }
     for (size_t d = 0; d < 512; d++)
-      row[d] = e4m3_random(rng);
+      row[d] = rng_e4m3(rng);
     for (int t = 0; t < 4; t++) {
       const float f = ldexpf(1.f, -8 - (int)rng_below(rng, 3));
       memcpy(row + 512 + 4 * t, &f, 4);

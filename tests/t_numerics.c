@@ -79,22 +79,16 @@ static void kv_store_init(kv_store *kv, uint32_t dtype, int64_t slots, uint64_t 
   }
 }
 
-/* any finite e4m3 byte (up to +-448; zeros and subnormals included) */
-static uint8_t rand_e4m3(uint64_t *rng) {
-  uint8_t b = (uint8_t)rng_below(rng, 256);
-  return (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b; /* S.1111.111 is NaN */
-}
-
 static void kv_store_fill(kv_store *kv, int64_t slot, uint64_t *rng) {
   uint8_t *row = kv->bytes + (size_t)slot * kv->row_bytes;
   if (kv->dtype == PMLA_DTYPE_BF16) {
     fill_row((uint16_t *)(void *)row, rng);
   } else if (kv->dtype == PMLA_DTYPE_FP8_E4M3) {
     for (int d = 0; d < 576; d++)
-      row[d] = rand_e4m3(rng);
+      row[d] = rng_e4m3(rng);
   } else {
     for (int d = 0; d < 512; d++)
-      row[d] = rand_e4m3(rng);
+      row[d] = rng_e4m3(rng);
     for (int t = 0; t < 4; t++) { /* a power of two (as DeepSeek quantises) or not */
       float sc = rng_below(rng, 2) ? ldexpf(1.f, -8 - (int)rng_below(rng, 6))
                                    : (float)((0.01 + rng_uniform(rng)) / 256.0);
