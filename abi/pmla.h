@@ -147,8 +147,9 @@ enum pmla_device_error_bits {
  * A request split into k pieces uses k partial slots; the planner proves at
  * most 2N slots and R + N work items exist for any batch within the limits.
  * A PMLA_BUILDER_BATCH_INVARIANT builder has R * 64 + N work items (a
- * request has at most 64 chunks) and 9N partial slots (8N for split
- * requests, then one accumulator per unit); its partial buffers and
+ * request has at most 64 chunks) and 9N to 65N partial slots (8N for split
+ * requests, more where slots are small: up to 64N while all slots take at
+ * most 256 MiB; then one accumulator per unit); its partial buffers and
  * reduce_partial_map are sized by that slot count (query_builder). */
 typedef enum pmla_buffer {
   PMLA_BUF_WORK_META_DATA = 0,

@@ -42,13 +42,16 @@
 #ifndef PMLA_PLAN_INVARIANT_H
 #define PMLA_PLAN_INVARIANT_H
 
+#include "mla_types.h"
 #include "planner.h"
 
 #define PMLA_INV_MIN_CHUNK 2048        /* tokens, dense steps */
 #define PMLA_INV_MIN_CHUNK_SPARSE 1024 /* top-k positions, sparse steps */
 #define PMLA_INV_WHOLE 4096            /* tokens: a dense request this short is one chunk */
 #define PMLA_INV_MAX_CHUNKS 64  /* per request */
-#define PMLA_INV_SLOT_UNITS 8   /* the split budget: 8 slots per unit (docs/performance.md) */
+#define PMLA_INV_SLOT_UNITS 8   /* the split budget: at least 8 slots per unit, */
+#define PMLA_INV_SLOT_UNITS_MAX 64 /* at most 64, */
+#define PMLA_INV_SLOT_BYTES (256ll << 20) /* more than 8 while they fit this (pmla_inv_slot_units) */
 #define PMLA_INV_DEAL_MAX 512 /* pieces and units the deals take */
 
 enum {
@@ -60,6 +63,20 @@ enum {
   PMLA_WI_FINAL = 1 << 29, /* after folding, write out and lse (not the slot) */
   PMLA_WI_FOLD = 1 << 30   /* fold into the slot's accumulator, don't overwrite it */
 };
+
+/* Split slots per unit of a builder whose partial slots hold `rows` rows
+ * (max_q_len x heads) on N units: PMLA_INV_SLOT_UNITS, or as many more (up
+ * to PMLA_INV_SLOT_UNITS_MAX) as fit PMLA_INV_SLOT_BYTES in all. On the
+ * line every chunk of a split request past its first unit takes a slot, and
+ * a request whose split does not fit stays whole on one unit: a few dozen
+ * requests of 65536-131072 tokens need 12-24 slots a unit
+ * (docs/performance.md). A slot of 16 rows takes 32 KiB, of 128 rows 256. */
+PMLA_HD static inline int32_t pmla_inv_slot_units(int64_t rows, int32_t N) {
+  const int64_t fit = PMLA_INV_SLOT_BYTES / ((rows > 0 ? rows : 1) * PMLA_V_DIM * 4 * (N > 0 ? N : 1));
+  return fit < PMLA_INV_SLOT_UNITS       ? PMLA_INV_SLOT_UNITS
+         : fit > PMLA_INV_SLOT_UNITS_MAX ? PMLA_INV_SLOT_UNITS_MAX
+                                         : (int32_t)fit;
+}
 
 /* The least chunk of a dense or sparse step. */
 PMLA_HD static inline int32_t pmla_inv_least(int sparse) {

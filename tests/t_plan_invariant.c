@@ -163,12 +163,13 @@ typedef struct case_result {
   int64_t worst, share; /* the heaviest unit's work, and an equal share */
 } case_result;
 
-enum { LENS_MIXED, LENS_RAGGED, LENS_16K, LENS_32K, LENS_64K };
+enum { LENS_MIXED, LENS_RAGGED, LENS_16K, LENS_32K, LENS_64K, LENS_128K };
 
 /* Plans one random batch and checks it: lengths of every kind from 0 to
  * 300000 (LENS_MIXED), 2048..6144 tokens (LENS_RAGGED) or all 16384. */
+/* slot_units: the split budget's slots per unit */
 static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int lens_kind,
-                            const char *what) {
+                            int32_t slot_units, const char *what) {
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)(R + 1));
   int32_t *qo = malloc(sizeof(int32_t) * (size_t)(R + 1));
   ck_assert(lens && qo);
@@ -181,6 +182,7 @@ static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int
               : lens_kind == LENS_16K    ? 16384
               : lens_kind == LENS_32K    ? 32768
               : lens_kind == LENS_64K    ? 65536
+              : lens_kind == LENS_128K   ? 131072
               : kind == 0 ? 0
               : kind < 5  ? (int32_t)rng_below(rng, 3000)
               : kind < 9  ? (int32_t)rng_below(rng, 40000)
@@ -198,7 +200,7 @@ static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int
   in.uniform_len = topk;
   in.page_size = 16;
   in.max_items = R * PMLA_INV_MAX_CHUNKS + N;
-  in.max_partials = (PMLA_INV_SLOT_UNITS + 1) * N;
+  in.max_partials = (slot_units + 1) * N;
   in.invariant = 1;
   inv_buffers b;
   memset(&b, 0, sizeof b);
@@ -241,7 +243,8 @@ START_TEST(test_invariant_schedule_holds_its_layout_on_random_batches) {
     const int sparse = i % 4 == 3, ragged = i % 7 == 2;
     snprintf(what, sizeof what, "case %d (%d requests, %d units%s%s)", i, R, N,
              sparse ? ", sparse" : "", ragged ? ", ragged" : "");
-    const case_result c = run_case(&rng, R, N, sparse, ragged ? LENS_RAGGED : LENS_MIXED, what);
+    const case_result c = run_case(&rng, R, N, sparse, ragged ? LENS_RAGGED : LENS_MIXED,
+                                   PMLA_INV_SLOT_UNITS, what);
     splits += c.split > 0;
     places[c.place] += N > 1;
   }
@@ -260,14 +263,14 @@ END_TEST
  * slots, the requests left over stayed whole: 2x the share). */
 START_TEST(test_fewer_requests_than_units_take_one_unit_each) {
   uint64_t rng = 7;
-  case_result c = run_case(&rng, 60, 66, 0, LENS_16K, "60 requests of 16384 tokens, 66 units");
+  case_result c = run_case(&rng, 60, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS, "60 requests of 16384 tokens, 66 units");
   /* one request a unit: 8 chunks of 2048 tokens */
   EXPECT(c.place == PMLA_INV_PLACE_WHOLE && c.split == 0 &&
              c.worst == 8 * PMLA_SPLIT_OVERHEAD + 16384 / PMLA_BLOCK_TOKENS,
          "60 x 16384 tokens on 66 units: %s, %d split, heaviest unit %lld",
          c.place == PMLA_INV_PLACE_WHOLE ? "spread" : "not spread whole", c.split,
          (long long)c.worst);
-  c = run_case(&rng, 50, 66, 0, LENS_16K, "50 requests of 16384 tokens, 66 units");
+  c = run_case(&rng, 50, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS, "50 requests of 16384 tokens, 66 units");
   EXPECT(c.place == PMLA_INV_PLACE_PIECES && c.split == 50 && c.worst * 100 <= c.share * 120,
          "50 x 16384 tokens on 66 units: placement %d, %d split, heaviest unit %lld against a "
          "share of %lld",
@@ -321,7 +324,8 @@ START_TEST(test_a_ragged_batch_is_spread_evenly) {
       char what[64];
       snprintf(what, sizeof what, "ragged batch on %d units, seed %llu", wide ? 132 : 66,
                (unsigned long long)seed);
-      const case_result c = run_case(&rng, 128, wide ? 132 : 66, 0, LENS_RAGGED, what);
+      const case_result c = run_case(&rng, 128, wide ? 132 : 66, 0, LENS_RAGGED, PMLA_INV_SLOT_UNITS,
+                                         what);
       EXPECT(c.place == (wide ? PMLA_INV_PLACE_PIECES : PMLA_INV_PLACE_WHOLE) &&
                  c.worst * 100 <= c.share * 115,
              "%s: placement %d, the heaviest unit holds %lld blocks of work against a share of "
@@ -349,13 +353,44 @@ START_TEST(test_long_requests_on_the_line_split_within_the_budget) {
     char what[80];
     snprintf(what, sizeof what, "%d requests of %d tokens, %d units", cases[i].R,
              cases[i].lens == LENS_32K ? 32768 : 65536, cases[i].N);
-    const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, cases[i].lens, what);
+    const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, cases[i].lens,
+                                   PMLA_INV_SLOT_UNITS, what);
     EXPECT(c.place == PMLA_INV_PLACE_LINE && c.split == cases[i].R &&
                c.worst * 100 <= c.share * 112,
            "%s: placement %d, %d requests split, the heaviest unit holds %lld blocks of work "
            "against a share of %lld",
            what, c.place, c.split, (long long)c.worst, (long long)c.share);
   }
+}
+END_TEST
+
+/* Builders whose slots are small get more of them: a few dozen requests of
+ * 131072 tokens split on the line within their builder's budget (with 8
+ * slots a unit the requests past it stayed whole: 2.7-6.8x a share) */
+START_TEST(test_long_requests_fit_the_budget_of_small_slots) {
+  static const struct {
+    int32_t R, N, rows;
+  } cases[] = {{20, 132, 16}, {40, 132, 16}, {56, 132, 16}, {12, 66, 128}, {16, 132, 64}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint64_t rng = 0x51076u + i;
+    const int32_t units = pmla_inv_slot_units(cases[i].rows, cases[i].N);
+    char what[96];
+    snprintf(what, sizeof what, "%d requests of 131072 tokens, %d units, %d rows a slot (%d slots a unit)",
+             cases[i].R, cases[i].N, cases[i].rows, units);
+    const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, LENS_128K, units, what);
+    EXPECT(c.place == PMLA_INV_PLACE_LINE && c.split == cases[i].R &&
+               c.worst * 100 <= c.share * 105,
+           "%s: placement %d, %d requests split, the heaviest unit holds %lld blocks of work "
+           "against a share of %lld",
+           what, c.place, c.split, (long long)c.worst, (long long)c.share);
+  }
+  /* the budget: 8 slots a unit where slots are large, at most 64, and all
+   * of them within 256 MiB whenever more than 8 */
+  EXPECT(pmla_inv_slot_units(128, 66) == 15 && pmla_inv_slot_units(16, 132) == 62 &&
+             pmla_inv_slot_units(512, 66) == PMLA_INV_SLOT_UNITS &&
+             pmla_inv_slot_units(1, 4) == PMLA_INV_SLOT_UNITS_MAX,
+         "slots a unit: %d %d %d %d", pmla_inv_slot_units(128, 66), pmla_inv_slot_units(16, 132),
+         pmla_inv_slot_units(512, 66), pmla_inv_slot_units(1, 4));
 }
 END_TEST
 
@@ -444,6 +479,7 @@ Suite *suite_plan_invariant(void) {
   TCase *tc = tcase_create("layout");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_long_requests_on_the_line_split_within_the_budget);
+  tcase_add_test(tc, test_long_requests_fit_the_budget_of_small_slots);
   tcase_add_test(tc, test_chunk_size_is_a_function_of_the_length);
   tcase_add_test(tc, test_invariant_schedule_holds_its_layout_on_random_batches);
   tcase_add_test(tc, test_a_ragged_batch_is_spread_evenly);
