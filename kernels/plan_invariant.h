@@ -206,6 +206,7 @@ PMLA_HD static inline void pmla_inv_write_item(const pmla_plan_output *out, int3
  * ORs the input errors into *err. */
 typedef struct pmla_inv_sums {
   int64_t total, max_cost, chunks, pieces, slots, max_piece;
+  int64_t min_cost; /* the cheapest request's cost (INT64_MAX: none) */
 } pmla_inv_sums;
 
 /* A piece's cost: chunk j of a split request, else the whole request. */
@@ -227,10 +228,11 @@ PMLA_HD static inline void pmla_inv_sum_add(pmla_inv_sums *s, const pmla_plan_re
   s->pieces += n > 1 ? n : 1;
   s->slots += n > 1 ? n : 0;
   s->max_piece = piece > s->max_piece ? piece : s->max_piece;
+  s->min_cost = cost < s->min_cost ? cost : s->min_cost;
 }
 
 PMLA_HD static inline pmla_inv_sums pmla_inv_sum(const pmla_plan_input *in, int32_t *err) {
-  pmla_inv_sums s = {0, 0, 0, 0, 0, 0};
+  pmla_inv_sums s = {0, 0, 0, 0, 0, 0, INT64_MAX};
   for (int32_t r = 0; r < in->num_requests; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, err);
     const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
@@ -254,7 +256,9 @@ enum {
  * requests are fewer than units, and no split is needed (b=56 L=8192 h=128,
  * 1.18 shares a request: 299.8 us on the line, 284.6 spread; b=60 L=16384
  * h=128, 1.10: 759.6 and 561.9, where the line's splits overrun the slot
- * budget). Else, with at least half as many requests as units, pieces
+ * budget). Where requests outnumber units some unit holds two, so also
+ * the two cheapest must fit 1.25 shares (80 equal requests on 66 units
+ * dealt whole: 14 units hold two, 1.65x a share; in pieces 1.03x). Else, with at least half as many requests as units, pieces
  * spread when each fits 1.25 shares and their slots the budget: a ragged
  * batch with fewer requests than units, several of them longer than a
  * share (b=128 L=2048..6144 h=64 on 132 units: 234.4 us on the line).
@@ -265,7 +269,8 @@ PMLA_HD static inline int pmla_inv_placement(int32_t R, int32_t N, int32_t budge
                                              const pmla_inv_sums *s) {
   if (R < 1 || N > PMLA_INV_DEAL_MAX)
     return PMLA_INV_PLACE_LINE;
-  if (R <= PMLA_INV_DEAL_MAX && s->max_cost * N * 4 <= s->total * 5)
+  if (R <= PMLA_INV_DEAL_MAX && s->max_cost * N * 4 <= s->total * 5 &&
+      (R <= N || 2 * s->min_cost * N * 4 <= s->total * 5))
     return PMLA_INV_PLACE_WHOLE;
   if (2 * (int64_t)R >= N && s->pieces <= PMLA_INV_DEAL_MAX && s->slots <= budget &&
       s->max_piece * N * 4 <= s->total * 5)

@@ -335,6 +335,29 @@ START_TEST(test_a_ragged_batch_is_spread_evenly) {
 }
 END_TEST
 
+/* Equal requests a little more than the units: dealt whole, some unit
+ * holds two (80 of 16384 tokens on 66 units: 14 do, 1.65x a share), so
+ * they are cut into chunks instead */
+START_TEST(test_equal_requests_outnumbering_the_units_are_cut) {
+  static const struct {
+    int32_t R, N, lens;
+  } cases[] = {{80, 66, LENS_16K}, {70, 66, LENS_32K}, {96, 66, LENS_16K}, {160, 132, LENS_16K}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint64_t rng = 0x51077u + i;
+    char what[80];
+    snprintf(what, sizeof what, "%d requests of %d tokens, %d units", cases[i].R,
+             cases[i].lens == LENS_16K ? 16384 : 32768, cases[i].N);
+    /* the budget of a 128-head builder: on the line 70 x 32768 needs 8 a unit */
+    const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, cases[i].lens,
+                                   pmla_inv_slot_units(128, cases[i].N), what);
+    EXPECT(c.place != PMLA_INV_PLACE_WHOLE && c.worst * 100 <= c.share * 110,
+           "%s: placement %d, the heaviest unit holds %lld blocks of work against a share of "
+           "%lld",
+           what, c.place, (long long)c.worst, (long long)c.share);
+  }
+}
+END_TEST
+
 /* The chunk boundaries: a function of the length (and dense / sparse)
  * alone, at most PMLA_INV_MAX_CHUNKS, whole blocks, covering the request */
 /* Batches of long requests with fewer than half as many requests as units
@@ -483,6 +506,7 @@ Suite *suite_plan_invariant(void) {
   tcase_add_test(tc, test_chunk_size_is_a_function_of_the_length);
   tcase_add_test(tc, test_invariant_schedule_holds_its_layout_on_random_batches);
   tcase_add_test(tc, test_a_ragged_batch_is_spread_evenly);
+  tcase_add_test(tc, test_equal_requests_outnumbering_the_units_are_cut);
   tcase_add_test(tc, test_fewer_pieces_than_units_are_spaced_evenly);
   tcase_add_test(tc, test_fewer_requests_than_units_take_one_unit_each);
   tcase_add_test(tc, test_closed_forms_equal_the_serial_walk);

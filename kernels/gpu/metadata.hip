@@ -177,6 +177,7 @@ struct InvReqs {
 /* The sums of pmla_inv_sum, block-wide (shared memory). */
 struct InvSums {
   unsigned long long total, max_cost, chunks, pieces, slots, max_piece;
+  unsigned long long not_min; /* ~ the cheapest request's cost: a maximum */
 };
 
 /* The dealt placements of a batch-invariant step (plan_invariant.h: at
@@ -332,11 +333,12 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   const int32_t budget = in.max_partials - N; /* slots for splits; then one per unit */
   if (t == 0) {
     ss->total = ss->max_cost = ss->chunks = ss->pieces = ss->slots = ss->max_piece = 0;
+    ss->not_min = 0;
     *s_err = *s_rows = *s_max_pieces = 0;
   }
   __syncthreads();
   int32_t err = 0, scratch = 0;
-  pmla_inv_sums mine = {0, 0, 0, 0, 0, 0}; /* this thread's requests' */
+  pmla_inv_sums mine = {0, 0, 0, 0, 0, 0, INT64_MAX}; /* this thread's requests' */
   for (int32_t r = t; r < R; r += PLAN_THREADS) {
     const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
     const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
@@ -345,7 +347,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   typedef unsigned long long u64;
   block_sum_max((u64)mine.total, (u64)mine.max_cost, &ss->total, &ss->max_cost);
   block_sum_max((u64)mine.chunks, (u64)mine.max_piece, &ss->chunks, &ss->max_piece);
-  block_sum_max((u64)mine.pieces, 0, &ss->pieces, NULL);
+  block_sum_max((u64)mine.pieces, ~(u64)mine.min_cost, &ss->pieces, &ss->not_min);
   block_sum_max((u64)mine.slots, 0, &ss->slots, NULL);
   atomicOr(s_err, err);
   __syncthreads();
@@ -359,7 +361,8 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
                               (int64_t)ss->chunks,
                               (int64_t)ss->pieces,
                               (int64_t)ss->slots,
-                              (int64_t)ss->max_piece};
+                              (int64_t)ss->max_piece,
+                              (int64_t)~ss->not_min};
   const int place = pmla_inv_placement(R, N, budget, &sums);
   if (place != PMLA_INV_PLACE_LINE) {
     const DealArrays sa = {want,  rq.item, rq.slot0, rq.len, split_at, last_unit, rq.qb,
