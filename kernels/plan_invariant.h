@@ -51,7 +51,7 @@
 #define PMLA_INV_MAX_CHUNKS 64  /* per request */
 #define PMLA_INV_SLOT_UNITS 8   /* the split budget: at least 8 slots per unit, */
 #define PMLA_INV_SLOT_UNITS_MAX 64 /* at most 64, */
-#define PMLA_INV_SLOT_BYTES (256ll << 20) /* more than 8 while they fit this (pmla_inv_slot_units) */
+#define PMLA_INV_SLOT_BYTES (256ll << 20) /* more than 8 while all fit (pmla_inv_slot_units) */
 #define PMLA_INV_DEAL_MAX 512 /* pieces and units the deals take */
 
 enum {
@@ -72,7 +72,8 @@ enum {
  * requests of 65536-131072 tokens need 12-24 slots a unit
  * (docs/performance.md). A slot of 16 rows takes 32 KiB, of 128 rows 256. */
 PMLA_HD static inline int32_t pmla_inv_slot_units(int64_t rows, int32_t N) {
-  const int64_t fit = PMLA_INV_SLOT_BYTES / ((rows > 0 ? rows : 1) * PMLA_V_DIM * 4 * (N > 0 ? N : 1));
+  const int64_t slot = (rows > 0 ? rows : 1) * PMLA_V_DIM * 4;
+  const int64_t fit = PMLA_INV_SLOT_BYTES / (slot * (N > 0 ? N : 1));
   return fit < PMLA_INV_SLOT_UNITS       ? PMLA_INV_SLOT_UNITS
          : fit > PMLA_INV_SLOT_UNITS_MAX ? PMLA_INV_SLOT_UNITS_MAX
                                          : (int32_t)fit;
@@ -258,8 +259,9 @@ enum {
  * h=128, 1.10: 759.6 and 561.9, where the line's splits overrun the slot
  * budget). Where requests outnumber units some unit holds two, so also
  * the two cheapest must fit 1.25 shares (80 equal requests on 66 units
- * dealt whole: 14 units hold two, 1.65x a share; in pieces 1.03x). Else, with at least half as many requests as units, pieces
- * spread when each fits 1.25 shares and their slots the budget: a ragged
+ * dealt whole: 14 units hold two, 1.65x a share; in pieces 1.03x). Else,
+ * with at least half as many requests as units, pieces spread when each
+ * fits 1.25 shares and their slots the budget: a ragged
  * batch with fewer requests than units, several of them longer than a
  * share (b=128 L=2048..6144 h=64 on 132 units: 234.4 us on the line).
  * Else the line: long requests in batches of fewer, where each request's

@@ -263,14 +263,16 @@ END_TEST
  * slots, the requests left over stayed whole: 2x the share). */
 START_TEST(test_fewer_requests_than_units_take_one_unit_each) {
   uint64_t rng = 7;
-  case_result c = run_case(&rng, 60, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS, "60 requests of 16384 tokens, 66 units");
+  case_result c = run_case(&rng, 60, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS,
+                           "60 requests of 16384 tokens, 66 units");
   /* one request a unit: 8 chunks of 2048 tokens */
   EXPECT(c.place == PMLA_INV_PLACE_WHOLE && c.split == 0 &&
              c.worst == 8 * PMLA_SPLIT_OVERHEAD + 16384 / PMLA_BLOCK_TOKENS,
          "60 x 16384 tokens on 66 units: %s, %d split, heaviest unit %lld",
          c.place == PMLA_INV_PLACE_WHOLE ? "spread" : "not spread whole", c.split,
          (long long)c.worst);
-  c = run_case(&rng, 50, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS, "50 requests of 16384 tokens, 66 units");
+  c = run_case(&rng, 50, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS,
+               "50 requests of 16384 tokens, 66 units");
   EXPECT(c.place == PMLA_INV_PLACE_PIECES && c.split == 50 && c.worst * 100 <= c.share * 120,
          "50 x 16384 tokens on 66 units: placement %d, %d split, heaviest unit %lld against a "
          "share of %lld",
@@ -324,8 +326,8 @@ START_TEST(test_a_ragged_batch_is_spread_evenly) {
       char what[64];
       snprintf(what, sizeof what, "ragged batch on %d units, seed %llu", wide ? 132 : 66,
                (unsigned long long)seed);
-      const case_result c = run_case(&rng, 128, wide ? 132 : 66, 0, LENS_RAGGED, PMLA_INV_SLOT_UNITS,
-                                         what);
+      const case_result c = run_case(&rng, 128, wide ? 132 : 66, 0, LENS_RAGGED,
+                                     PMLA_INV_SLOT_UNITS, what);
       EXPECT(c.place == (wide ? PMLA_INV_PLACE_PIECES : PMLA_INV_PLACE_WHOLE) &&
                  c.worst * 100 <= c.share * 115,
              "%s: placement %d, the heaviest unit holds %lld blocks of work against a share of "
@@ -335,6 +337,16 @@ START_TEST(test_a_ragged_batch_is_spread_evenly) {
 }
 END_TEST
 
+/* run_case on R requests of one length (LENS_16K .. LENS_128K), named in what */
+static case_result run_equal(uint64_t seed, int32_t R, int32_t N, int lens_kind,
+                             int32_t slot_units, char *what, size_t size) {
+  static const int32_t tokens[] = {[LENS_16K] = 16384, [LENS_32K] = 32768, [LENS_64K] = 65536,
+                                   [LENS_128K] = 131072};
+  uint64_t rng = seed;
+  snprintf(what, size, "%d requests of %d tokens, %d units", R, tokens[lens_kind], N);
+  return run_case(&rng, R, N, 0, lens_kind, slot_units, what);
+}
+
 /* Equal requests a little more than the units: dealt whole, some unit
  * holds two (80 of 16384 tokens on 66 units: 14 do, 1.65x a share), so
  * they are cut into chunks instead */
@@ -343,13 +355,10 @@ START_TEST(test_equal_requests_outnumbering_the_units_are_cut) {
     int32_t R, N, lens;
   } cases[] = {{80, 66, LENS_16K}, {70, 66, LENS_32K}, {96, 66, LENS_16K}, {160, 132, LENS_16K}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    uint64_t rng = 0x51077u + i;
     char what[80];
-    snprintf(what, sizeof what, "%d requests of %d tokens, %d units", cases[i].R,
-             cases[i].lens == LENS_16K ? 16384 : 32768, cases[i].N);
     /* the budget of a 128-head builder: on the line 70 x 32768 needs 8 a unit */
-    const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, cases[i].lens,
-                                   pmla_inv_slot_units(128, cases[i].N), what);
+    const case_result c = run_equal(0x51077u + i, cases[i].R, cases[i].N, cases[i].lens,
+                                    pmla_inv_slot_units(128, cases[i].N), what, sizeof what);
     EXPECT(c.place != PMLA_INV_PLACE_WHOLE && c.worst * 100 <= c.share * 110,
            "%s: placement %d, the heaviest unit holds %lld blocks of work against a share of "
            "%lld",
@@ -358,8 +367,6 @@ START_TEST(test_equal_requests_outnumbering_the_units_are_cut) {
 }
 END_TEST
 
-/* The chunk boundaries: a function of the length (and dense / sparse)
- * alone, at most PMLA_INV_MAX_CHUNKS, whole blocks, covering the request */
 /* Batches of long requests with fewer than half as many requests as units
  * stay on the line, and most of their chunks past a request's first unit
  * each take a slot of the split budget. With 4 slots a unit these batches
@@ -372,12 +379,9 @@ START_TEST(test_long_requests_on_the_line_split_within_the_budget) {
   } cases[] = {{20, 66, LENS_32K}, {28, 66, LENS_32K}, {16, 66, LENS_64K},
                {40, 132, LENS_32K}, {60, 132, LENS_32K}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    uint64_t rng = 0x51075u + i;
     char what[80];
-    snprintf(what, sizeof what, "%d requests of %d tokens, %d units", cases[i].R,
-             cases[i].lens == LENS_32K ? 32768 : 65536, cases[i].N);
-    const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, cases[i].lens,
-                                   PMLA_INV_SLOT_UNITS, what);
+    const case_result c = run_equal(0x51075u + i, cases[i].R, cases[i].N, cases[i].lens,
+                                    PMLA_INV_SLOT_UNITS, what, sizeof what);
     EXPECT(c.place == PMLA_INV_PLACE_LINE && c.split == cases[i].R &&
                c.worst * 100 <= c.share * 112,
            "%s: placement %d, %d requests split, the heaviest unit holds %lld blocks of work "
@@ -398,7 +402,8 @@ START_TEST(test_long_requests_fit_the_budget_of_small_slots) {
     uint64_t rng = 0x51076u + i;
     const int32_t units = pmla_inv_slot_units(cases[i].rows, cases[i].N);
     char what[96];
-    snprintf(what, sizeof what, "%d requests of 131072 tokens, %d units, %d rows a slot (%d slots a unit)",
+    snprintf(what, sizeof what,
+             "%d requests of 131072 tokens, %d units, %d rows a slot (%d slots a unit)",
              cases[i].R, cases[i].N, cases[i].rows, units);
     const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, LENS_128K, units, what);
     EXPECT(c.place == PMLA_INV_PLACE_LINE && c.split == cases[i].R &&
@@ -417,6 +422,8 @@ START_TEST(test_long_requests_fit_the_budget_of_small_slots) {
 }
 END_TEST
 
+/* The chunk boundaries: a function of the length (and dense / sparse)
+ * alone, at most PMLA_INV_MAX_CHUNKS, whole blocks, covering the request */
 START_TEST(test_chunk_size_is_a_function_of_the_length) {
   for (int32_t L = 0; L < 5000000; L = L * 3 / 2 + 1) {
     for (int sparse = 0; sparse < 2; sparse++) {
