@@ -164,10 +164,13 @@ typedef struct case_result {
 } case_result;
 
 enum { LENS_MIXED, LENS_RAGGED, LENS_16K, LENS_32K, LENS_64K, LENS_128K };
+/* the length of every request of the batches of one length */
+static const int32_t equal_len[] = {[LENS_16K] = 16384, [LENS_32K] = 32768,
+                                    [LENS_64K] = 65536, [LENS_128K] = 131072};
 
 /* Plans one random batch and checks it: lengths of every kind from 0 to
- * 300000 (LENS_MIXED), 2048..6144 tokens (LENS_RAGGED) or all 16384. */
-/* slot_units: the split budget's slots per unit */
+ * 300000 (LENS_MIXED), 2048..6144 tokens (LENS_RAGGED) or all one length
+ * (LENS_16K .. LENS_128K); slot_units: the split budget's slots per unit. */
 static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int lens_kind,
                             int32_t slot_units, const char *what) {
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)(R + 1));
@@ -179,10 +182,7 @@ static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int
     const uint32_t kind = rng_below(rng, 10);
     lens[r] = sparse   ? topk
               : lens_kind == LENS_RAGGED ? 2048 + (int32_t)rng_below(rng, 4097)
-              : lens_kind == LENS_16K    ? 16384
-              : lens_kind == LENS_32K    ? 32768
-              : lens_kind == LENS_64K    ? 65536
-              : lens_kind == LENS_128K   ? 131072
+              : lens_kind >= LENS_16K    ? equal_len[lens_kind]
               : kind == 0 ? 0
               : kind < 5  ? (int32_t)rng_below(rng, 3000)
               : kind < 9  ? (int32_t)rng_below(rng, 40000)
@@ -340,10 +340,8 @@ END_TEST
 /* run_case on R requests of one length (LENS_16K .. LENS_128K), named in what */
 static case_result run_equal(uint64_t seed, int32_t R, int32_t N, int lens_kind,
                              int32_t slot_units, char *what, size_t size) {
-  static const int32_t tokens[] = {[LENS_16K] = 16384, [LENS_32K] = 32768, [LENS_64K] = 65536,
-                                   [LENS_128K] = 131072};
   uint64_t rng = seed;
-  snprintf(what, size, "%d requests of %d tokens, %d units", R, tokens[lens_kind], N);
+  snprintf(what, size, "%d requests of %d tokens, %d units", R, equal_len[lens_kind], N);
   return run_case(&rng, R, N, 0, lens_kind, slot_units, what);
 }
 
