@@ -32,11 +32,16 @@
  * FP8 tiles) are made visible to the wgmma async proxy with
  * fence.proxy.async before the barrier that publishes them.
  *
- * FP8 caches: the rows as stored stream by cp.async into raw
- * half-blocks in the second stage's room, and both warpgroups convert each
- * block into the first stage once the block before is done with it (two
- * named barriers per block replace FULL / EMPTY); an E4M3 block, its Q and
- * P are f16 (kv_load.h).
+ * FP8 caches. E4M3: the loader reads each half-block's rows as stored
+ * into registers (four threads a row, one half-block in flight), converts
+ * them into the block's 16-bit stage itself, the first half once the stage
+ * is free and the second under its P V of the block before, and publishes
+ * the block with the bf16 hand-offs (FULL / EMPTY below); the block, its Q
+ * and P are f16 (kv_load.h). DS_MLA, whose conversion takes several times
+ * the instructions: the rows stream by cp.async into raw half-blocks in
+ * the second stage's room, and both warpgroups convert each block into the
+ * first stage once the block before is done with it (two named barriers
+ * per block replace FULL / EMPTY).
  *
  * One QK warpgroup: warpgroup 0 computes all of S[64 x 64]
  * (36 wgmma m64n64k16: K and Q each read once per block, a third less
@@ -314,19 +319,22 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
   static_assert(!(FOLD && NARROW), "the NARROW epilogue does not fold");
+  /* E4M3 tiles (64 rows; fewer rows run decode_sm90_e4m3.hip) convert
+   * from registers (REG8), DS_MLA tiles through the raw ring (RING) */
+  constexpr bool REG8 = F == PMLA_KV_E4M3, RING = FP8 && !REG8;
+  static_assert(!(REG8 && NARROW), "E4M3 runs 64-row tiles here");
   /* an E4M3 cache's tiles, Q and P are f16: one conversion per e4m3 pair,
    * unscaled e4m3 values exact; Q rescaled by rows to fit, its bf16 values
    * kept exactly (q_row_to_f16); P <= 2^RESCALE_SLACK keeps 11 bits down to
    * 2^-14 where bf16 keeps 8, fewer below, and 0 below 2^-25 (weights under
    * the tolerance's absolute term) */
   constexpr bool F16 = F == PMLA_KV_E4M3;
-  /* FP8: the cache's rows as stored stream by cp.async into NH raw
-   * half-blocks of 32 rows in the second 16-bit stage's room (E4M3 4, two
-   * blocks ahead; DS_MLA's 656-byte rows 3), and both warpgroups convert
-   * each block into the first stage when the last block's P V is done
-   * with it. */
+  /* RING: the cache's rows as stored stream by cp.async into NH raw
+   * half-blocks of 32 rows in the second 16-bit stage's room (DS_MLA's
+   * 656-byte rows: 3), and both warpgroups convert each block into the
+   * first stage when the last block's P V is done with it. */
   constexpr int ROWB = KvFmt<F>::ROW_BYTES, HALF = BN / 2 * ROWB, NH = TILE / HALF;
-  static_assert(!FP8 || NH >= 3, "a block converts while the next half lands");
+  static_assert(!RING || NH >= 3, "a block converts while the next half lands");
   bool scale_ok;
   const float out_scale = kv_out_scale<F>(p, scale_ok);
   if (F == PMLA_KV_E4M3)
@@ -342,10 +350,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aPready = smem_u32(sVm + 4); /* [2] mbarriers: P(b) written */
   const uint32_t aDone = smem_u32(sVm + 6);   /* mbarrier: an item's row stats written */
   float *sQf = (float *)(sVm + 8);             /* F16: [ROWS] Q's row factors (q_row_to_f16) */
-  uint64_t *sVr = sVm + 8 + ROWS / 2;          /* FP8: [4] token validity bits by block & 3 */
+  uint64_t *sVr = sVm + 8 + ROWS / 2;          /* RING: [4] token validity bits by block & 3 */
   float *sMx = (float *)(sVr + 4); /* NARROW: [2][4 warps][16] column maxima, by block parity */
-  char *sRaw = sKV + TILE;                     /* FP8: [NH] raw half-blocks, half h in h % NH */
-  /* FP8: [2] mbarriers, by converted-block parity: every thread has read
+  char *sRaw = sKV + TILE;                     /* RING: [NH] raw half-blocks, half h in h % NH */
+  /* RING: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
 
@@ -356,7 +364,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     mbar_init(aPready, 128);
     mbar_init(aPready + 8, 128);
     mbar_init(aDone, 128);
-    if (FP8) {
+    if (RING) {
       mbar_init(aRawRead, 256);
       mbar_init(aRawRead + 8, 256);
     }
@@ -364,7 +372,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   }
   __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
-  uint32_t conv_before = 0; /* FP8: blocks converted before the item */
+  uint32_t conv_before = 0; /* RING: blocks converted before the item */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
                               barrier this side waits on (wg0 FULL, wg1 PREADY) */
   const int H = p.num_heads;
@@ -377,19 +385,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   myrow[0] = wi * 16 + (lane >> 2);
   myrow[1] = myrow[0] + 8;
   enum { EMPTY = 5 }; /* named barrier ids 5, 6 */
-  enum { CONV = 5 };  /* FP8: named barrier ids 5, 6 (both warpgroups) */
-  /* block b's 16-bit stage (FP8 blocks all convert into the first) */
-  auto stage = [&](int b) { return sKV + (FP8 ? 0 : (b & 1) * TILE); };
-  /* FP8: block b's raw rows have landed (warpgroup 1 waited for its
+  enum { CONV = 5 };  /* RING: named barrier ids 5, 6 (both warpgroups) */
+  /* block b's 16-bit stage (RING blocks all convert into the first) */
+  auto stage = [&](int b) { return sKV + (RING ? 0 : (b & 1) * TILE); };
+  /* RING: block b's raw rows have landed (warpgroup 1 waited for its
    * copies) and both P V of block b - 1 are done: both warpgroups convert
-   * it into the 16-bit stage (and an item's new Q at block 0) */
-  auto ring_convert = [&](int b, bool q_new) {
+   * it into the 16-bit stage */
+  auto ring_convert = [&](int b) {
     nb_sync_split(CONV);
-    if (F16 && b == 0 && q_new) {
-      const float f = q_row_to_f16<4>(tid & 3, [&](int c) { return sQ + off(tid >> 2, c); });
-      if ((tid & 3) == 0)
-        sQf[tid >> 2] = f;
-    }
     RowLoad<F, 4> rl;
     const int row = tid >> 2;
     rl.load_raw(sRaw + (2 * b + (row >> 5)) % NH * HALF + (row & 31) * ROWB, tid & 3);
@@ -397,7 +400,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
      * CONV + 1 below orders them as well, but racecheck does not see that
      * (docs/racecheck/README.md) */
     mbar_arrive(aRawRead + 8 * ((conv_before + (uint32_t)b) & 1));
-    rl.template store<F16>(tid & 3, [&](int c) { return sKV + off(tid >> 2, c); });
+    rl.store(tid & 3, [&](int c) { return sKV + off(tid >> 2, c); });
     proxy_fence();
     nb_sync_split(CONV + 1);
   };
@@ -481,7 +484,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         asm volatile("bar.sync 4, 128;\n" ::: "memory");
         staged = false;
       }
-      int32_t raw_next = FP8 ? -1 : raw_at(0);
+      int32_t raw_next = RING ? -1 : raw_at(0);
       /* bf16: issues block blk into stage st; returns whether the loader
        * still has to arrive on the stage's barrier after its cp.async wait
        * (cp.async blocks, and block 0 whose wait also covers Q) */
@@ -544,7 +547,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           wg_commit();
         }
       };
-      if (FP8) {
+      if constexpr (RING) {
         /* half h (32 rows of block h / 2) into raw slot h % NH, four
          * threads a row; its validity bits are byte 4 (h & 1) + wi of its
          * block's word */
@@ -578,7 +581,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         }
         for (int b = 0; b < nblk; b++) {
           cp_wait<(NH >= 2 ? NH - 2 : 0)>();
-          ring_convert(b, q_new);
+          ring_convert(b);
           if (2 * b + NH < halves) {
             const uint32_t G = conv_before + (uint32_t)b;
             mbar_wait(aRawRead + 8 * (G & 1), (G >> 1) & 1);
@@ -589,6 +592,72 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             cp_commit();
           }
           pv(b);
+          wg_wait0();
+          reg_fence<OR>(o);
+        }
+      } else if constexpr (REG8) {
+        /* half h of the item (rows 32 (h & 1).. of block h / 2) as stored,
+         * four threads a row, in registers: one half in flight at a time */
+        RowLoad<F, 4> rl;
+        bool rv = false;
+        const int hr = t >> 2, hsub = t & 3;
+        auto raw_of = [&](int pos) { return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1; };
+        int32_t raw_h = nblk > 0 ? raw_of(kb + hr) : -1; /* the page entry fetch(h) uses */
+        auto fetch = [&](int h) {
+          const int pos = kb + h * (BN / 2) + hr;
+          const int64_t slot =
+              pos < ke ? kv_slot(p.map, raw_h, pos, errw, hsub == 0 && blockIdx.x == 0) : -1;
+          rv = slot >= 0;
+          rl.issue(rv ? kvbase + slot * ROWB : kvbase, rv, hsub);
+          raw_h = raw_of(pos + BN / 2);
+        };
+        /* the fetched half converted into its block's stage (h / 2) & 1; the
+         * first half of an item's new Q first waits for Q's copies and
+         * rewrites Q as f16 */
+        auto put = [&](int h) {
+          const int st = (h >> 1) & 1;
+          const uint32_t bits = token_bits<4>(rv);
+          if (lane == 0)
+            ((uint8_t *)(sVm + st))[(h & 1) * 4 + wi] = (uint8_t)bits;
+          if (h == 0 && q_new) {
+            cp_wait<0>();
+            asm volatile("bar.sync 4, 128;\n" ::: "memory"); /* all of Q landed */
+            const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
+            if ((t & 1) == 0)
+              sQf[t >> 1] = f;
+          }
+          const int row = (h & 1) * (BN / 2) + hr;
+          rl.template store<true>(hsub, [&](int c) { return sKV + st * TILE + off(row, c); });
+        };
+        auto publish = [&](int blk) {
+          proxy_fence();
+          mbar_arrive(aFull + 8 * (blk & 1));
+        };
+        cp_commit(); /* Q's copies, if any: cp_wait covers committed groups only */
+        if (nblk > 0) {
+          fetch(0);
+          put(0);
+          fetch(1);
+          put(1);
+          publish(0);
+          if (nblk > 1)
+            fetch(2);
+        }
+        for (int b = 0; b < nblk; b++) {
+          if (b + 1 < nblk) {
+            /* stage (b + 1) & 1 held block b - 1: both its P V are done */
+            if (b >= 1)
+              nb_sync(EMPTY + ((b - 1) & 1));
+            put(2 * b + 2);
+            fetch(2 * b + 3);
+          }
+          pv(b);
+          if (b + 1 < nblk) {
+            put(2 * b + 3); /* under this P V */
+            publish(b + 1);
+            if (b + 2 < nblk)
+              fetch(2 * b + 4);
+          }
           wg_wait0();
           reg_fence<OR>(o);
         }
@@ -645,8 +714,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       const int t0 = 16 * wi + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
       float s[8];
       for (int b = 0; b < nblk; b++) {
-        if (FP8)
-          ring_convert(b, q_new);
+        if (RING)
+          ring_convert(b);
         else {
           mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
           wait_phase ^= 1u << (b & 1);
@@ -674,7 +743,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
          * the column's row), then the column maxima over the block: within
          * the warp by shuffles, across the four warps through sMx */
         const int pos0 = kb + b * BN;
-        const uint64_t vm = FP8 ? sVr[b & 3] : sVm[b & 1];
+        const uint64_t vm = RING ? sVr[b & 3] : sVm[b & 1];
         float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
         for (int e = 0; e < 8; e++) {
@@ -726,7 +795,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         nar_pv<F16>(o, aK, 0);
         wg_wait0();
         reg_fence<32>(o);
-        if (!FP8 && b + 2 < nblk)
+        if (!RING && b + 2 < nblk)
           nb_arrive(EMPTY + (b & 1));
       }
       nar_row_stats<16>(sMx, m_run, l_run, sM, sL, nblk, wi, lane);
@@ -743,7 +812,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
        * commits them as one group (not waited for here) */
       float s[32];
       auto issue_qk = [&](int b) {
-        if (!FP8) {
+        if (!RING) {
           mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
           wait_phase ^= 1u << (b & 1);
         }
@@ -770,7 +839,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
         float mx[2];
-        wg_mask_max(s, mx, FP8 ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
+        wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
         float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
@@ -815,12 +884,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         asm volatile("bar.sync 7, 128;\n" ::: "memory");
         q_pref = false;
       }
-      /* bf16: the stage is released as soon as this warpgroup's P V is
-       * done, so the loader can refill it while S(b + 1) is computed; FP8:
-       * the next block is converted once both P V are done (ring_convert) */
+      /* bf16 and E4M3: the stage is released as soon as this warpgroup's
+       * P V is done, so the loader can refill it while S(b + 1) is
+       * computed; DS_MLA: the next block is converted once both P V are
+       * done (ring_convert) */
       for (int b = 0; b < nblk; b++) {
-        if (FP8)
-          ring_convert(b, q_new);
+        if (RING)
+          ring_convert(b);
         issue_qk(b);
         if (F16 && b == 0) /* block 0 came with Q and its row factors */
 #pragma unroll
@@ -837,7 +907,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         }
         wg_wait0();
         reg_fence<128>(o);
-        if (!FP8 && b + 2 < nblk)
+        if (!RING && b + 2 < nblk)
           nb_arrive(EMPTY + (b & 1));
       }
       if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
@@ -858,7 +928,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       mbar_arrive(aDone);
     }
     __syncthreads();
-    conv_before += FP8 ? (uint32_t)nblk : 0u;
+    conv_before += RING ? (uint32_t)nblk : 0u;
 
     /* the epilogue: O staged in the two stages, row for row, and sent by
      * bulk copies (out is 16-byte aligned: gpu_decode refuses it
