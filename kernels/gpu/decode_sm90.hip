@@ -485,6 +485,19 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         staged = false;
       }
       int32_t raw_next = RING ? -1 : raw_at(0);
+      /* FP8: half-block h (32 rows of block h / 2), four threads a row: this
+       * thread's row rt, its page entry raw_h read a half ahead */
+      const int rt = t >> 2, rsub = t & 3;
+      int32_t raw_h = -1;
+      auto raw_of_half = [&](int h) -> int32_t {
+        const int pos = kb + h * (BN / 2) + rt;
+        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+      };
+      /* the slot of this thread's row of half h (-1: none; bad entries flagged) */
+      auto half_slot = [&](int h) -> int64_t {
+        const int pos = kb + h * (BN / 2) + rt;
+        return pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
+      };
       /* bf16: issues block blk into stage st; returns whether the loader
        * still has to arrive on the stage's barrier after its cp.async wait
        * (cp.async blocks, and block 0 whose wait also covers Q) */
@@ -548,19 +561,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         }
       };
       if constexpr (RING) {
-        /* half h (32 rows of block h / 2) into raw slot h % NH, four
-         * threads a row; its validity bits are byte 4 (h & 1) + wi of its
-         * block's word */
-        const int rt = t >> 2, rsub = t & 3;
-        int32_t raw_h = -1;
-        auto raw_of_half = [&](int h) -> int32_t {
-          const int pos = kb + h * (BN / 2) + rt;
-          return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
-        };
+        /* half h into raw slot h % NH; its validity bits are byte
+         * 4 (h & 1) + wi of its block's word */
         auto ring_issue = [&](int h) {
-          const int pos = kb + h * (BN / 2) + rt;
-          const int64_t slot =
-              pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
+          const int64_t slot = half_slot(h);
           const bool v = slot >= 0;
           const uint32_t bits = token_bits<4>(v);
           if (lane == 0)
@@ -596,20 +600,17 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           reg_fence<OR>(o);
         }
       } else if constexpr (REG8) {
-        /* half h of the item (rows 32 (h & 1).. of block h / 2) as stored,
-         * four threads a row, in registers: one half in flight at a time */
+        /* half h of the item as stored, in registers: one half in flight
+         * at a time */
         RowLoad<F, 4> rl;
         bool rv = false;
-        const int hr = t >> 2, hsub = t & 3;
-        auto raw_of = [&](int pos) { return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1; };
-        int32_t raw_h = nblk > 0 ? raw_of(kb + hr) : -1; /* the page entry fetch(h) uses */
+        if (nblk > 0)
+          raw_h = raw_of_half(0);
         auto fetch = [&](int h) {
-          const int pos = kb + h * (BN / 2) + hr;
-          const int64_t slot =
-              pos < ke ? kv_slot(p.map, raw_h, pos, errw, hsub == 0 && blockIdx.x == 0) : -1;
+          const int64_t slot = half_slot(h);
           rv = slot >= 0;
-          rl.issue(rv ? kvbase + slot * ROWB : kvbase, rv, hsub);
-          raw_h = raw_of(pos + BN / 2);
+          rl.issue(rv ? kvbase + slot * ROWB : kvbase, rv, rsub);
+          raw_h = raw_of_half(h + 1);
         };
         /* the fetched half converted into its block's stage (h / 2) & 1; the
          * first half of an item's new Q first waits for Q's copies and
@@ -626,8 +627,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             if ((t & 1) == 0)
               sQf[t >> 1] = f;
           }
-          const int row = (h & 1) * (BN / 2) + hr;
-          rl.template store<true>(hsub, [&](int c) { return sKV + st * TILE + off(row, c); });
+          const int row = (h & 1) * (BN / 2) + rt;
+          rl.template store<true>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); });
         };
         auto publish = [&](int blk) {
           proxy_fence();
