@@ -26,9 +26,9 @@
  * Warpgroup 1 also loads: a block that is one whole valid page-aligned run
  * of 64 slots (page sizes that are multiples of 64) as nine TMA boxes from
  * one thread, issued before the per-token bookkeeping, any other block
- * (partial, invalid slots, page sizes 1 / 16, top-k gathers) by per-token
- * cp.async with zero fill, published while the loader's own P V of the
- * block before runs. Generic-proxy writes (cp.async, P stores, converted
+ * (partial, invalid slots, page sizes 1 / 16, top-k gathers) by cp.async
+ * with zero fill, a warp's 32 lanes over one row at a time, published
+ * while the loader's own P V of the block before runs. Generic-proxy writes (cp.async, P stores, converted
  * FP8 tiles) are made visible to the wgmma async proxy with
  * fence.proxy.async before the barrier that publishes them.
  *
@@ -470,9 +470,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       const int t = tid - 128;
       if (q_new && nblk > 0)
         load_q(sQ, qb, qe, t);
-      constexpr int TPT = 128 / BN; /* loader threads per token */
       const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
-      const int ld_t = t / TPT, ld_sub = t % TPT;
+      /* each loader warp gathers 16 tokens of a block; lane l (and l + 16)
+       * holds the page entry and slot of token 16 wi + (l & 15) */
+      const int ld_t = 16 * wi + (lane & 15);
       auto raw_at = [&](int blk) -> int32_t {
         int pos = kb + blk * BN + ld_t;
         return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
@@ -522,16 +523,26 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           return blk == 0;
         }
 #endif
-        int64_t slot =
-            pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.x == 0) : -1;
-        bool v = slot >= 0;
-        store_token_bits<TPT>(sVm, st, wi, lane, v);
-        const char *src = v ? kvbase + slot * ROWB : kvbase;
+        const int64_t slot =
+            pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
+        const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
+        if (lane == 0)
+          ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
+        const char *mine = slot >= 0 ? kvbase + slot * ROWB : kvbase;
         char *dst = sKV + st * TILE;
+        /* the warp copies one row at a time, 32 lanes over its 72 chunks:
+         * each cp.async covers 512 contiguous bytes of a row (four L2
+         * lines) rather than 32 bytes of each of 16 rows */
 #pragma unroll
-        for (int k = 0; k < PMLA_TILE_CHUNKS / TPT; k++) {
-          int c = ld_sub + k * TPT;
-          cp16(dst + off(ld_t, c), src + (v ? c * 16 : 0), v);
+        for (int j = 0; j < 16; j++) {
+          const char *src = (const char *)__shfl_sync(0xffffffffu, (uintptr_t)mine, j);
+          const bool v = (bits >> j) & 1;
+#pragma unroll
+          for (int k = 0; k < 3; k++) {
+            const int c = lane + 32 * k;
+            if (c < PMLA_TILE_CHUNKS)
+              cp16(dst + off(16 * wi + j, c), src + (v ? c * 16 : 0), v);
+          }
         }
         raw_next = raw_at(blk + 1);
         return true;

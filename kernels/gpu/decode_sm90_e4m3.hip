@@ -281,7 +281,9 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         proxy_fence(); /* published with block 0, or by the item's end */
       }
       const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
-      const int ld_t = t >> 1, ld_sub = t & 1;
+      /* each loader warp gathers 16 tokens of a block; lane l (and l + 16)
+       * holds the page entry and slot of token 16 wi + (l & 15) */
+      const int ld_t = 16 * wi + (lane & 15);
       auto raw_at = [&](int blk) -> int32_t {
         const int pos = kb + blk * BN + ld_t;
         return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
@@ -313,14 +315,23 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
 #endif
         const int pos = kb + blk * BN + ld_t;
         const int64_t slot =
-            pos < ke ? kv_slot(p.map, raw_next, pos, errw, ld_sub == 0 && blockIdx.x == 0) : -1;
-        const bool v = slot >= 0;
-        store_token_bits<2>(sVm, (int)s, wi, lane, v);
-        const char *src = v ? kvbase + slot * ROWB : kvbase;
+            pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
+        const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
+        if (lane == 0)
+          ((uint16_t *)sVm)[s * 4 + wi] = (uint16_t)bits;
+        const char *mine = slot >= 0 ? kvbase + slot * ROWB : kvbase;
+        /* one row at a time, 32 lanes over its 36 chunks: a cp.async covers
+         * 512 contiguous bytes of a row rather than 32 bytes of 16 rows */
 #pragma unroll
-        for (int k = 0; k < 18; k++) {
-          const int c = ld_sub + 2 * k;
-          cp16(dst + koff(ld_t, c, CB), src + (v ? c * 16 : 0), v);
+        for (int j = 0; j < 16; j++) {
+          const char *src = (const char *)__shfl_sync(0xffffffffu, (uintptr_t)mine, j);
+          const bool v = (bits >> j) & 1;
+#pragma unroll
+          for (int k = 0; k < 2; k++) {
+            const int c = lane + 32 * k;
+            if (c < 36)
+              cp16(dst + koff(16 * wi + j, c, CB), src + (v ? c * 16 : 0), v);
+          }
         }
         pend |= 1u << s;
         raw_next = raw_at(blk + 1);

@@ -64,15 +64,6 @@ template <int TPT> __device__ __forceinline__ uint32_t token_bits(bool v) {
     m |= ((b >> (k * TPT)) & 1u) << k;
   return m;
 }
-/* publishes a loader warp's validity bits as its 16-bit quarter of the
- * stage's 64-bit word (four loader warps, 16 tokens each) */
-template <int TPT>
-__device__ __forceinline__ void store_token_bits(uint64_t *sVm, int st, int wi, int lane, bool v) {
-  static_assert(32 / TPT == 16, "four loader warps of 16 tokens per 64-token block");
-  const uint32_t bits = token_bits<TPT>(v);
-  if (lane == 0)
-    ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
-}
 /* tokens pos0 + [0, 64) that lie before lim */
 __device__ __forceinline__ uint64_t before64(int lim, int pos0) {
   if (lim <= pos0)
