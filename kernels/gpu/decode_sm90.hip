@@ -580,8 +580,21 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           const uint32_t bits = token_bits<4>(v);
           if (lane == 0)
             ((uint8_t *)(sVr + ((h >> 1) & 3)))[(h & 1) * 4 + wi] = (uint8_t)bits;
-          RowLoad<F, 4>::copy_async(sRaw + h % NH * HALF + rt * ROWB,
-                                    v ? kvbase + slot * ROWB : kvbase, v, rsub);
+          /* the warp's eight rows one at a time, as stored, its 32 lanes
+           * over a row's 16-byte chunks (lane 4 j holds row j's slot) */
+          const char *mine = v ? kvbase + slot * ROWB : kvbase;
+          char *dst = sRaw + h % NH * HALF + 8 * wi * ROWB;
+#pragma unroll
+          for (int j = 0; j < 8; j++) {
+            const char *src = (const char *)__shfl_sync(0xffffffffu, (uintptr_t)mine, 4 * j);
+            const bool vj = (bits >> j) & 1;
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+              const int c = lane + 32 * k;
+              if (c < ROWB / 16)
+                cp16(dst + j * ROWB + c * 16, src + (vj ? c * 16 : 0), vj);
+            }
+          }
           raw_h = raw_of_half(h + 1);
         };
         /* one cp.async group per half (Q goes with half 0): block b's
