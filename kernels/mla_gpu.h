@@ -50,11 +50,10 @@ typedef struct pmla_gpu_problem {
  * plugin clamps pmla_gpu_sched_units to it. */
 #define PMLA_GPU_MAX_UNITS 2048
 
-/* The smallest row tile (16-row units) for a builder with this page size,
- * top-k and pmla_kv_format on a device where pmla_gpu_prepare answered
- * sm90: 4 (64-row wgmma tiles for every head count) where that is measured
- * faster, else 1. */
-int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk, int32_t kv_format, int32_t sm90);
+/* The smallest row tile (16-row units) on a device where pmla_gpu_prepare
+ * answered sm90: 4 (64-row wgmma tiles for every head count) where the
+ * wgmma body runs, else 1. */
+int32_t pmla_gpu_min_mt(int32_t sm90);
 
 /* Planner units for a device with cu_count CUs/SMs and this head count
  * (a head tile may take several CUs per unit). */

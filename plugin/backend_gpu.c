@@ -91,8 +91,7 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
   b->cfg = cfg;
   b->impl = s;
   s->sm90 = pmla_gpu_prepare();
-  s->min_mt = pmla_gpu_min_mt((int32_t)cfg.page_size, (int32_t)cfg.topk,
-                              pmla_kv_format_of(cfg.kv_dtype), s->sm90);
+  s->min_mt = pmla_gpu_min_mt(s->sm90);
   int32_t units = pmla_gpu_sched_units((int32_t)cus, (int32_t)cfg.num_heads, (int32_t)cfg.max_q_len,
                                        s->min_mt);
   pmla_size_buffers(b, cus, (uint32_t)(units < PMLA_GPU_MAX_UNITS ? units : PMLA_GPU_MAX_UNITS));

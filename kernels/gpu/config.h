@@ -9,7 +9,7 @@
  *                   (default 1; it applies on NVIDIA sm_90 only)
  *   PMLA_MIN_MT=N   force the smallest row tile to N x 16 rows (1: the
  *                   16/32-row mma.sync body for h <= 32; default 0 = chosen
- *                   per builder by pmla_gpu_min_mt)
+ *                   by pmla_gpu_min_mt: 64-row tiles where wgmma runs)
  *   PMLA_WGMMA=0    the mma.sync body for 64-row tiles on sm_90a too
  *                   (default 1: the wgmma body where the sm_90a image runs)
  *   PMLA_WG_TMA=0   the wgmma body gathers every KV block with cp.async,

@@ -36,26 +36,16 @@ extern "C" int32_t pmla_gpu_prepare(void) {
 #endif
 }
 
-/* 64-row tiles for every head count (h=16 padded as FlashMLA pads) where
- * the wgmma kernel runs and every dense bf16 block can come by TMA: faster
- * than the 16/32-row mma.sync body (docs/performance.md). Not for a builder
- * that serves top-k steps or pages below 64 slots: their per-token gather
- * starves the one-loader-warpgroup body, and a padded 64-row tile
- * quadruples the math of 16 heads. */
-extern "C" int32_t pmla_gpu_min_mt(int32_t page_size, int32_t topk, int32_t kv_format,
-                                   int32_t sm90) {
+/* 64-row tiles (h <= 16: the NARROW form) for every builder where the
+ * wgmma kernel runs: faster than the 16/32-row mma.sync body for every
+ * cache format, page size and top-k step measured (docs/performance.md;
+ * b=128 L=4096 h=16 page 16: 164.8 us against 197.9, top-k 2048 x 128
+ * tokens h=16: 74.8 against 109.4); a lone short request on small pages
+ * loses a little (b=1 L=4096 h=16 page 16: 16.6 against 15.4). */
+extern "C" int32_t pmla_gpu_min_mt(int32_t sm90) {
   if (PMLA_MIN_MT)
     return PMLA_MIN_MT;
-  if (sm90 && PMLA_WG_TMA && topk == 0 && page_size % 64 == 0 && kv_format == PMLA_KV_BF16)
-    return 4;
-  /* FP8 caches stream through the wgmma body's raw stages, faster than the
-   * 16/32-row mma.sync body at every head count, dense or top-k (b=128
-   * L=4096 h=16: e4m3 182.4 us against 195.2, ds_mla 229.7 against 251.3;
-   * top-k 2048 x 128 tokens h=16: e4m3 101.5 against 113.4); a lone short
-   * request loses a little (b=1 L=4096 h=16 e4m3: 30.2 against 27.6) */
-  if (sm90 && kv_format != PMLA_KV_BF16)
-    return 4;
-  return 1;
+  return sm90 ? 4 : 1;
 }
 
 extern "C" int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_len,

@@ -33,6 +33,7 @@ typedef struct shape {
   int b, L, L_max, h, sq; /* L_max > L: lengths uniform in [L, L_max] */
   int sparse_topk;       /* > 0: sparse, b = tokens, L = KV cache slots */
   int kv;                /* pmla_dtype of the cache; 0: --kv's (default bf16) */
+  int page;              /* page size in slots (dense; 0: 64) */
 } bench_shape;
 
 #define MAX_PLUGINS 8
@@ -290,9 +291,10 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   rng = seed; /* every plugin sees the same batch, pages and data */
   problem p;
   const int kv_dtype = s->kv ? s->kv : o->kv;
-  make_problem(s, kv_dtype, 64, o->check, &p);
+  const int page = s->page ? s->page : 64;
+  make_problem(s, kv_dtype, page, o->check, &p);
   pmla_builder_config cfg =
-      test_config((uint32_t)s->h, 64, (uint32_t)(s->sparse_topk ? p.tokens : s->b),
+      test_config((uint32_t)s->h, (uint32_t)page, (uint32_t)(s->sparse_topk ? p.tokens : s->b),
                   (uint32_t)(s->sparse_topk ? 1 : s->sq), (uint32_t)s->sparse_topk,
                   (uint32_t)o->cu);
   cfg.device = m->device_id;
@@ -487,10 +489,12 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
                : !strcmp(tok, "h")                          ? &s->h
                : !strcmp(tok, "sq")                         ? &s->sq
                : !strcmp(tok, "topk")                       ? &s->sparse_topk
+               : !strcmp(tok, "page")                       ? &s->page
                                                             : NULL;
     if (!field)
-      return snprintf(why, size, "unknown field '%s' (b, tokens, L, slots, h, sq, topk, kv)",
-                      tok), -1;
+      return snprintf(why, size,
+                      "unknown field '%s' (b, tokens, L, slots, h, sq, topk, kv, page)", tok),
+             -1;
     int min = field == &s->L ? 0 : 1;
     if (to_int(value, min, &v))
       return snprintf(why, size, "%s must be a %s integer, not '%s'", tok,
@@ -506,6 +510,8 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
     return snprintf(why, size, "h is missing"), -1;
   if (s->sparse_topk && !s->L)
     return snprintf(why, size, "slots must be given and positive for a sparse (topk) shape"), -1;
+  if (s->sparse_topk && s->page)
+    return snprintf(why, size, "page applies to dense shapes only"), -1;
   return 0;
 }
 
@@ -590,7 +596,8 @@ static void usage(void) {
        "                  [--iters N] [--warmup N] [--cu N] [--device N] [--check] [--no-flush]\n"
        "                  [--json]\n"
        "                  [--kv bf16|fp8|ds_mla] [--batch-invariant]\n"
-       "SPEC: b=128,L=4096,h=16[,sq=2][,kv=fp8] (L=2048-6144 for uniform lengths),\n"
+       "SPEC: b=128,L=4096,h=16[,sq=2][,kv=fp8][,page=16] (L=2048-6144 for uniform lengths;\n"
+       "      page: the page size in slots, default 64),\n"
        "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)\n"
        "--kv: the KV cache dtype of shapes without kv= (bf16; fp8 = per-tensor e4m3,\n"
        "      ds_mla = DeepSeek V3.2's 656-byte rows); bytes count the cache as stored\n"
@@ -751,6 +758,10 @@ int main(int argc, char **argv) {
                    s->sq, tag);
         else
           snprintf(name, sizeof name, "b=%d L=%d h=%d sq=%d%s", s->b, s->L, s->h, s->sq, tag);
+        if (s->page && s->page != 64 && !s->sparse_topk) {
+          const size_t n = strlen(name), t = strlen(tag);
+          snprintf(name + n - t, sizeof name - (n - t), " page=%d%s", s->page, tag);
+        }
         failed |= r.checked && !r.ok;
         if (o.json) {
           printf("%s  {\"shape\": \"%s\", \"plugin\": ", first ? "" : ",\n", name);
