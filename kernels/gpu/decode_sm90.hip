@@ -507,7 +507,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         const uint32_t bar = aFull + 8 * st;
 #if PMLA_WG_TMA
         const int64_t first =
-            use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+            !NARROW && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
           /* the copy first; then every token is valid (one whole page),
            * and the bits are written before this thread's arrival */
@@ -1076,7 +1076,10 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
   const dim3 grid((unsigned)tiles, (unsigned)p.num_units);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
-  const int use_tma = kv_tensor_map(&tmap, p);
+  /* NARROW tiles gather every block with cp.async: their steps are bound by
+   * memory, and 128 loader threads' copies keep more reads in flight than
+   * one thread's nine TMA boxes (docs/performance.md) */
+  const int use_tma = NARROW ? 0 : kv_tensor_map(&tmap, p);
   return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
