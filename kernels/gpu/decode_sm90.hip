@@ -23,9 +23,9 @@
  *   PV  warpgroup g: O[64 x 256] (columns 256g..) += P V, 4 wgmma
  *       m64n256k16 with V read MN-major (transposed B) from the stage; P
  *       from registers (warpgroup 0) or the rope block (warpgroup 1)
- * Warpgroup 1 also loads: a block that is one whole valid page-aligned run
- * of 64 slots (page sizes that are multiples of 64) as nine TMA boxes from
- * one thread, issued before the per-token bookkeeping, any other block
+ * Warpgroup 1 also loads: on 64-row tiles a block that is one whole valid
+ * page-aligned run of 64 slots (page sizes that are multiples of 64) as
+ * nine TMA boxes from one thread, issued before the per-token bookkeeping, any other block
  * (partial, invalid slots, page sizes 1 / 16, top-k gathers) by cp.async
  * with zero fill, a warp's 32 lanes over one row at a time, published
  * while the loader's own P V of the block before runs. Generic-proxy writes (cp.async, P stores, converted
