@@ -25,11 +25,12 @@
  *       from registers (warpgroup 0) or the rope block (warpgroup 1)
  * Warpgroup 1 also loads: on 64-row tiles a block that is one whole valid
  * page-aligned run of 64 slots (page sizes that are multiples of 64) as
- * nine TMA boxes from one thread, issued before the per-token bookkeeping, any other block
- * (partial, invalid slots, page sizes 1 / 16, top-k gathers) by cp.async
- * with zero fill, a warp's 32 lanes over one row at a time, published
- * while the loader's own P V of the block before runs. Generic-proxy writes (cp.async, P stores, converted
- * FP8 tiles) are made visible to the wgmma async proxy with
+ * nine TMA boxes from one thread, issued before the per-token bookkeeping;
+ * any other block (partial, invalid slots, page sizes 1 / 16, top-k
+ * gathers, every block of a NARROW tile) by cp.async with zero fill, a
+ * warp's 32 lanes over one row at a time, published while the loader's own
+ * P V of the block before runs. Generic-proxy writes (cp.async, P stores,
+ * converted FP8 tiles) are made visible to the wgmma async proxy with
  * fence.proxy.async before the barrier that publishes them.
  *
  * FP8 caches. E4M3: the loader reads each half-block's rows as stored
