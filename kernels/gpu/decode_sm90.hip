@@ -531,20 +531,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
         const char *mine = slot >= 0 ? kvbase + slot * ROWB : kvbase;
         char *dst = sKV + st * TILE;
-        /* the warp copies one row at a time, 32 lanes over its 72 chunks:
-         * each cp.async covers 512 contiguous bytes of a row (four L2
-         * lines) rather than 32 bytes of each of 16 rows */
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-          const char *src = (const char *)__shfl_sync(0xffffffffu, (uintptr_t)mine, j);
-          const bool v = (bits >> j) & 1;
-#pragma unroll
-          for (int k = 0; k < 3; k++) {
-            const int c = lane + 32 * k;
-            if (c < PMLA_TILE_CHUNKS)
-              cp16(dst + off(16 * wi + j, c), src + (v ? c * 16 : 0), v);
-          }
-        }
+        /* one row at a time (four L2 lines a copy rather than 32 bytes of
+         * each of 16 rows) */
+        gather_rows<16, PMLA_TILE_CHUNKS, 1>(
+            mine, bits, lane, [&](int j, int c) { return dst + off(16 * wi + j, c); });
         raw_next = raw_at(blk + 1);
         return true;
       };
@@ -581,21 +571,12 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           const uint32_t bits = token_bits<4>(v);
           if (lane == 0)
             ((uint8_t *)(sVr + ((h >> 1) & 3)))[(h & 1) * 4 + wi] = (uint8_t)bits;
-          /* the warp's eight rows one at a time, as stored, its 32 lanes
-           * over a row's 16-byte chunks (lane 4 j holds row j's slot) */
+          /* the warp's eight rows as stored, one at a time (lane 4 j holds
+           * row j's slot) */
           const char *mine = v ? kvbase + slot * ROWB : kvbase;
           char *dst = sRaw + h % NH * HALF + 8 * wi * ROWB;
-#pragma unroll
-          for (int j = 0; j < 8; j++) {
-            const char *src = (const char *)__shfl_sync(0xffffffffu, (uintptr_t)mine, 4 * j);
-            const bool vj = (bits >> j) & 1;
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-              const int c = lane + 32 * k;
-              if (c < ROWB / 16)
-                cp16(dst + j * ROWB + c * 16, src + (vj ? c * 16 : 0), vj);
-            }
-          }
+          gather_rows<8, ROWB / 16, 4>(mine, bits, lane,
+                                       [&](int j, int c) { return dst + j * ROWB + c * 16; });
           raw_h = raw_of_half(h + 1);
         };
         /* one cp.async group per half (Q goes with half 0): block b's

@@ -320,19 +320,10 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         if (lane == 0)
           ((uint16_t *)sVm)[s * 4 + wi] = (uint16_t)bits;
         const char *mine = slot >= 0 ? kvbase + slot * ROWB : kvbase;
-        /* one row at a time, 32 lanes over its 36 chunks: a cp.async covers
-         * 512 contiguous bytes of a row rather than 32 bytes of 16 rows */
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-          const char *src = (const char *)__shfl_sync(0xffffffffu, (uintptr_t)mine, j);
-          const bool v = (bits >> j) & 1;
-#pragma unroll
-          for (int k = 0; k < 2; k++) {
-            const int c = lane + 32 * k;
-            if (c < 36)
-              cp16(dst + koff(16 * wi + j, c, CB), src + (v ? c * 16 : 0), v);
-          }
-        }
+        /* one row at a time (a copy reads 512 contiguous bytes of a row
+         * rather than 32 bytes of 16 rows) */
+        gather_rows<16, 36, 1>(mine, bits, lane,
+                               [&](int j, int c) { return dst + koff(16 * wi + j, c, CB); });
         pend |= 1u << s;
         raw_next = raw_at(blk + 1);
       };

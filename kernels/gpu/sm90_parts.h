@@ -64,6 +64,25 @@ template <int TPT> __device__ __forceinline__ uint32_t token_bits(bool v) {
     m |= ((b >> (k * TPT)) & 1u) << k;
   return m;
 }
+/* A loader warp's N rows into shared memory by cp.async, one row at a
+ * time, its 32 lanes over the row's CHUNKS 16-byte chunks, so a copy reads
+ * 512 contiguous bytes of a row: row j's address is `mine` of lane SRC * j,
+ * its validity bit j of bits (an invalid row is zero-filled), and dst(j, c)
+ * is the shared-memory address of its chunk c. */
+template <int N, int CHUNKS, int SRC, typename Dst>
+__device__ __forceinline__ void gather_rows(const char *mine, uint32_t bits, int lane, Dst dst) {
+#pragma unroll
+  for (int j = 0; j < N; j++) {
+    const char *src = (const char *)__shfl_sync(0xffffffffu, (uintptr_t)mine, SRC * j);
+    const bool v = (bits >> j) & 1;
+#pragma unroll
+    for (int k = 0; k < (CHUNKS + 31) / 32; k++) {
+      const int c = lane + 32 * k;
+      if (c < CHUNKS)
+        pmla_kv::cp16(dst(j, c), src + (v ? c * 16 : 0), v);
+    }
+  }
+}
 /* tokens pos0 + [0, 64) that lie before lim */
 __device__ __forceinline__ uint64_t before64(int lim, int pos0) {
   if (lim <= pos0)
