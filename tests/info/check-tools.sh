@@ -41,6 +41,10 @@ bad "pmla-bench: --cu: '4x' is not a non-negative integer" --cu 4x
 bad "pmla-bench: --shape 'b=0,L=64,h=16': b must be a positive integer, not '0'" --shape b=0,L=64,h=16
 bad "pmla-bench: --shape 'b=1,L=64,q=16': unknown field 'q'" --shape b=1,L=64,q=16
 bad "pmla-bench: --shape 'b=1,L=64': h is missing" --shape b=1,L=64
+bad "pmla-bench: --shape 'tokens=2,slots=64,h=16,topk=8,page=16': page applies to dense shapes only" \
+  --shape tokens=2,slots=64,h=16,topk=8,page=16
+bad "pmla-bench: --shape 'b=1,L=64,h=16,page=0': page must be a positive integer, not '0'" \
+  --shape b=1,L=64,h=16,page=0
 bad "pmla-bench: --suite: 'big' is not a suite" --suite big
 bad "see pmla-bench --help" --no-such-option
 bad "unexpected argument 'extra'" extra
@@ -49,6 +53,10 @@ bad "unexpected argument 'extra'" extra
 out=$(PMLA_PLUGIN_PATH=$plugin $bench --shape b=1,L=64,h=16 --iters 1 --warmup 0 --check --json) ||
   fail "pmla-bench --check --json exited $?: $out"
 has "$out" "\"plugin\": \"$plugin\"" '"max_abs_err": ' '"cosine": ' '"lse_ok": true'
+# bench: page=N sets the page size of a dense shape and is named in its row
+out=$(PMLA_PLUGIN_PATH=$plugin $bench --shape b=2,L=100,h=16,page=16 --iters 1 --warmup 0 --check) ||
+  fail "pmla-bench page=16 --check exited $?: $out"
+has "$out" "b=2 L=100 h=16 sq=1 page=16" "PASS"
 out=$($bench --plugin "$(dirname "$plugin")" --shape b=1,L=64,h=16 --iters 1 --warmup 0 --json) ||
   fail "pmla-bench --plugin DIR exited $?: $out"
 has "$out" "\"plugin\": \"$(dirname "$plugin")/pmla.so\""
