@@ -186,19 +186,30 @@ __device__ __forceinline__ void mma_n256_rs(float *d, const uint32_t *a, uint64_
   else
     PMLA_WG_N256_RS("bf16");
 }
-/* named barriers over both warpgroups (256 threads) */
-__device__ __forceinline__ void nb_sync(int id) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+/* named barriers over n threads (both warpgroups unless said) */
+__device__ __forceinline__ void nb_sync(int id, int n = 256) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 /* the same, reached by the two warpgroups from different code: the
  * non-aligned form (bar.sync is barrier.sync.aligned, which requires every
  * thread to execute the same instruction; synccheck reports the aligned
  * form used so) */
-__device__ __forceinline__ void nb_sync_split(int id) {
-  asm volatile("barrier.sync %0, 256;\n" ::"r"(id) : "memory");
+__device__ __forceinline__ void nb_sync_split(int id, int n = 256) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
-__device__ __forceinline__ void nb_arrive(int id) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+__device__ __forceinline__ void nb_arrive(int id, int n = 256) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void nb_arrive_split(int id, int n = 256) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+/* this warpgroup's registers a thread, moved to or from the pool the
+ * launch's registers form (every warp of the warpgroup runs it) */
+template <int N> __device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 /* mbarrier and TMA (sm_90): a stage's "full" barrier counts the 128 loader
  * threads' arrivals plus, for a TMA block, the bytes the copies deliver */
