@@ -109,6 +109,9 @@ static_assert(SMEM <= 232448, "shared memory per block (sm_90)");
  * registers a thread of each role gets out of the launch's 3 x 168 */
 __host__ __device__ constexpr int threads_of(int f) { return f == PMLA_KV_E4M3 ? 3 * 128 : NT; }
 constexpr int PROD_REGS = 128, WG0_REGS = 208, WG1_REGS = 168;
+/* a pair's bytes into a block's stage from the other block: its half's
+ * 32 rows of 72 chunks, and their validity word */
+constexpr uint32_t PAIR_TX = 32 * 72 * 16 + 4;
 static_assert(PROD_REGS + WG0_REGS + WG1_REGS <= 3 * 168, "the register pool of 384 threads");
 template <int V> struct Role {
   static constexpr int value = V;
@@ -323,9 +326,11 @@ __device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], cons
     }
   }
 }
+/* pair: PROD blocks launched as clusters of two along x, the two head tiles
+ * of a unit, which read the same blocks */
 template <int F, bool FOLD, bool NARROW>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
-                                        const CUtensorMap *kv_tmap, int use_tma) {
+                                        const CUtensorMap *kv_tmap, int use_tma, int pair) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
   static_assert(!(FOLD && NARROW), "the NARROW epilogue does not fold");
   /* E4M3 tiles (64 rows; fewer rows run decode_sm90_e4m3.hip) convert
@@ -373,6 +378,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * block are done, so the producer may refill it (the same room as RING's
    * aRawRead) */
   const uint32_t aEmpty = aRawRead;
+  /* PROD, pairs: [2] mbarriers, by stage: the other block of the pair has
+   * found its stage free (one arrival from its producer) */
+  const uint32_t aPeer = aRawRead + 16;
 
   const int tid = threadIdx.x, wg = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -381,13 +389,20 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     mbar_init(aPready, 128);
     mbar_init(aPready + 8, 128);
     mbar_init(aDone, 128);
+    if (PROD) {
+      mbar_init(aPeer, 1);
+      mbar_init(aPeer + 8, 1);
+    }
     if (RING || PROD) {
       mbar_init(aRawRead, 256);
       mbar_init(aRawRead + 8, 256);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if (pair) /* the other block's barriers exist before anything reaches them */
+    pair_sync();
+  else
+    __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t conv_before = 0; /* RING: blocks converted before the item */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
@@ -467,6 +482,12 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       int32_t pq[2] = {-1, -1};
       bool pstaged = false; /* the last item's O may still be leaving the stages */
       uint32_t empty_phase = 0; /* bit s: parity of aEmpty[s]'s next completion */
+      uint32_t peer_phase = 0;  /* bit s: the same for aPeer[s] */
+      /* pair: this block's rank in its pair, and how far the other block's
+       * shared memory lies from its own in the pair's window (the same
+       * offset for every address) */
+      const uint32_t cr = blockIdx.x & 1u;
+      const uint32_t rd = pair ? pair_addr(aFull, cr ^ 1u) - aFull : 0u;
       for (int it = p.work_indptr[u]; it < it_end; it++) {
         const int32_t *w = item_at(it);
         const int32_t r = w[PMLA_WI_REQUEST];
@@ -503,7 +524,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           const int pos = kb + h * (BN / 2) + rt;
           return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
         };
-        /* two halves in flight: even halves in ra, odd ones in rb */
+        /* a paired item (both tiles of the pair serve it): this producer
+         * reads half cr of every block and stores it into both blocks'
+         * stages; the other half comes from the other block of the pair */
+        const bool paired = pair && (int)(blockIdx.x ^ 1u) * ROWS < rows_item;
+        const int hstep = paired ? 2 : 1, nk = paired ? nblk : 2 * nblk; /* halves read */
+        auto hk = [&](int k) { return paired ? 2 * k + cr : k; };
+        /* two halves in flight, in ra and rb */
         RowLoad<F, 4> ra, rb;
         bool va = false, vb = false;
         auto fetch = [&](RowLoad<F, 4> &rl, bool &rv, int h) {
@@ -512,44 +539,82 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
               pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
           rv = slot >= 0;
           rl.issue(rv ? kvbase + slot * ROWB : kvbase, rv, rsub);
-          raw_h = raw_of_half(h + 1);
+          raw_h = raw_of_half(h + hstep);
         };
-        /* a fetched half converted into its block's stage (h / 2) & 1; the
-         * first half of an item's new Q first waits for Q's copies and
-         * rewrites Q as f16 */
+        /* a fetched half converted into its block's stage (h / 2) & 1 */
         auto put = [&](const RowLoad<F, 4> &rl, bool rv, int h) {
           const int st = (h >> 1) & 1;
           const uint32_t bits = token_bits<4>(rv);
           if (lane == 0)
             ((uint8_t *)(sVm + st))[(h & 1) * 4 + wi] = (uint8_t)bits;
-          if (h == 0 && q_new) {
-            cp_wait<0>();
-            nb_sync(4, 128); /* all of Q landed */
-            const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
-            if ((t & 1) == 0)
-              sQf[t >> 1] = f;
-          }
           const int row = (h & 1) * (BN / 2) + rt;
           rl.template store<true>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); });
         };
-        if (nblk > 0) {
-          raw_h = raw_of_half(0);
-          fetch(ra, va, 0);
-          fetch(rb, vb, 1);
+        if (nk > 0) {
+          raw_h = raw_of_half(hk(0));
+          fetch(ra, va, hk(0));
+          if (nk > 1)
+            fetch(rb, vb, hk(1));
+        }
+        if (q_new && nblk > 0) { /* Q landed, rewritten as f16 */
+          cp_wait<0>();
+          nb_sync(4, 128);
+          const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
+          if ((t & 1) == 0)
+            sQf[t >> 1] = f;
         }
         for (int j = 0; j < nblk; j++) {
-          if (j >= 2) { /* stage j & 1 held block j - 2: both its P V are done */
-            mbar_wait(aEmpty + 8 * (j & 1), (empty_phase >> (j & 1)) & 1);
-            empty_phase ^= 1u << (j & 1);
+          const int st = j & 1;
+          if (j >= 2) { /* stage st held block j - 2: both its P V are done */
+            mbar_wait(aEmpty + 8 * st, (empty_phase >> st) & 1);
+            empty_phase ^= 1u << st;
           }
-          put(ra, va, 2 * j);
-          if (j + 1 < nblk)
-            fetch(ra, va, 2 * j + 2);
-          put(rb, vb, 2 * j + 1);
-          if (j + 1 < nblk)
-            fetch(rb, vb, 2 * j + 3);
-          proxy_fence();
-          mbar_arrive(aFull + 8 * (j & 1));
+          if (paired) {
+            if (t == 0) {
+              /* this block's stage st is free: tell the other block, and wait
+               * until its stage st is free too (its consumers are done with
+               * block j - 2, so this block's copy of that half has landed
+               * and the half may be overwritten) */
+              pair_arrive(aPeer + 8 * st + rd);
+              mbar_wait_pair(aPeer + 8 * st, (peer_phase >> st) & 1);
+              peer_phase ^= 1u << st;
+            }
+            nb_sync(4, 128);
+            auto step = [&](RowLoad<F, 4> &rl, bool &rv) {
+              put(rl, rv, 2 * j + cr);
+              if (j + 2 < nblk)
+                fetch(rl, rv, 2 * (j + 2) + cr);
+            };
+            if (j & 1)
+              step(rb, vb);
+            else
+              step(ra, va);
+            proxy_fence();
+            nb_sync(4, 128); /* the half and its validity bytes are in the stage */
+            if (t == 0) {
+              /* the half into the other block's stage (a 4 KiB run of 32
+               * rows in each of the nine column blocks), with its validity
+               * word */
+              const uint32_t src = smem_u32(sKV + st * TILE) + cr * (BN / 2) * 128;
+              const uint32_t rbar = aFull + 8 * st + rd;
+#pragma unroll 1
+              for (int cb = 0; cb < 9; cb++)
+                pair_bulk(src + cb * BLK + rd, src + cb * BLK, (BN / 2) * 128, rbar);
+              pair_st4(smem_u32(sVm + st) + 4 * cr + rd, ((const uint32_t *)(sVm + st))[cr], rbar);
+              mbar_arrive_tx(aFull + 8 * st, PAIR_TX);
+            } else {
+              mbar_arrive(aFull + 8 * st);
+            }
+          } else {
+            put(ra, va, 2 * j);
+            if (j + 1 < nblk)
+              fetch(ra, va, 2 * j + 2);
+            put(rb, vb, 2 * j + 1);
+            if (j + 1 < nblk)
+              fetch(rb, vb, 2 * j + 3);
+            proxy_fence();
+            mbar_arrive(aFull + 8 * st);
+          }
         }
         cp_wait<0>();
         /* the consumers are done with Q and the stages, and have staged O */
@@ -564,6 +629,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       /* the bulk copies have read shared memory before the work-group leaves */
       if (pstaged && wi == 0)
         bulk_wait_read();
+      if (pair) /* no block of the pair leaves while the other may reach it */
+        pair_sync();
       return;
     }
   }
@@ -1119,6 +1186,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * (the kernel's end makes their writes visible to the next kernel) */
   if (staged && wi == 0)
     bulk_wait_read();
+  if (pair)
+    pair_sync();
 }
 #endif /* PMLA_SM90_DEVICE */
 
@@ -1127,11 +1196,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 template <int F, bool FOLD, bool NARROW>
 __global__ void __launch_bounds__(threads_of(F), 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
-                            const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
+                            const __grid_constant__ CUtensorMap kv_tmap, int use_tma, int pair) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
+  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma, pair);
 #endif
 }
 
@@ -1187,8 +1256,11 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
    * memory, and 128 loader threads' copies keep more reads in flight than
    * one thread's nine TMA boxes (docs/performance.md) */
   const int use_tma = NARROW ? 0 : kv_tensor_map(&tmap, p);
-  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(threads_of(F)), SMEM, st, p,
-                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
+  /* E4M3: the head tiles of a unit in pairs, each producer reading half of
+   * every block for both */
+  const int pair = threads_of(F) > NT && tiles % 2 == 0;
+  return launch_ex(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(threads_of(F)), SMEM, st,
+                   pair ? 2u : 1u, p, p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma, pair);
 }
 
 } /* namespace */

@@ -234,6 +234,48 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                "r"(parity)
                : "memory");
 }
+/* Thread-block pairs (clusters of two): the same shared-memory address in
+ * the other block of the pair, stores there that complete bytes on one of
+ * its mbarriers, arrivals on its mbarriers, and the pair's barrier */
+__device__ __forceinline__ uint32_t pair_addr(uint32_t a, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void pair_st16(uint32_t a, uint4 v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, "
+               "%4}, [%5];\n" ::"r"(a),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void pair_st4(uint32_t a, uint32_t v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+                   a),
+               "r"(v), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void pair_bulk(uint32_t dst, uint32_t src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], "
+               "%2, [%3];\n" ::"r"(dst),
+               "r"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void pair_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait_pair(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred done;\nWAIT:\n"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT;\n}\n" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+}
+__device__ __forceinline__ void pair_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+}
 /* one 64-column x 64-row box of the KV cache into a 128B-swizzled block */
 __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, int col, int row,
                                         uint32_t bar) {
