@@ -105,17 +105,6 @@ constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr size_t SMEM = 1024 /* alignment slack */ + 3 * (size_t)TILE +
                         sizeof(float) * 8 * ROWS + sizeof(int) * 2 * BN;
 static_assert(SMEM <= 232448, "shared memory per block (sm_90)");
-/* E4M3 tiles run a third, producer warpgroup (body_pp's PROD); the
- * registers a thread of each role gets out of the launch's 3 x 168 */
-__host__ __device__ constexpr int threads_of(int f) { return f == PMLA_KV_E4M3 ? 3 * 128 : NT; }
-constexpr int PROD_REGS = 128, WG0_REGS = 208, WG1_REGS = 168;
-/* a pair's bytes into a block's stage from the other block: its half's
- * 32 rows of 72 chunks, and their validity word */
-constexpr uint32_t PAIR_TX = 32 * 72 * 16 + 4;
-static_assert(PROD_REGS + WG0_REGS + WG1_REGS <= 3 * 168, "the register pool of 384 threads");
-template <int V> struct Role {
-  static constexpr int value = V;
-};
 
 #ifdef PMLA_SM90_DEVICE
 using namespace pmla_mma;
@@ -326,21 +315,15 @@ __device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], cons
     }
   }
 }
-/* pair: PROD blocks launched as clusters of two along x, the two head tiles
- * of a unit, which read the same blocks */
 template <int F, bool FOLD, bool NARROW>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
-                                        const CUtensorMap *kv_tmap, int use_tma, int pair) {
+                                        const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
   static_assert(!(FOLD && NARROW), "the NARROW epilogue does not fold");
   /* E4M3 tiles (64 rows; fewer rows run decode_sm90_e4m3.hip) convert
    * from registers (REG8), DS_MLA tiles through the raw ring (RING) */
   constexpr bool REG8 = F == PMLA_KV_E4M3, RING = FP8 && !REG8;
   static_assert(!(REG8 && NARROW), "E4M3 runs 64-row tiles here");
-  /* REG8: a third warpgroup (g == 2, the producer) reads, converts and
-   * publishes every block; warpgroup 1 only runs its half of P V */
-  constexpr bool PROD = REG8;
-  constexpr int NTH = threads_of(F);
   /* an E4M3 cache's tiles, Q and P are f16: one conversion per e4m3 pair,
    * unscaled e4m3 values exact; Q rescaled by rows to fit, its bf16 values
    * kept exactly (q_row_to_f16); P <= 2^RESCALE_SLACK keeps 11 bits down to
@@ -374,35 +357,21 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* RING: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
-  /* PROD: [2] mbarriers, by stage: both consumers' P V of the stage's
-   * block are done, so the producer may refill it (the same room as RING's
-   * aRawRead) */
-  const uint32_t aEmpty = aRawRead;
-  /* PROD, pairs: [2] mbarriers, by stage: the other block of the pair has
-   * found its stage free (one arrival from its producer) */
-  const uint32_t aPeer = aRawRead + 16;
 
-  const int tid = threadIdx.x, wg = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+  const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
     mbar_init(aFull, 128);
     mbar_init(aFull + 8, 128);
     mbar_init(aPready, 128);
     mbar_init(aPready + 8, 128);
     mbar_init(aDone, 128);
-    if (PROD) {
-      mbar_init(aPeer, 1);
-      mbar_init(aPeer + 8, 1);
-    }
-    if (RING || PROD) {
+    if (RING) {
       mbar_init(aRawRead, 256);
       mbar_init(aRawRead + 8, 256);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (pair) /* the other block's barriers exist before anything reaches them */
-    pair_sync();
-  else
-    __syncthreads();
+  __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t conv_before = 0; /* RING: blocks converted before the item */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
@@ -458,749 +427,586 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   bool q_pref = false; /* warpgroup 0: sQ holds this item's Q by its own cp.async */
   const int it_end = p.work_indptr[u + 1];
   auto item_at = [&](int k) { return p.work_info_set + (int64_t)k * PMLA_WI_WORDS; };
-  /* the item's epilogue: fold into the kept accumulator, keep O for a later
-   * chunk, and where O goes (-1: out, else the partial slot) */
-  struct Epi {
-    bool fold, keep;
-    int32_t dst;
-  };
-  auto epi_of = [&](const int32_t *w) -> Epi {
-    const int32_t pslot = w[PMLA_WI_PARTIAL], piece = FOLD ? w[PMLA_WI_PIECE] : 0;
-    const bool fold = FOLD && pslot >= 0 && (piece & PMLA_WI_FOLD);
-    return {fold, FOLD && pslot >= 0 && (piece & PMLA_WI_KEEP),
-            fold && (piece & PMLA_WI_FINAL) ? -1 : pslot};
-  };
-  /* PROD: named barriers of the consumers (CSYNC), and of all three: the
-   * consumers are done with an item (ITEM); an item without blocks may
-   * stage its O, the last item's having been read (QFREE) */
-  enum { CSYNC = 1, ITEM = 2, QFREE = 3 };
-  if constexpr (PROD) {
-    if (wg == 2) {
-      /* ---------------- warpgroup 2 (producer): Q and every block, as f16 */
-      regs_dec<PROD_REGS>();
-      const int t = tid - 256, rt = t >> 2, rsub = t & 3;
-      int32_t pq[2] = {-1, -1};
-      bool pstaged = false; /* the last item's O may still be leaving the stages */
-      uint32_t empty_phase = 0; /* bit s: parity of aEmpty[s]'s next completion */
-      uint32_t peer_phase = 0;  /* bit s: the same for aPeer[s] */
-      /* pair: this block's rank in its pair, and how far the other block's
-       * shared memory lies from its own in the pair's window (the same
-       * offset for every address) */
-      const uint32_t cr = blockIdx.x & 1u;
-      const uint32_t rd = pair ? pair_addr(aFull, cr ^ 1u) - aFull : 0u;
-      for (int it = p.work_indptr[u]; it < it_end; it++) {
-        const int32_t *w = item_at(it);
-        const int32_t r = w[PMLA_WI_REQUEST];
-        const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
-        const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END];
-        const int qlen = qe - qb, rows_item = qlen * H;
-        if (qlen <= 0 || row0 >= rows_item)
-          continue;
-        if (qb < 0 || qe > p.num_tokens || qlen > p.max_q_len) /* flagged by the consumers */
-          continue;
-        const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
-        const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-        const bool q_new = qb != pq[0] || qe != pq[1];
-        pq[0] = nblk == 0 ? -1 : qb;
-        pq[1] = qe;
-        if (pstaged) {
-          /* the stages held the last item's O: its bulk copies have read it */
-          if (wi == 0)
-            bulk_wait_read();
-          nb_sync(4, 128);
-          pstaged = false;
-        }
-        if (nblk == 0) /* no block to wait for: the consumers wait for this */
-          nb_sync_split(QFREE, NTH);
-        if (q_new && nblk > 0)
-          load_q(sQ, qb, qe, t);
-        cp_commit(); /* Q's copies, if any: cp_wait covers committed groups only */
-        const int32_t csr_first =
-            (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
-        /* half-block h (32 rows of block h / 2), four threads a row: this
-         * thread's row rt, its page entry raw_h read a half ahead */
-        int32_t raw_h = -1;
-        auto raw_of_half = [&](int h) -> int32_t {
-          const int pos = kb + h * (BN / 2) + rt;
-          return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
-        };
-        /* a paired item (both tiles of the pair serve it): this producer
-         * reads half cr of every block and stores it into both blocks'
-         * stages; the other half comes from the other block of the pair */
-        const bool paired = pair && (int)(blockIdx.x ^ 1u) * ROWS < rows_item;
-        const int hstep = paired ? 2 : 1, nk = paired ? nblk : 2 * nblk; /* halves read */
-        auto hk = [&](int k) { return paired ? 2 * k + cr : k; };
-        /* two halves in flight, in ra and rb */
-        RowLoad<F, 4> ra, rb;
-        bool va = false, vb = false;
-        auto fetch = [&](RowLoad<F, 4> &rl, bool &rv, int h) {
-          const int pos = kb + h * (BN / 2) + rt;
-          const int64_t slot =
-              pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
-          rv = slot >= 0;
-          rl.issue(rv ? kvbase + slot * ROWB : kvbase, rv, rsub);
-          raw_h = raw_of_half(h + hstep);
-        };
-        /* a fetched half converted into its block's stage (h / 2) & 1 */
-        auto put = [&](const RowLoad<F, 4> &rl, bool rv, int h) {
-          const int st = (h >> 1) & 1;
-          const uint32_t bits = token_bits<4>(rv);
-          if (lane == 0)
-            ((uint8_t *)(sVm + st))[(h & 1) * 4 + wi] = (uint8_t)bits;
-          const int row = (h & 1) * (BN / 2) + rt;
-          rl.template store<true>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); });
-        };
-        if (nk > 0) {
-          raw_h = raw_of_half(hk(0));
-          fetch(ra, va, hk(0));
-          if (nk > 1)
-            fetch(rb, vb, hk(1));
-        }
-        if (q_new && nblk > 0) { /* Q landed, rewritten as f16 */
-          cp_wait<0>();
-          nb_sync(4, 128);
-          const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
-          if ((t & 1) == 0)
-            sQf[t >> 1] = f;
-        }
-        for (int j = 0; j < nblk; j++) {
-          const int st = j & 1;
-          if (j >= 2) { /* stage st held block j - 2: both its P V are done */
-            mbar_wait(aEmpty + 8 * st, (empty_phase >> st) & 1);
-            empty_phase ^= 1u << st;
-          }
-          if (paired) {
-            if (t == 0) {
-              /* this block's stage st is free: tell the other block, and wait
-               * until its stage st is free too (its consumers are done with
-               * block j - 2, so this block's copy of that half has landed
-               * and the half may be overwritten) */
-              pair_arrive(aPeer + 8 * st + rd);
-              mbar_wait_pair(aPeer + 8 * st, (peer_phase >> st) & 1);
-              peer_phase ^= 1u << st;
-            }
-            nb_sync(4, 128);
-            auto step = [&](RowLoad<F, 4> &rl, bool &rv) {
-              put(rl, rv, 2 * j + cr);
-              if (j + 2 < nblk)
-                fetch(rl, rv, 2 * (j + 2) + cr);
-            };
-            if (j & 1)
-              step(rb, vb);
-            else
-              step(ra, va);
-            proxy_fence();
-            nb_sync(4, 128); /* the half and its validity bytes are in the stage */
-            if (t == 0) {
-              /* the half into the other block's stage (a 4 KiB run of 32
-               * rows in each of the nine column blocks), with its validity
-               * word */
-              const uint32_t src = smem_u32(sKV + st * TILE) + cr * (BN / 2) * 128;
-              const uint32_t rbar = aFull + 8 * st + rd;
-#pragma unroll 1
-              for (int cb = 0; cb < 9; cb++)
-                pair_bulk(src + cb * BLK + rd, src + cb * BLK, (BN / 2) * 128, rbar);
-              pair_st4(smem_u32(sVm + st) + 4 * cr + rd, ((const uint32_t *)(sVm + st))[cr], rbar);
-              mbar_arrive_tx(aFull + 8 * st, PAIR_TX);
-            } else {
-              mbar_arrive(aFull + 8 * st);
-            }
-          } else {
-            put(ra, va, 2 * j);
-            if (j + 1 < nblk)
-              fetch(ra, va, 2 * j + 2);
-            put(rb, vb, 2 * j + 1);
-            if (j + 1 < nblk)
-              fetch(rb, vb, 2 * j + 3);
-            proxy_fence();
-            mbar_arrive(aFull + 8 * st);
-          }
-        }
-        cp_wait<0>();
-        /* the consumers are done with Q and the stages, and have staged O */
-        nb_sync_split(ITEM, NTH);
-        const Epi e = epi_of(w);
-        if (!e.keep) {
-          if (wi == 0)
-            send_staged(p, sKV, e.dst, qb, row0, nrows, lane);
-          pstaged = true;
-        }
-      }
-      /* the bulk copies have read shared memory before the work-group leaves */
-      if (pstaged && wi == 0)
-        bulk_wait_read();
-      if (pair) /* no block of the pair leaves while the other may reach it */
-        pair_sync();
-      return;
+  for (int it = p.work_indptr[u]; it < it_end; it++) {
+    const int32_t *w = item_at(it);
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int qlen = qe - qb, rows_item = qlen * H;
+    if (qlen <= 0 || row0 >= rows_item)
+      continue;
+    if (qb < 0 || qe > p.num_tokens || qlen > p.max_q_len) { /* the tiles cover max_q_len */
+      if (tid == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
     }
-  }
-  /* the barrier the consumers' epilogue syncs on */
-  auto csync = [&]() {
-    if (PROD)
-      nb_sync_split(CSYNC, 256); /* each consumer runs its own copy */
-    else
-      __syncthreads();
-  };
-  /* the consumers' item loop; ROLE: the warpgroup it runs for when known at
-   * compile time (PROD: each consumer its own copy, under its own register
-   * limit), else -1 (g at run time) */
-  auto run_items = [&](auto role) {
-    constexpr int ROLE = decltype(role)::value;
-    const int g = ROLE >= 0 ? ROLE : wg;
-    for (int it = p.work_indptr[u]; it < it_end; it++) {
-      const int32_t *w = item_at(it);
-      const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
-      const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
-      const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
-      const int qlen = qe - qb, rows_item = qlen * H;
-      if (qlen <= 0 || row0 >= rows_item)
-        continue;
-      if (qb < 0 || qe > p.num_tokens || qlen > p.max_q_len) { /* the tiles cover max_q_len */
-        if (tid == 0)
-          atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
-        continue;
+    /* the next item whose Q this item's warpgroup 0 copies (-1: none): the
+     * one after it, when served and on other query rows */
+    int32_t nq_b = -1, nq_e = -1;
+    if (PREFETCH_Q && it + 1 < it_end) {
+      const int32_t *wn = item_at(it + 1);
+      const int32_t b2 = wn[PMLA_WI_Q_BEGIN], e2 = wn[PMLA_WI_Q_END];
+      if (e2 - b2 > 0 && row0 < (e2 - b2) * H && b2 >= 0 && e2 <= p.num_tokens &&
+          e2 - b2 <= p.max_q_len && (b2 != qb || e2 != qe)) {
+        nq_b = b2;
+        nq_e = e2;
       }
-      /* the next item whose Q this item's warpgroup 0 copies (-1: none): the
-       * one after it, when served and on other query rows */
-      int32_t nq_b = -1, nq_e = -1;
-      if (PREFETCH_Q && it + 1 < it_end) {
-        const int32_t *wn = item_at(it + 1);
-        const int32_t b2 = wn[PMLA_WI_Q_BEGIN], e2 = wn[PMLA_WI_Q_END];
-        if (e2 - b2 > 0 && row0 < (e2 - b2) * H && b2 >= 0 && e2 <= p.num_tokens &&
-            e2 - b2 <= p.max_q_len && (b2 != qb || e2 != qe)) {
-          nq_b = b2;
-          nq_e = e2;
-        }
-      }
-      const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
-      const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-      constexpr int OR = NARROW ? 32 : 128;
-      float o[OR];
-  #pragma unroll
-      for (int e = 0; e < OR; e++)
-        o[e] = 0.f;
-      /* consecutive items of one request (a batch-invariant request's chunks)
-       * find its Q in shared memory already (F16: converted, unless the item
-       * had no block to convert it with) */
-      const bool q_new = qb != q_rows[0] || qe != q_rows[1];
-      q_rows[0] = nblk == 0 ? -1 : qb; /* no block: Q is neither needed nor loaded */
-      q_rows[1] = qe;
+    }
+    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
+    const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
+    constexpr int OR = NARROW ? 32 : 128;
+    float o[OR];
+#pragma unroll
+    for (int e = 0; e < OR; e++)
+      o[e] = 0.f;
+    /* consecutive items of one request (a batch-invariant request's chunks)
+     * find its Q in shared memory already (F16: converted, unless the item
+     * had no block to convert it with) */
+    const bool q_new = qb != q_rows[0] || qe != q_rows[1];
+    q_rows[0] = nblk == 0 ? -1 : qb; /* no block: Q is neither needed nor loaded */
+    q_rows[1] = qe;
 
-      if (g == 1) {
-        /* ---------------- warpgroup 1: loader + PV columns 256.. */
-        const int t = tid - 128;
-        if (!PROD && q_new && nblk > 0)
-          load_q(sQ, qb, qe, t);
-        const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
-        /* each loader warp gathers 16 tokens of a block; lane l (and l + 16)
-         * holds the page entry and slot of token 16 wi + (l & 15) */
-        const int ld_t = 16 * wi + (lane & 15);
-        auto raw_at = [&](int blk) -> int32_t {
-          int pos = kb + blk * BN + ld_t;
-          return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
-        };
-        if (!PROD && staged) {
-          /* the stages held the last item's O: its bulk copies have read it */
-          if (wi == 0)
-            bulk_wait_read();
-          asm volatile("bar.sync 4, 128;\n" ::: "memory");
-          staged = false;
-        }
-        int32_t raw_next = RING || PROD ? -1 : raw_at(0);
-        /* FP8: half-block h (32 rows of block h / 2), four threads a row: this
-         * thread's row rt, its page entry raw_h read a half ahead */
-        const int rt = t >> 2, rsub = t & 3;
-        int32_t raw_h = -1;
-        auto raw_of_half = [&](int h) -> int32_t {
-          const int pos = kb + h * (BN / 2) + rt;
-          return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
-        };
-        /* the slot of this thread's row of half h (-1: none; bad entries flagged) */
-        auto half_slot = [&](int h) -> int64_t {
-          const int pos = kb + h * (BN / 2) + rt;
-          return pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
-        };
-        /* bf16: issues block blk into stage st; returns whether the loader
-         * still has to arrive on the stage's barrier after its cp.async wait
-         * (cp.async blocks, and block 0 whose wait also covers Q) */
-        auto load_block = [&](int blk, int st) -> bool {
-          const int pos = kb + blk * BN + ld_t;
-          const uint32_t bar = aFull + 8 * st;
-  #if PMLA_WG_TMA
-          const int64_t first =
-              !NARROW && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
-          if (first >= 0) {
-            /* the copy first; then every token is valid (one whole page),
-             * and the bits are written before this thread's arrival */
-            if (t == 0) {
-              mbar_expect_tx(bar, TILE);
-              tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar);
-            }
-            if (lane == 0)
-              ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
-            if (blk != 0)
-              mbar_arrive(bar);
-            raw_next = raw_at(blk + 1);
-            return blk == 0;
+    if (g == 1) {
+      /* ---------------- warpgroup 1: loader + PV columns 256.. */
+      const int t = tid - 128;
+      if (q_new && nblk > 0)
+        load_q(sQ, qb, qe, t);
+      const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+      /* each loader warp gathers 16 tokens of a block; lane l (and l + 16)
+       * holds the page entry and slot of token 16 wi + (l & 15) */
+      const int ld_t = 16 * wi + (lane & 15);
+      auto raw_at = [&](int blk) -> int32_t {
+        int pos = kb + blk * BN + ld_t;
+        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+      };
+      if (staged) {
+        /* the stages held the last item's O: its bulk copies have read it */
+        if (wi == 0)
+          bulk_wait_read();
+        asm volatile("bar.sync 4, 128;\n" ::: "memory");
+        staged = false;
+      }
+      int32_t raw_next = RING ? -1 : raw_at(0);
+      /* FP8: half-block h (32 rows of block h / 2), four threads a row: this
+       * thread's row rt, its page entry raw_h read a half ahead */
+      const int rt = t >> 2, rsub = t & 3;
+      int32_t raw_h = -1;
+      auto raw_of_half = [&](int h) -> int32_t {
+        const int pos = kb + h * (BN / 2) + rt;
+        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+      };
+      /* the slot of this thread's row of half h (-1: none; bad entries flagged) */
+      auto half_slot = [&](int h) -> int64_t {
+        const int pos = kb + h * (BN / 2) + rt;
+        return pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
+      };
+      /* bf16: issues block blk into stage st; returns whether the loader
+       * still has to arrive on the stage's barrier after its cp.async wait
+       * (cp.async blocks, and block 0 whose wait also covers Q) */
+      auto load_block = [&](int blk, int st) -> bool {
+        const int pos = kb + blk * BN + ld_t;
+        const uint32_t bar = aFull + 8 * st;
+#if PMLA_WG_TMA
+        const int64_t first =
+            !NARROW && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+        if (first >= 0) {
+          /* the copy first; then every token is valid (one whole page),
+           * and the bits are written before this thread's arrival */
+          if (t == 0) {
+            mbar_expect_tx(bar, TILE);
+            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar);
           }
-  #endif
-          const int64_t slot =
-              pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
-          const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
           if (lane == 0)
-            ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
-          const char *mine = slot >= 0 ? kvbase + slot * ROWB : kvbase;
-          char *dst = sKV + st * TILE;
-          /* one row at a time (four L2 lines a copy rather than 32 bytes of
-           * each of 16 rows) */
-          gather_rows<16, PMLA_TILE_CHUNKS, 1>(
-              mine, bits, lane, [&](int j, int c) { return dst + off(16 * wi + j, c); });
+            ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
+          if (blk != 0)
+            mbar_arrive(bar);
           raw_next = raw_at(blk + 1);
-          return true;
+          return blk == 0;
+        }
+#endif
+        const int64_t slot =
+            pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
+        const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
+        if (lane == 0)
+          ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
+        const char *mine = slot >= 0 ? kvbase + slot * ROWB : kvbase;
+        char *dst = sKV + st * TILE;
+        /* one row at a time (four L2 lines a copy rather than 32 bytes of
+         * each of 16 rows) */
+        gather_rows<16, PMLA_TILE_CHUNKS, 1>(
+            mine, bits, lane, [&](int j, int c) { return dst + off(16 * wi + j, c); });
+        raw_next = raw_at(blk + 1);
+        return true;
+      };
+      /* this warpgroup's P V of block b, issued and committed */
+      auto pv = [&](int b) {
+        mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+        wait_phase ^= 1u << (b & 1);
+        const uint32_t aK = smem_u32(stage(b));
+        if constexpr (NARROW) {
+          float c[4];
+#pragma unroll
+          for (int k = 0; k < 4; k++)
+            c[k] = sCorr[(b & 1) * ROWS + nar_col(lane, k)];
+          nar_scale_o<16>(o, c);
+          reg_fence<OR>(o);
+          nar_pv<F16>(o, aK, 1);
+        } else {
+          wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
+          reg_fence<128>(o);
+          wg_fence();
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; kk++)
+            mma_n256_tb<F16>(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
+                             desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
+          wg_commit();
+        }
+      };
+      if constexpr (RING) {
+        /* half h into raw slot h % NH; its validity bits are byte
+         * 4 (h & 1) + wi of its block's word */
+        auto ring_issue = [&](int h) {
+          const int64_t slot = half_slot(h);
+          const bool v = slot >= 0;
+          const uint32_t bits = token_bits<4>(v);
+          if (lane == 0)
+            ((uint8_t *)(sVr + ((h >> 1) & 3)))[(h & 1) * 4 + wi] = (uint8_t)bits;
+          /* the warp's eight rows as stored, one at a time (lane 4 j holds
+           * row j's slot) */
+          const char *mine = v ? kvbase + slot * ROWB : kvbase;
+          char *dst = sRaw + h % NH * HALF + 8 * wi * ROWB;
+          gather_rows<8, ROWB / 16, 4>(mine, bits, lane,
+                                       [&](int j, int c) { return dst + j * ROWB + c * 16; });
+          raw_h = raw_of_half(h + 1);
         };
-        /* this warpgroup's P V of block b, issued and committed */
-        auto pv = [&](int b) {
-          mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
-          wait_phase ^= 1u << (b & 1);
-          const uint32_t aK = smem_u32(stage(b));
-          if constexpr (NARROW) {
-            float c[4];
-  #pragma unroll
-            for (int k = 0; k < 4; k++)
-              c[k] = sCorr[(b & 1) * ROWS + nar_col(lane, k)];
-            nar_scale_o<16>(o, c);
-            reg_fence<OR>(o);
-            nar_pv<F16>(o, aK, 1);
-          } else {
-            wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
-            reg_fence<128>(o);
-            wg_fence();
-  #pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-              mma_n256_tb<F16>(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
-                               desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
-            wg_commit();
+        /* one cp.async group per half (Q goes with half 0): block b's
+         * halves are complete with NH - 2 groups left pending */
+        const int halves = 2 * nblk;
+        if (halves > 0)
+          raw_h = raw_of_half(0);
+        for (int h = 0; h < NH; h++) {
+          if (h < halves)
+            ring_issue(h);
+          cp_commit();
+        }
+        for (int b = 0; b < nblk; b++) {
+          cp_wait<(NH >= 2 ? NH - 2 : 0)>();
+          ring_convert(b);
+          if (2 * b + NH < halves) {
+            const uint32_t G = conv_before + (uint32_t)b;
+            mbar_wait(aRawRead + 8 * (G & 1), (G >> 1) & 1);
           }
-        };
-        if constexpr (RING) {
-          /* half h into raw slot h % NH; its validity bits are byte
-           * 4 (h & 1) + wi of its block's word */
-          auto ring_issue = [&](int h) {
-            const int64_t slot = half_slot(h);
-            const bool v = slot >= 0;
-            const uint32_t bits = token_bits<4>(v);
-            if (lane == 0)
-              ((uint8_t *)(sVr + ((h >> 1) & 3)))[(h & 1) * 4 + wi] = (uint8_t)bits;
-            /* the warp's eight rows as stored, one at a time (lane 4 j holds
-             * row j's slot) */
-            const char *mine = v ? kvbase + slot * ROWB : kvbase;
-            char *dst = sRaw + h % NH * HALF + 8 * wi * ROWB;
-            gather_rows<8, ROWB / 16, 4>(mine, bits, lane,
-                                         [&](int j, int c) { return dst + j * ROWB + c * 16; });
-            raw_h = raw_of_half(h + 1);
-          };
-          /* one cp.async group per half (Q goes with half 0): block b's
-           * halves are complete with NH - 2 groups left pending */
-          const int halves = 2 * nblk;
-          if (halves > 0)
-            raw_h = raw_of_half(0);
-          for (int h = 0; h < NH; h++) {
+          for (int h = 2 * b + NH; h < 2 * b + NH + 2; h++) {
             if (h < halves)
               ring_issue(h);
             cp_commit();
           }
-          for (int b = 0; b < nblk; b++) {
-            cp_wait<(NH >= 2 ? NH - 2 : 0)>();
-            ring_convert(b);
-            if (2 * b + NH < halves) {
-              const uint32_t G = conv_before + (uint32_t)b;
-              mbar_wait(aRawRead + 8 * (G & 1), (G >> 1) & 1);
-            }
-            for (int h = 2 * b + NH; h < 2 * b + NH + 2; h++) {
-              if (h < halves)
-                ring_issue(h);
-              cp_commit();
-            }
-            pv(b);
-            wg_wait0();
-            reg_fence<OR>(o);
-          }
-        } else if constexpr (PROD) {
-          /* the producer loads every block: only this warpgroup's P V */
-          for (int b = 0; b < nblk; b++) {
-            pv(b);
-            wg_wait0();
-            reg_fence<OR>(o);
-            if (b + 2 < nblk)
-              mbar_arrive(aEmpty + 8 * (b & 1));
-          }
-        } else {
-          uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
-          /* block blk's cp.async data has landed: make it visible to wgmma
-           * and publish it */
-          auto publish = [&](int blk) {
+          pv(b);
+          wg_wait0();
+          reg_fence<OR>(o);
+        }
+      } else if constexpr (REG8) {
+        /* half h of the item as stored, in registers: one half in flight
+         * at a time */
+        RowLoad<F, 4> rl;
+        bool rv = false;
+        if (nblk > 0)
+          raw_h = raw_of_half(0);
+        auto fetch = [&](int h) {
+          const int64_t slot = half_slot(h);
+          rv = slot >= 0;
+          rl.issue(rv ? kvbase + slot * ROWB : kvbase, rv, rsub);
+          raw_h = raw_of_half(h + 1);
+        };
+        /* the fetched half converted into its block's stage (h / 2) & 1; the
+         * first half of an item's new Q first waits for Q's copies and
+         * rewrites Q as f16 */
+        auto put = [&](int h) {
+          const int st = (h >> 1) & 1;
+          const uint32_t bits = token_bits<4>(rv);
+          if (lane == 0)
+            ((uint8_t *)(sVm + st))[(h & 1) * 4 + wi] = (uint8_t)bits;
+          if (h == 0 && q_new) {
             cp_wait<0>();
-            proxy_fence();
-            mbar_arrive(aFull + 8 * (blk & 1));
-            pending &= ~(1u << (blk & 1));
-          };
-          if (nblk > 0 && load_block(0, 0))
-            pending = 1;
-          cp_commit();
-          for (int b = 0; b < nblk; b++) {
-            if (pending & (1u << (b & 1)))
-              publish(b);
-            if (b + 1 < nblk) {
-              if (b >= 1)
-                nb_sync(EMPTY + ((b - 1) & 1));
-              if (load_block(b + 1, (b + 1) & 1))
-                pending |= 1u << ((b + 1) & 1);
-            }
-            cp_commit();
-            pv(b);
-            /* block b + 1 is published while this P V runs, not after it:
-             * its landing wait is off warpgroup 0's path */
-            if (pending & (1u << ((b + 1) & 1)))
-              publish(b + 1);
-            wg_wait0();
-            reg_fence<OR>(o);
+            asm volatile("bar.sync 4, 128;\n" ::: "memory"); /* all of Q landed */
+            const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
+            if ((t & 1) == 0)
+              sQf[t >> 1] = f;
           }
+          const int row = (h & 1) * (BN / 2) + rt;
+          rl.template store<true>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); });
+        };
+        auto publish = [&](int blk) {
+          proxy_fence();
+          mbar_arrive(aFull + 8 * (blk & 1));
+        };
+        cp_commit(); /* Q's copies, if any: cp_wait covers committed groups only */
+        if (nblk > 0) {
+          fetch(0);
+          put(0);
+          fetch(1);
+          put(1);
+          publish(0);
+          if (nblk > 1)
+            fetch(2);
         }
-        cp_wait<0>();
-        /* warpgroup 0's row sums, read in the epilogue: an acquire of their
-         * release, besides the block barrier (racecheck does not see the
-         * block barrier order these cross-warpgroup accesses) */
-        mbar_wait(aDone, done_phase);
-        done_phase ^= 1;
-      } else if constexpr (NARROW) {
-        /* ---------------- warpgroup 0, NARROW: S^T + softmax + O^T dims 0..255 */
-        int lim[4];     /* by column: tokens before it are attended */
-        float sc[4];    /* by column; F16: times Q's row factor */
-        float m_run[4], l_run[4];
-  #pragma unroll
-        for (int k = 0; k < 4; k++) {
-          lim[k] = row_limit(row0 + nar_col(lane, k), rows_item, H, len, qlen, ke);
-          sc[k] = scale_log2;
-          m_run[k] = -INFINITY;
-          l_run[k] = 0.f;
-        }
-        const int t0 = 16 * wi + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
-        float s[8];
         for (int b = 0; b < nblk; b++) {
-          if (RING)
-            ring_convert(b);
-          else {
-            mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
-            wait_phase ^= 1u << (b & 1);
+          if (b + 1 < nblk) {
+            /* stage (b + 1) & 1 held block b - 1: both its P V are done */
+            if (b >= 1)
+              nb_sync(EMPTY + ((b - 1) & 1));
+            put(2 * b + 2);
+            fetch(2 * b + 3);
           }
-          char *sK = stage(b);
-          const uint32_t aK = smem_u32(sK);
-  #pragma unroll
-          for (int e = 0; e < 8; e++)
-            s[e] = 0.f;
-          reg_fence<8>(s);
-          wg_fence();
-  #pragma unroll
-          for (int ks = 0; ks < KSTEPS; ks++) {
-            const uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
-            mma_n16<F16>(s, desc_at(desc(aK, 16, 1024), ko), desc_at(dQ, ko));
+          pv(b);
+          if (b + 1 < nblk) {
+            put(2 * b + 3); /* under this P V */
+            publish(b + 1);
+            if (b + 2 < nblk)
+              fetch(2 * b + 4);
           }
-          wg_commit();
-          if (F16 && b == 0) /* block 0 came with Q and its row factors */
-  #pragma unroll
-            for (int k = 0; k < 4; k++)
-              sc[k] = scale_log2 * sQf[nar_col(lane, k)];
           wg_wait0();
-          reg_fence<8>(s);
-          /* mask (raw scores; -inf where a token is invalid or causally after
-           * the column's row), then the column maxima over the block: within
-           * the warp by shuffles, across the four warps through sMx */
-          const int pos0 = kb + b * BN;
-          const uint64_t vm = RING ? sVr[b & 3] : sVm[b & 1];
-          float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-  #pragma unroll
-          for (int e = 0; e < 8; e++) {
-            const int k = nar_k(e), t = t0 + 8 * ((e >> 1) & 1);
-            if (!((vm & before64(lim[k], pos0)) >> t & 1))
-              s[e] = -INFINITY;
-            mx[k] = fmaxf(mx[k], s[e]);
-          }
-          float *mxb = sMx + (b & 1) * 64;
-  #pragma unroll
-          for (int k = 0; k < 4; k++) {
-            mx[k] = col_max(mx[k]);
-            if (lane < 4)
-              mxb[wi * 16 + nar_col(lane, k)] = mx[k];
-          }
-          /* also: every warp's S^T has read the rope block P^T overwrites */
-          asm volatile("bar.sync 7, 128;\n" ::: "memory");
-          float muse[4], corr[4], sum[4];
-  #pragma unroll
-          for (int k = 0; k < 4; k++) {
-            const int c = nar_col(lane, k);
-            const float bm = fmaxf(fmaxf(mxb[c], mxb[16 + c]), fmaxf(mxb[32 + c], mxb[48 + c]));
-            move_max(m_run[k], bm * sc[k], &muse[k], &corr[k]);
-            sum[k] = 0.f;
-            if (wi == 0 && lane < 4)
-              sCorr[(b & 1) * ROWS + c] = corr[k];
-          }
-          /* P^T: row c of the rope block holds column c's 64 probabilities */
-          char *sP = sK + 8 * BLK;
-  #pragma unroll
-          for (int e = 0; e < 8; e++) {
-            const int k = nar_k(e), c = nar_col(lane, k), t = t0 + 8 * ((e >> 1) & 1);
-            const float pv = fast_exp2(fmaf(s[e], sc[k], -muse[k]));
-            sum[k] += pv;
-            const uint32_t pk = F16 ? pack_f16x2(pv, 0.f) : pack_bf16x2(pv, 0.f);
-            *(uint16_t *)(sP + c * 128 + (((t >> 3) ^ (c & 7)) << 4) + ((t & 7) << 1)) =
-                (uint16_t)(pk & 0xffffu);
-          }
-          proxy_fence();
-          mbar_arrive(aPready + 8 * (b & 1));
-          /* this warpgroup's P V reads every warp's P^T rows (B spans all 64
-           * tokens), not only its own */
-          asm volatile("bar.sync 7, 128;\n" ::: "memory");
-  #pragma unroll
-          for (int k = 0; k < 4; k++)
-            l_run[k] = l_run[k] * corr[k] + sum[k];
-          nar_scale_o<16>(o, corr);
-          reg_fence<32>(o);
-          nar_pv<F16>(o, aK, 0);
-          wg_wait0();
-          reg_fence<32>(o);
-          if (!RING && b + 2 < nblk)
-            nb_arrive(EMPTY + (b & 1));
+          reg_fence<OR>(o);
         }
-        nar_row_stats<16>(sMx, m_run, l_run, sM, sL, nblk, wi, lane);
-        mbar_arrive(aDone);
       } else {
-        /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
-        int lim[2];
-  #pragma unroll
-        for (int s = 0; s < 2; s++)
-          lim[s] = row_limit(row0 + myrow[s], rows_item, H, len, qlen, ke);
-        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-        float sc[2] = {scale_log2, scale_log2}; /* by row; F16: times Q's row factor */
-        /* S(b) of block b: waits for the block, issues its 36 wgmma and
-         * commits them as one group (not waited for here) */
-        float s[32];
-        auto issue_qk = [&](int b) {
-          if (!RING) {
-            mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
-            wait_phase ^= 1u << (b & 1);
-          }
-          const uint32_t aK = smem_u32(stage(b));
-  #pragma unroll
-          for (int e = 0; e < 32; e++)
-            s[e] = 0.f;
-          reg_fence<32>(s);
-          wg_fence();
-  #pragma unroll
-          for (int ks = 0; ks < KSTEPS; ks++) {
-            uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
-            mma_n64<F16>(s, desc_at(dQ, ko), desc_at(desc(aK, 16, 1024), ko));
-          }
-          wg_commit();
-        };
-        /* softmax of S(b), then this warpgroup's P V of block b, issued and
-         * committed (not waited for) */
-        auto softmax_pv = [&](int b) {
-          char *sK = stage(b);
-          const uint32_t aK = smem_u32(sK);
-          const int pos0 = kb + b * BN;
-          /* every warp's QK has read the rope block before P overwrites it */
-          asm volatile("bar.sync 7, 128;\n" ::: "memory");
-
-          float mx[2];
-          wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
-          float muse[2], corr[2], sum[2] = {0.f, 0.f};
-  #pragma unroll
-          for (int sl = 0; sl < 2; sl++) {
-            move_max(m_run[sl], mx[sl], &muse[sl], &corr[sl]);
-            if (row_leader(lane))
-              sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
-          }
-          /* P(b) as 16-bit pairs: this warpgroup's P V reads them from
-           * registers (pair e / 2 of S is A-fragment register e / 2 of its
-           * k-step e / 8), warpgroup 1 from the stage's rope block */
-          char *sP = sK + 8 * BLK;
-          uint32_t pr[16];
-  #pragma unroll
-          for (int e = 0; e < 32; e += 2) {
-            int sl = (e >> 1) & 1, row = myrow[sl];
-            int col = (e >> 2) * 8 + ((lane & 3) << 1);
-            float p0 = fast_exp2(fmaf(s[e], sc[sl], -muse[sl]));
-            float p1 = fast_exp2(fmaf(s[e + 1], sc[sl], -muse[sl]));
-            sum[sl] += p0 + p1;
-            pr[e >> 1] = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
-            *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
-                pr[e >> 1];
-          }
-          proxy_fence();
-          mbar_arrive(aPready + 8 * (b & 1));
-  #pragma unroll
-          for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
-            l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
-          wg_scale_o(o, corr[0], corr[1]);
-          reg_fence<128>(o);
-          wg_fence();
-  #pragma unroll
-          for (int kk = 0; kk < BN / 16; kk++)
-            mma_n256_rs<F16>(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
-          wg_commit();
-        };
-        /* this item's Q came by this warpgroup's copies: landed and visible
-         * to wgmma from every thread before the first Q K^T */
-        if (PREFETCH_Q && q_pref) {
+        uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
+        /* block blk's cp.async data has landed: make it visible to wgmma
+         * and publish it */
+        auto publish = [&](int blk) {
           cp_wait<0>();
           proxy_fence();
-          asm volatile("bar.sync 7, 128;\n" ::: "memory");
-          q_pref = false;
-        }
-        /* bf16 and E4M3: the stage is released as soon as this warpgroup's
-         * P V is done, so the loader can refill it while S(b + 1) is
-         * computed; DS_MLA: the next block is converted once both P V are
-         * done (ring_convert) */
+          mbar_arrive(aFull + 8 * (blk & 1));
+          pending &= ~(1u << (blk & 1));
+        };
+        if (nblk > 0 && load_block(0, 0))
+          pending = 1;
+        cp_commit();
         for (int b = 0; b < nblk; b++) {
-          if (RING)
-            ring_convert(b);
-          issue_qk(b);
-          if (F16 && b == 0) /* block 0 came with Q and its row factors */
-  #pragma unroll
-            for (int sl = 0; sl < 2; sl++)
-              sc[sl] = scale_log2 * sQf[myrow[sl]];
-          wg_wait0();
-          reg_fence<32>(s);
-          softmax_pv(b);
-          if (PREFETCH_Q && b == nblk - 1 && nq_b >= 0) {
-            /* every Q K^T of the item is done (waited above) */
-            load_q(sQ, nq_b, nq_e, t_q);
-            cp_commit(); /* cp_wait covers committed groups only */
-            q_pref = true;
+          if (pending & (1u << (b & 1)))
+            publish(b);
+          if (b + 1 < nblk) {
+            if (b >= 1)
+              nb_sync(EMPTY + ((b - 1) & 1));
+            if (load_block(b + 1, (b + 1) & 1))
+              pending |= 1u << ((b + 1) & 1);
           }
+          cp_commit();
+          pv(b);
+          /* block b + 1 is published while this P V runs, not after it:
+           * its landing wait is off warpgroup 0's path */
+          if (pending & (1u << ((b + 1) & 1)))
+            publish(b + 1);
           wg_wait0();
-          reg_fence<128>(o);
-          if (!RING && b + 2 < nblk) {
-            if (PROD) /* reached from each consumer's own copy */
-              mbar_arrive(aEmpty + 8 * (b & 1));
-            else
-              nb_arrive(EMPTY + (b & 1));
-          }
+          reg_fence<OR>(o);
         }
-        if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
+      }
+      cp_wait<0>();
+      /* warpgroup 0's row sums, read in the epilogue: an acquire of their
+       * release, besides the block barrier (racecheck does not see the
+       * block barrier order these cross-warpgroup accesses) */
+      mbar_wait(aDone, done_phase);
+      done_phase ^= 1;
+    } else if constexpr (NARROW) {
+      /* ---------------- warpgroup 0, NARROW: S^T + softmax + O^T dims 0..255 */
+      int lim[4];     /* by column: tokens before it are attended */
+      float sc[4];    /* by column; F16: times Q's row factor */
+      float m_run[4], l_run[4];
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        lim[k] = row_limit(row0 + nar_col(lane, k), rows_item, H, len, qlen, ke);
+        sc[k] = scale_log2;
+        m_run[k] = -INFINITY;
+        l_run[k] = 0.f;
+      }
+      const int t0 = 16 * wi + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
+      float s[8];
+      for (int b = 0; b < nblk; b++) {
+        if (RING)
+          ring_convert(b);
+        else {
+          mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+          wait_phase ^= 1u << (b & 1);
+        }
+        char *sK = stage(b);
+        const uint32_t aK = smem_u32(sK);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          s[e] = 0.f;
+        reg_fence<8>(s);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+          const uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
+          mma_n16<F16>(s, desc_at(desc(aK, 16, 1024), ko), desc_at(dQ, ko));
+        }
+        wg_commit();
+        if (F16 && b == 0) /* block 0 came with Q and its row factors */
+#pragma unroll
+          for (int k = 0; k < 4; k++)
+            sc[k] = scale_log2 * sQf[nar_col(lane, k)];
+        wg_wait0();
+        reg_fence<8>(s);
+        /* mask (raw scores; -inf where a token is invalid or causally after
+         * the column's row), then the column maxima over the block: within
+         * the warp by shuffles, across the four warps through sMx */
+        const int pos0 = kb + b * BN;
+        const uint64_t vm = RING ? sVr[b & 3] : sVm[b & 1];
+        float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int k = nar_k(e), t = t0 + 8 * ((e >> 1) & 1);
+          if (!((vm & before64(lim[k], pos0)) >> t & 1))
+            s[e] = -INFINITY;
+          mx[k] = fmaxf(mx[k], s[e]);
+        }
+        float *mxb = sMx + (b & 1) * 64;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          mx[k] = col_max(mx[k]);
+          if (lane < 4)
+            mxb[wi * 16 + nar_col(lane, k)] = mx[k];
+        }
+        /* also: every warp's S^T has read the rope block P^T overwrites */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+        float muse[4], corr[4], sum[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const int c = nar_col(lane, k);
+          const float bm = fmaxf(fmaxf(mxb[c], mxb[16 + c]), fmaxf(mxb[32 + c], mxb[48 + c]));
+          move_max(m_run[k], bm * sc[k], &muse[k], &corr[k]);
+          sum[k] = 0.f;
+          if (wi == 0 && lane < 4)
+            sCorr[(b & 1) * ROWS + c] = corr[k];
+        }
+        /* P^T: row c of the rope block holds column c's 64 probabilities */
+        char *sP = sK + 8 * BLK;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int k = nar_k(e), c = nar_col(lane, k), t = t0 + 8 * ((e >> 1) & 1);
+          const float pv = fast_exp2(fmaf(s[e], sc[k], -muse[k]));
+          sum[k] += pv;
+          const uint32_t pk = F16 ? pack_f16x2(pv, 0.f) : pack_bf16x2(pv, 0.f);
+          *(uint16_t *)(sP + c * 128 + (((t >> 3) ^ (c & 7)) << 4) + ((t & 7) << 1)) =
+              (uint16_t)(pk & 0xffffu);
+        }
+        proxy_fence();
+        mbar_arrive(aPready + 8 * (b & 1));
+        /* this warpgroup's P V reads every warp's P^T rows (B spans all 64
+         * tokens), not only its own */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          l_run[k] = l_run[k] * corr[k] + sum[k];
+        nar_scale_o<16>(o, corr);
+        reg_fence<32>(o);
+        nar_pv<F16>(o, aK, 0);
+        wg_wait0();
+        reg_fence<32>(o);
+        if (!RING && b + 2 < nblk)
+          nb_arrive(EMPTY + (b & 1));
+      }
+      nar_row_stats<16>(sMx, m_run, l_run, sM, sL, nblk, wi, lane);
+      mbar_arrive(aDone);
+    } else {
+      /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
+      int lim[2];
+#pragma unroll
+      for (int s = 0; s < 2; s++)
+        lim[s] = row_limit(row0 + myrow[s], rows_item, H, len, qlen, ke);
+      float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+      float sc[2] = {scale_log2, scale_log2}; /* by row; F16: times Q's row factor */
+      /* S(b) of block b: waits for the block, issues its 36 wgmma and
+       * commits them as one group (not waited for here) */
+      float s[32];
+      auto issue_qk = [&](int b) {
+        if (!RING) {
+          mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+          wait_phase ^= 1u << (b & 1);
+        }
+        const uint32_t aK = smem_u32(stage(b));
+#pragma unroll
+        for (int e = 0; e < 32; e++)
+          s[e] = 0.f;
+        reg_fence<32>(s);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+          uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
+          mma_n64<F16>(s, desc_at(dQ, ko), desc_at(desc(aK, 16, 1024), ko));
+        }
+        wg_commit();
+      };
+      /* softmax of S(b), then this warpgroup's P V of block b, issued and
+       * committed (not waited for) */
+      auto softmax_pv = [&](int b) {
+        char *sK = stage(b);
+        const uint32_t aK = smem_u32(sK);
+        const int pos0 = kb + b * BN;
+        /* every warp's QK has read the rope block before P overwrites it */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+
+        float mx[2];
+        wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
+        float muse[2], corr[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+          move_max(m_run[sl], mx[sl], &muse[sl], &corr[sl]);
+          if (row_leader(lane))
+            sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
+        }
+        /* P(b) as 16-bit pairs: this warpgroup's P V reads them from
+         * registers (pair e / 2 of S is A-fragment register e / 2 of its
+         * k-step e / 8), warpgroup 1 from the stage's rope block */
+        char *sP = sK + 8 * BLK;
+        uint32_t pr[16];
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+          int sl = (e >> 1) & 1, row = myrow[sl];
+          int col = (e >> 2) * 8 + ((lane & 3) << 1);
+          float p0 = fast_exp2(fmaf(s[e], sc[sl], -muse[sl]));
+          float p1 = fast_exp2(fmaf(s[e + 1], sc[sl], -muse[sl]));
+          sum[sl] += p0 + p1;
+          pr[e >> 1] = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
+          *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
+              pr[e >> 1];
+        }
+        proxy_fence();
+        mbar_arrive(aPready + 8 * (b & 1));
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
+          l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
+        wg_scale_o(o, corr[0], corr[1]);
+        reg_fence<128>(o);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+          mma_n256_rs<F16>(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
+        wg_commit();
+      };
+      /* this item's Q came by this warpgroup's copies: landed and visible
+       * to wgmma from every thread before the first Q K^T */
+      if (PREFETCH_Q && q_pref) {
+        cp_wait<0>();
+        proxy_fence();
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+        q_pref = false;
+      }
+      /* bf16 and E4M3: the stage is released as soon as this warpgroup's
+       * P V is done, so the loader can refill it while S(b + 1) is
+       * computed; DS_MLA: the next block is converted once both P V are
+       * done (ring_convert) */
+      for (int b = 0; b < nblk; b++) {
+        if (RING)
+          ring_convert(b);
+        issue_qk(b);
+        if (F16 && b == 0) /* block 0 came with Q and its row factors */
+#pragma unroll
+          for (int sl = 0; sl < 2; sl++)
+            sc[sl] = scale_log2 * sQf[myrow[sl]];
+        wg_wait0();
+        reg_fence<32>(s);
+        softmax_pv(b);
+        if (PREFETCH_Q && b == nblk - 1 && nq_b >= 0) {
+          /* every Q K^T of the item is done (waited above) */
           load_q(sQ, nq_b, nq_e, t_q);
           cp_commit(); /* cp_wait covers committed groups only */
           q_pref = true;
         }
-  #pragma unroll
-        for (int sl = 0; sl < 2; sl++)
-          l_run[sl] = row_sum(l_run[sl]);
-        if (row_leader(lane)) {
-  #pragma unroll
-          for (int sl = 0; sl < 2; sl++) {
-            sM[myrow[sl]] = m_run[sl];
-            sL[myrow[sl]] = l_run[sl];
-          }
-        }
-        mbar_arrive(aDone);
+        wg_wait0();
+        reg_fence<128>(o);
+        if (!RING && b + 2 < nblk)
+          nb_arrive(EMPTY + (b & 1));
       }
-      csync();
-      conv_before += RING ? (uint32_t)nblk : 0u;
-      /* an item with blocks was published only once the stages were free */
-      if (PROD && nblk == 0)
-        nb_sync_split(QFREE, NTH);
+      if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
+        load_q(sQ, nq_b, nq_e, t_q);
+        cp_commit(); /* cp_wait covers committed groups only */
+        q_pref = true;
+      }
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++)
+        l_run[sl] = row_sum(l_run[sl]);
+      if (row_leader(lane)) {
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+          sM[myrow[sl]] = m_run[sl];
+          sL[myrow[sl]] = l_run[sl];
+        }
+      }
+      mbar_arrive(aDone);
+    }
+    __syncthreads();
+    conv_before += RING ? (uint32_t)nblk : 0u;
 
-      /* the epilogue: O staged in the two stages, row for row, and sent by
-       * bulk copies (out is 16-byte aligned: gpu_decode refuses it
-       * otherwise); a folding item first folds the accumulator in */
-      const int32_t piece = FOLD ? w[PMLA_WI_PIECE] : 0;
-      const Epi epi = epi_of(w);
-      const bool fold = epi.fold, keep = epi.keep;
-      const int32_t dst = epi.dst; /* -1: out */
-      if constexpr (NARROW) {
-        if (pslot >= 0)
-          nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
-        else
-          nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
-      } else {
-        const int64_t obase = (int64_t)pslot * p.max_q_len * H + row0;
-        const float one[2] = {1.f, 1.f};
-        if (fold) {
-          fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0);
-          csync(); /* every accumulator lse read before store_lse replaces it */
-          if (keep)
-            keep_o(p, o, one, g, lane, myrow, nrows, obase);
-          else if (dst >= 0)
-            stage_rows<true>(sKV, o, one, g, lane, myrow, nrows);
-          else
-            stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
-        } else if (keep) {
-          float inv[2];
-          row_factors(inv, sL, myrow, nrows, out_scale);
-          keep_o(p, o, inv, g, lane, myrow, nrows, obase);
-        } else if (pslot >= 0) {
-          stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
-        } else {
-          stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
-        }
-      }
-      if (!keep) {
-        proxy_fence();
-        /* a folding item's slot held kept words, written and read by these
-         * threads through the generic proxy; the bulk stores below may
-         * overwrite them */
-        if (fold)
-          proxy_fence_global();
-        if (!PROD)
-          __syncthreads();
-        if (!PROD && g == 1) {
-          staged = true;
-          if (wi == 0)
-            send_staged(p, sKV, dst, qb, row0, nrows, lane);
-        }
-      }
-      /* PROD: the producer sends the staged rows, and may refill Q and the
-       * stages */
-      if (PROD)
-        nb_sync_split(ITEM, NTH);
-      store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, piece);
-      csync();
-      if (PREFETCH_Q && nq_b >= 0) { /* sQ holds (or receives) the next item's Q */
-        q_rows[0] = nq_b;
-        q_rows[1] = nq_e;
-      }
-    }
-  };
-  if constexpr (PROD) {
-    if (wg == 0) {
-      regs_inc<WG0_REGS>();
-      run_items(Role<0>{});
+    /* the epilogue: O staged in the two stages, row for row, and sent by
+     * bulk copies (out is 16-byte aligned: gpu_decode refuses it
+     * otherwise); a folding item first folds the accumulator in */
+    const int32_t piece = FOLD ? w[PMLA_WI_PIECE] : 0;
+    const bool fold = FOLD && pslot >= 0 && (piece & PMLA_WI_FOLD);
+    const bool keep = FOLD && pslot >= 0 && (piece & PMLA_WI_KEEP);
+    const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : pslot; /* -1: out */
+    const int64_t obase = (int64_t)pslot * p.max_q_len * H + row0;
+    const float one[2] = {1.f, 1.f};
+    if constexpr (NARROW) {
+      if (pslot >= 0)
+        nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
+      else
+        nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
+    } else if (fold) {
+      fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0);
+      __syncthreads(); /* every accumulator lse read before store_lse replaces it */
+      if (keep)
+        keep_o(p, o, one, g, lane, myrow, nrows, obase);
+      else if (dst >= 0)
+        stage_rows<true>(sKV, o, one, g, lane, myrow, nrows);
+      else
+        stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
+    } else if (keep) {
+      float inv[2];
+      row_factors(inv, sL, myrow, nrows, out_scale);
+      keep_o(p, o, inv, g, lane, myrow, nrows, obase);
+    } else if (pslot >= 0) {
+      stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
     } else {
-      regs_dec<WG1_REGS>();
-      run_items(Role<1>{});
+      stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
     }
-  } else {
-    run_items(Role<-1>{});
+    if (!keep) {
+      proxy_fence();
+      /* a folding item's slot held kept words, written and read by these
+       * threads through the generic proxy; the bulk stores below may
+       * overwrite them */
+      if (fold)
+        proxy_fence_global();
+      __syncthreads();
+      if (g == 1) {
+        staged = true;
+        if (wi == 0)
+          send_staged(p, sKV, dst, qb, row0, nrows, lane);
+      }
+    }
+    store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, piece);
+    __syncthreads();
+    if (PREFETCH_Q && nq_b >= 0) { /* sQ holds (or receives) the next item's Q */
+      q_rows[0] = nq_b;
+      q_rows[1] = nq_e;
+    }
   }
   /* the bulk copies have read shared memory before the work-group leaves
    * (the kernel's end makes their writes visible to the next kernel) */
   if (staged && wi == 0)
     bulk_wait_read();
-  if (pair)
-    pair_sync();
 }
 #endif /* PMLA_SM90_DEVICE */
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
  * boxes, 128B swizzle), valid when use_tma */
 template <int F, bool FOLD, bool NARROW>
-__global__ void __launch_bounds__(threads_of(F), 1)
+__global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
-                            const __grid_constant__ CUtensorMap kv_tmap, int use_tma, int pair) {
+                            const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma, pair);
+  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -1256,11 +1062,8 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
    * memory, and 128 loader threads' copies keep more reads in flight than
    * one thread's nine TMA boxes (docs/performance.md) */
   const int use_tma = NARROW ? 0 : kv_tensor_map(&tmap, p);
-  /* E4M3: the head tiles of a unit in pairs, each producer reading half of
-   * every block for both */
-  const int pair = threads_of(F) > NT && tiles % 2 == 0;
-  return launch_ex(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(threads_of(F)), SMEM, st,
-                   pair ? 2u : 1u, p, p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma, pair);
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st, p,
+                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
 } /* namespace */

@@ -186,30 +186,19 @@ __device__ __forceinline__ void mma_n256_rs(float *d, const uint32_t *a, uint64_
   else
     PMLA_WG_N256_RS("bf16");
 }
-/* named barriers over n threads (both warpgroups unless said) */
-__device__ __forceinline__ void nb_sync(int id, int n = 256) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+/* named barriers over both warpgroups (256 threads) */
+__device__ __forceinline__ void nb_sync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
 }
 /* the same, reached by the two warpgroups from different code: the
  * non-aligned form (bar.sync is barrier.sync.aligned, which requires every
  * thread to execute the same instruction; synccheck reports the aligned
  * form used so) */
-__device__ __forceinline__ void nb_sync_split(int id, int n = 256) {
-  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+__device__ __forceinline__ void nb_sync_split(int id) {
+  asm volatile("barrier.sync %0, 256;\n" ::"r"(id) : "memory");
 }
-__device__ __forceinline__ void nb_arrive(int id, int n = 256) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void nb_arrive_split(int id, int n = 256) {
-  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-/* this warpgroup's registers a thread, moved to or from the pool the
- * launch's registers form (every warp of the warpgroup runs it) */
-template <int N> __device__ __forceinline__ void regs_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N> __device__ __forceinline__ void regs_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+__device__ __forceinline__ void nb_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 /* mbarrier and TMA (sm_90): a stage's "full" barrier counts the 128 loader
  * threads' arrivals plus, for a TMA block, the bytes the copies deliver */
@@ -233,48 +222,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                "@!done bra WAIT;\n}\n" ::"r"(bar),
                "r"(parity)
                : "memory");
-}
-/* Thread-block pairs (clusters of two): the same shared-memory address in
- * the other block of the pair, stores there that complete bytes on one of
- * its mbarriers, arrivals on its mbarriers, and the pair's barrier */
-__device__ __forceinline__ uint32_t pair_addr(uint32_t a, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void pair_st16(uint32_t a, uint4 v, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, "
-               "%4}, [%5];\n" ::"r"(a),
-               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void pair_st4(uint32_t a, uint32_t v, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
-                   a),
-               "r"(v), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void pair_bulk(uint32_t dst, uint32_t src, uint32_t bytes,
-                                          uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], "
-               "%2, [%3];\n" ::"r"(dst),
-               "r"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void pair_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait_pair(uint32_t bar, uint32_t parity) {
-  asm volatile("{\n.reg .pred done;\nWAIT:\n"
-               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-               "@!done bra WAIT;\n}\n" ::"r"(bar),
-               "r"(parity)
-               : "memory");
-}
-__device__ __forceinline__ void pair_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
 }
 /* one 64-column x 64-row box of the KV cache into a 128B-swizzled block */
 __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, int col, int row,
