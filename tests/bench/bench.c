@@ -744,10 +744,13 @@ int main(int argc, char **argv) {
     for (int nocap = 0; nocap <= (s->sparse_topk ? 1 : 0); nocap++)
       for (int k = 0; k < o.nplugins; k++) {
         result r = run_shape(&o, be[k], m, s, copy_gbps, nocap, seed);
-        char name[112], tag[32] = "";
+        /* what follows the shape's own fields: page size, cache dtype, plugin */
+        char name[112], tag[48] = "";
         const int kvd = s->kv ? s->kv : o.kv;
+        if (s->page && s->page != 64 && !s->sparse_topk)
+          snprintf(tag, sizeof tag, " page=%d", s->page);
         if (kvd != PMLA_DTYPE_BF16)
-          snprintf(tag, sizeof tag, " kv=%s", kv_dtype_name(kvd));
+          snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " kv=%s", kv_dtype_name(kvd));
         if (o.nplugins > 1)
           snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " @%d", k);
         if (s->sparse_topk)
@@ -758,10 +761,6 @@ int main(int argc, char **argv) {
                    s->sq, tag);
         else
           snprintf(name, sizeof name, "b=%d L=%d h=%d sq=%d%s", s->b, s->L, s->h, s->sq, tag);
-        if (s->page && s->page != 64 && !s->sparse_topk) {
-          const size_t n = strlen(name), t = strlen(tag);
-          snprintf(name + n - t, sizeof name - (n - t), " page=%d%s", s->page, tag);
-        }
         failed |= r.checked && !r.ok;
         if (o.json) {
           printf("%s  {\"shape\": \"%s\", \"plugin\": ", first ? "" : ",\n", name);
