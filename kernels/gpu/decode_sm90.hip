@@ -315,12 +315,9 @@ __device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], cons
     }
   }
 }
-/* pair: bf16 64-row tiles launched as clusters of two along x (the two
- * head tiles of a unit at 128 heads, which read the same blocks): each
- * block of the pair copies alternate boxes of a whole-page block into both */
 template <int F, bool FOLD, bool NARROW>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
-                                        const CUtensorMap *kv_tmap, int use_tma, int pair) {
+                                        const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
   static_assert(!(FOLD && NARROW), "the NARROW epilogue does not fold");
   /* E4M3 tiles (64 rows; fewer rows run decode_sm90_e4m3.hip) convert
@@ -360,9 +357,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* RING: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
-  /* pair: [2] mbarriers, by stage: the other block of the pair has found
-   * its stage free (one arrival from its loader) */
-  const uint32_t aPeer = aRawRead + 16;
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -375,14 +369,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       mbar_init(aRawRead, 256);
       mbar_init(aRawRead + 8, 256);
     }
-    mbar_init(aPeer, 1);
-    mbar_init(aPeer + 8, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (pair) /* the other block's barriers exist before anything reaches them */
-    pair_sync();
-  else
-    __syncthreads();
+  __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t conv_before = 0; /* RING: blocks converted before the item */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
@@ -431,12 +420,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const int t_q = tid & 127;
   int32_t q_rows[2] = {-1, -1}; /* the rows of Q in sQ */
   bool staged = false; /* warpgroup 1: the last item's O may still be leaving the stages */
-  /* warpgroup 1's thread 0, pair: bit s, parity of aPeer[s]'s next
-   * completion; the block whose copies wait for the other block (stage
-   * pend_st, -1: none; slot pend_slot, -1: not a TMA block) */
-  uint32_t peer_phase = 0;
-  int pend_st = -1, pend_blk = 0;
-  int64_t pend_slot = -1;
   /* bf16 64-row tiles: the next item's Q, when it has other rows, is copied
    * into sQ by warpgroup 0 once the item's last Q K^T is done, under the
    * last block and the epilogue, instead of at the next item's start */
@@ -504,10 +487,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         staged = false;
       }
       int32_t raw_next = RING ? -1 : raw_at(0);
-      /* pair: this block's rank, the other block's shared memory as an
-       * offset from its own, and the parity of aPeer[s]'s next completion */
-      const uint32_t cr = blockIdx.x & 1u;
-      const uint32_t rd = pair ? pair_addr(aFull, cr ^ 1u) - aFull : 0u;
       /* FP8: half-block h (32 rows of block h / 2), four threads a row: this
        * thread's row rt, its page entry raw_h read a half ahead */
       const int rt = t >> 2, rsub = t & 3;
@@ -527,15 +506,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       auto load_block = [&](int blk, int st) -> bool {
         const int pos = kb + blk * BN + ld_t;
         const uint32_t bar = aFull + 8 * st;
-        const bool paired = !FP8 && !NARROW && pair;
-        if (paired && t == 0) {
-          /* stage st is free here: the other block's copies may write it;
-           * ours wait until its stage st is free as well (pair_issue) */
-          pair_arrive(aPeer + 8 * st + rd);
-          pend_st = st;
-          pend_blk = blk;
-          pend_slot = -1;
-        }
 #if PMLA_WG_TMA
         const int64_t first =
             !NARROW && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
@@ -543,16 +513,12 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           /* the copy first; then every token is valid (one whole page),
            * and the bits are written before this thread's arrival */
           if (t == 0) {
-            if (paired) {
-              pend_slot = first;
-            } else {
-              mbar_expect_tx(bar, TILE);
-              tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar);
-            }
+            mbar_expect_tx(bar, TILE);
+            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar);
           }
           if (lane == 0)
             ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
-          if (blk != 0 && !(paired && t == 0))
+          if (blk != 0)
             mbar_arrive(bar);
           raw_next = raw_at(blk + 1);
           return blk == 0;
@@ -571,28 +537,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             mine, bits, lane, [&](int j, int c) { return dst + off(16 * wi + j, c); });
         raw_next = raw_at(blk + 1);
         return true;
-      };
-      /* pair, thread 0: once the other block's stage is free too, its half
-       * of the boxes of the block load_block left pending, into both */
-      auto pair_issue = [&]() {
-        if (FP8 || NARROW || pend_st < 0)
-          return;
-        mbar_wait_pair(aPeer + 8 * pend_st, (peer_phase >> pend_st) & 1);
-        peer_phase ^= 1u << pend_st;
-        if (pend_slot >= 0) {
-          const uint32_t bar = aFull + 8 * pend_st, dst = smem_u32(sKV + pend_st * TILE);
-          mbar_expect_tx(bar, TILE);
-#pragma unroll
-          for (int c = (int)cr; c < 9; c += 2)
-#ifdef PMLA_PAIR_EVF
-            tma_box_pair_hint(dst + c * BLK, kv_tmap, c * 64, (int)pend_slot, bar, l2_evict_first());
-#else
-            tma_box_pair(dst + c * BLK, kv_tmap, c * 64, (int)pend_slot, bar);
-#endif
-          if (pend_blk != 0)
-            mbar_arrive(bar);
-        }
-        pend_st = -1;
       };
       /* this warpgroup's P V of block b, issued and committed */
       auto pv = [&](int b) {
@@ -736,8 +680,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         };
         if (nblk > 0 && load_block(0, 0))
           pending = 1;
-        if (t == 0)
-          pair_issue();
         cp_commit();
         for (int b = 0; b < nblk; b++) {
           if (pending & (1u << (b & 1)))
@@ -747,8 +689,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
               nb_sync(EMPTY + ((b - 1) & 1));
             if (load_block(b + 1, (b + 1) & 1))
               pending |= 1u << ((b + 1) & 1);
-            if (t == 0)
-              pair_issue();
           }
           cp_commit();
           pv(b);
@@ -1054,8 +994,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * (the kernel's end makes their writes visible to the next kernel) */
   if (staged && wi == 0)
     bulk_wait_read();
-  if (pair) /* no block of the pair leaves while the other may still reach it */
-    pair_sync();
 }
 #endif /* PMLA_SM90_DEVICE */
 
@@ -1064,11 +1002,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 template <int F, bool FOLD, bool NARROW>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
-                            const __grid_constant__ CUtensorMap kv_tmap, int use_tma, int pair) {
+                            const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma, pair);
+  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -1124,14 +1062,8 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
    * memory, and 128 loader threads' copies keep more reads in flight than
    * one thread's nine TMA boxes (docs/performance.md) */
   const int use_tma = NARROW ? 0 : kv_tensor_map(&tmap, p);
-  /* 128 heads: a unit's head tiles in pairs, every pair serving the same
-   * items (tile t serves an item of q_len query tokens while t < 2 q_len) */
-#ifndef PMLA_PAIR
-#define PMLA_PAIR 1
-#endif
-  const int pair = PMLA_PAIR && use_tma && p.num_heads == 128 && tiles % 2 == 0;
-  return launch_ex(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st,
-                   pair ? 2u : 1u, p, p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma, pair);
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st, p,
+                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
 } /* namespace */

@@ -47,46 +47,30 @@ static inline bool pdl_device() {
 #endif
 
 /* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute
- * when PMLA_PDL is on and the device supports it, in clusters of
- * cluster_x blocks along x when cluster_x > 1 (NVIDIA sm_90) */
-template <typename... P, typename... A>
-static inline hipError_t launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
-                                   hipStream_t stream, unsigned cluster_x, A... args) {
-#ifdef PMLA_PLATFORM_NVIDIA
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-#ifdef PMLA_PDL_ON
-  if (pdl_device()) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-#endif
-  if (cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster_x;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
-  if (n > 0) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = n;
-    return cudaLaunchKernelEx(&cfg, kernel, args...);
-  }
-#else
-  (void)cluster_x;
-#endif
-  kernel<<<grid, block, smem, stream>>>(args...);
-  return hipGetLastError();
-}
+ * when PMLA_PDL is on and the device supports it */
 template <typename... P, typename... A>
 static inline hipError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
                                     hipStream_t stream, A... args) {
-  return launch_ex(kernel, grid, block, smem, stream, 1u, args...);
+#ifdef PMLA_PDL_ON
+  if (!pdl_device()) {
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return hipGetLastError();
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+#else
+  kernel<<<grid, block, smem, stream>>>(args...);
+  return hipGetLastError();
+#endif
 }
 
 #endif

@@ -223,45 +223,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                "r"(parity)
                : "memory");
 }
-/* Thread-block pairs (clusters of two along x): the same shared-memory
- * address in the other block, arrivals on its mbarriers, a wait that
- * acquires them, and the pair's barrier */
-__device__ __forceinline__ uint32_t pair_addr(uint32_t a, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void pair_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait_pair(uint32_t bar, uint32_t parity) {
-  asm volatile("{\n.reg .pred done;\nWAIT:\n"
-               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-               "@!done bra WAIT;\n}\n" ::"r"(bar),
-               "r"(parity)
-               : "memory");
-}
-__device__ __forceinline__ void pair_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
-}
-/* one box into the same offset of both blocks of the pair, completing its
- * bytes on the mbarrier at the same offset in each */
-__device__ __forceinline__ void tma_box_pair(uint32_t dst, const CUtensorMap *map, int col,
-                                             int row, uint32_t bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-               "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar), "h"((uint16_t)3)
-               : "memory");
-}
-__device__ __forceinline__ void tma_box_pair_hint(uint32_t dst, const CUtensorMap *map, int col,
-                                                  int row, uint32_t bar, uint64_t pol) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               ".multicast::cluster.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;\n" ::"r"(dst),
-               "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar), "h"((uint16_t)3), "l"(pol)
-               : "memory");
-}
 /* one 64-column x 64-row box of the KV cache into a 128B-swizzled block */
 __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, int col, int row,
                                         uint32_t bar) {
