@@ -138,20 +138,35 @@ __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint
   for (int sl = 0; sl < 2; sl++)
     rm[sl] = (vm & before64(lim[sl], pos0)) >> ((lane & 3) << 1);
   const uint64_t mine = 0x0303030303030303ull; /* this thread's columns */
-  mx[0] = mx[1] = -INFINITY;
-  if ((rm[0] & rm[1] & mine) == mine) {
-#pragma unroll
-    for (int e = 0; e < 32; e++)
-      mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
-  } else {
+  if ((rm[0] & rm[1] & mine) != mine) {
 #pragma unroll
     for (int e = 0; e < 32; e++) {
       const int sl = (e >> 1) & 1;
       if (!((rm[sl] >> ((e >> 2) * 8 + (e & 1))) & 1))
         s[e] = -INFINITY;
-      mx[sl] = fmaxf(mx[sl], s[e]);
     }
   }
+  /* each row's 16 values as a tree of maxima: four dependent steps where
+   * a chain takes sixteen (the softmax runs one warp per scheduler, so
+   * each step's latency is paid) */
+  float t[2][8];
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+#pragma unroll
+    for (int i = 0; i < 8; i++) /* elements 4 i + sl * 2 + {0, 1} */
+      t[sl][i] = fmaxf(s[4 * i + 2 * sl], s[4 * i + 2 * sl + 1]);
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      t[sl][i] = fmaxf(t[sl][i], t[sl][i + 4]);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      t[sl][i] = fmaxf(t[sl][i], t[sl][i + 2]);
+    t[sl][0] = fmaxf(t[sl][0], t[sl][1]);
+  }
+  mx[0] = t[0][0];
+  mx[1] = t[1][0];
 #pragma unroll
   for (int sl = 0; sl < 2; sl++)
     mx[sl] = row_max(mx[sl]) * sc[sl];
