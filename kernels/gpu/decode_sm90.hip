@@ -81,6 +81,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 
 #include "config.h"
 #include "hip_compat.h"
@@ -105,6 +107,9 @@ constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr size_t SMEM = 1024 /* alignment slack */ + 3 * (size_t)TILE +
                         sizeof(float) * 8 * ROWS + sizeof(int) * 2 * BN;
 static_assert(SMEM <= 232448, "shared memory per block (sm_90)");
+/* body_sd: three stages, Q's rope box, row stats, valid counts, mbarriers */
+constexpr size_t SMEM_SD = 1024 + 3 * (size_t)TILE + BLK + sizeof(float) * 6 * ROWS + 16 + 48;
+static_assert(SMEM_SD <= 232448, "shared memory per block (sm_90)");
 
 #ifdef PMLA_SM90_DEVICE
 using namespace pmla_mma;
@@ -1010,6 +1015,376 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   if (staged && wi == 0)
     bulk_wait_read();
 }
+/* body_sd: bf16 64-row tiles whose blocks load by TMA. Q lives in
+ * registers, split over the dims: warpgroup g holds dims [256 g, 256 g +
+ * 256) of its rows as wgmma A fragments (64 registers), and warpgroup 0
+ * also reads Q's rope dims from one shared box. Q K^T thus reads mostly K
+ * from shared memory, and Q's tile becomes a third KV stage. Each
+ * warpgroup computes the partial S of its dims for all 64 tokens; the
+ * partials meet in the block's rope box, which only warpgroup 0 reads
+ * (warpgroup 0 keeps tokens 0..31, warpgroup 1 tokens 32..63), the row
+ * maxima are exchanged, and each warpgroup writes its half of P into the
+ * rope box. P V then reads
+ * P from there for all 64 tokens, each warpgroup for its 256 columns of O.
+ * Per block b the tensor pipe gets S(b + 1) and P V(b) back to back, and
+ * the exchange and softmax of S(b + 1) run while P V(b) is on it. */
+/* d += N, in place and in program order with the wgmma around it: the
+ * descriptors of a wgmma sequence are not all computed ahead into
+ * registers, which body_sd does not have to spare */
+template <int N> __device__ __forceinline__ void desc_step(uint64_t &d) {
+  asm volatile("add.s64 %0, %0, %1;\n" : "+l"(d) : "n"(N));
+}
+/* named barriers reached from the two warpgroups' own code (non-aligned) */
+__device__ __forceinline__ void nb_arrive_split(int id) {
+  asm volatile("barrier.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void body_sd(const pmla_gpu_problem &p, float scale_log2,
+                                        const CUtensorMap *kv_tmap) {
+  extern __shared__ __align__(1024) char smem_wg[];
+  char *sKV = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
+  char *sQr = sKV + 3 * TILE;                     /* Q's rope dims: one box */
+  float *sMx = (float *)(sQr + BLK); /* [2 parity][2 wg][ROWS]; row sums at the end */
+  float *sM = sMx + 4 * ROWS, *sL = sM + ROWS;
+  int *sVc = (int *)(sL + ROWS);                  /* [3]: valid tokens of each stage's block */
+  const uint32_t aFull = smem_u32(sVc + 4), aEmpty = aFull + 24; /* [3] mbarriers each */
+  const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+  const int t = tid & 127;
+  if (tid == 0) {
+    for (int s = 0; s < 3; s++) {
+      mbar_init(aFull + 8 * s, 1);  /* the loader's arrival + the TMA bytes */
+      mbar_init(aEmpty + 8 * s, 8); /* one arrival per warp: its P V of the block is done */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  enum { B1A = 1, B1B = 2, B2 = 3, B3 = 4, BZ = 5 /* 5, 6 */ };
+  uint32_t full_ph = 0;  /* bit s: parity of stage s's next FULL completion */
+  uint32_t empty_ph = 0; /* loader: bit s: parity of stage s's next EMPTY completion */
+  uint32_t used = 0;     /* loader: bit s: stage s has been loaded before */
+  bool staged = false;   /* warp 0: the last item's O may still be leaving the stages */
+  const int H = p.num_heads;
+  const int u = blockIdx.y, row0 = blockIdx.x * ROWS;
+  int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
+  int myrow[2];
+  myrow[0] = wi * 16 + (lane >> 2);
+  myrow[1] = myrow[0] + 8;
+  const int it_end = p.work_indptr[u + 1];
+  for (int it = p.work_indptr[u]; it < it_end; it++) {
+    const int32_t *w = p.work_info_set + (int64_t)it * PMLA_WI_WORDS;
+    const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
+    const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int qlen = qe - qb, rows_item = qlen * H;
+    if (qlen <= 0 || row0 >= rows_item)
+      continue;
+    if (qb < 0 || qe > p.num_tokens || qlen > p.max_q_len) {
+      if (tid == 0)
+        atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
+      continue;
+    }
+    const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
+    const int nblk = ke > kb ? (ke - kb + BN - 1) / BN : 0;
+    const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+    /* block j of the item into stage j % 3 (thread 0): a whole page by
+     * TMA, its valid tokens counted in sVc; a bad page entry is flagged and
+     * its block left unloaded with no valid token */
+    auto load = [&](int j) {
+      const int s = j % 3;
+      if (used >> s & 1) {
+        mbar_wait(aEmpty + 8 * s, (empty_ph >> s) & 1);
+        empty_ph ^= 1u << s;
+      }
+      used |= 1u << s;
+      const int pos = kb + j * BN;
+      const int32_t raw = kv_raw(p.map, r, pos, csr_first);
+      int vc = ke - pos < BN ? ke - pos : BN;
+      const int64_t slot =
+          (int64_t)raw * p.map.page_size + pmla_fastdiv_r(p.map.page_div, (uint32_t)pos);
+      if (raw < 0 || slot + vc > p.map.num_slots) {
+        if (blockIdx.x == 0)
+          atomicOr(errw, (int)PMLA_PLAN_ERR_PAGE_INDEX);
+        vc = 0;
+      }
+      sVc[s] = vc;
+      if (vc > 0) {
+        mbar_arrive_tx(aFull + 8 * s, TILE);
+        tma_block(smem_u32(sKV + s * TILE), kv_tmap, slot, aFull + 8 * s);
+      } else {
+        mbar_arrive(aFull + 8 * s);
+      }
+    };
+    if (g == 0 && wi == 0 && staged) { /* the stages held the last item's O */
+      bulk_wait_read();
+      staged = false;
+    }
+    __syncwarp();
+    if (tid == 0)
+      for (int j = 0; j < 3 && j < nblk; j++)
+        load(j);
+
+    /* Q's fragments: k-step ks of this warpgroup covers dims 16 (16 g + ks)..;
+     * register 4 ks + i holds row myrow[i & 1], dims + 8 (i >> 1) + 2 (lane & 3).
+     * The rope dims into sQr (warpgroup 0; the last item's Q K^T are done) */
+    uint32_t qa[64];
+    if (g == 0) {
+      const char *qsrc = (const char *)(p.q + ((int64_t)qb * H + row0) * PMLA_QK_DIM) + 1024;
+      for (int c = t; c < ROWS * 8; c += 128) {
+        const int rr = c >> 3, cc = c & 7;
+        const bool v = rr < nrows;
+        cp16(sQr + rr * 128 + ((cc ^ (rr & 7)) << 4), v ? qsrc + (int64_t)rr * PITCH + cc * 16 : qsrc,
+             v);
+      }
+      cp_commit();
+    }
+    {
+      const uint32_t *q0 = (const uint32_t *)(p.q + ((int64_t)qb * H + row0 + myrow[0]) *
+                                                        PMLA_QK_DIM);
+      const uint32_t *q1 = q0 + 8 * PMLA_QK_DIM / 2;
+      const bool v0 = myrow[0] < nrows, v1 = myrow[1] < nrows;
+#pragma unroll
+      for (int ks = 0; ks < 16; ks++) {
+        const int d = (16 * (16 * g + ks) + 2 * (lane & 3)) >> 1;
+        qa[4 * ks + 0] = v0 ? __ldg(q0 + d) : 0u;
+        qa[4 * ks + 1] = v1 ? __ldg(q1 + d) : 0u;
+        qa[4 * ks + 2] = v0 ? __ldg(q0 + d + 4) : 0u;
+        qa[4 * ks + 3] = v1 ? __ldg(q1 + d + 4) : 0u;
+      }
+    }
+    if (g == 0) {
+      cp_wait<0>();
+      proxy_fence();
+      asm volatile("bar.sync %0, 128;\n" ::"r"(BZ) : "memory");
+    }
+    float o[128];
+#pragma unroll
+    for (int e = 0; e < 128; e++)
+      o[e] = 0.f;
+    int lim[2];
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++)
+      lim[sl] = row_limit(row0 + myrow[sl], rows_item, H, len, qlen, ke);
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    float s[32];
+    const uint64_t dQr = desc(smem_u32(sQr), 16, 1024);
+    /* this warpgroup's partial S(j), issued and committed */
+    auto issue_qk_g = [&](int j, auto gc) {
+      constexpr int G = decltype(gc)::value;
+      const int st = j % 3;
+      mbar_wait(aFull + 8 * st, (full_ph >> st) & 1);
+      full_ph ^= 1u << st;
+      const uint32_t aK = smem_u32(sKV + st * TILE);
+#pragma unroll
+      for (int e = 0; e < 32; e++)
+        s[e] = 0.f;
+      reg_fence<32>(s);
+      wg_fence();
+      /* K's k-steps 16 G.. (boxes 4 G..4 G + 3): 32 bytes apart in a box */
+      uint64_t dk = desc(aK + 4 * G * BLK, 16, 1024);
+#pragma unroll
+      for (int ks = 0; ks < 16; ks++) {
+        mma_n64_rs(s, qa + 4 * ks, dk);
+        if ((ks & 3) == 3)
+          desc_step<(BLK - 96) / 16>(dk);
+        else
+          desc_step<2>(dk);
+      }
+      if (G == 0) { /* the rope: box 8 of K and sQr */
+        uint64_t dq = dQr;
+        dk = desc(aK + 8 * BLK, 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+          mma_n64<false>(s, dq, dk);
+          desc_step<2>(dk);
+          desc_step<2>(dq);
+        }
+      }
+      wg_commit();
+    };
+    /* S(j) (both partials complete): this warpgroup's half summed, masked
+     * and its row maxima taken; then P(j) of its half into the rope box and
+     * corr, the factor for what O has summed so far */
+    auto softmax_g = [&](int j, float (&corr)[2], auto gc) {
+      constexpr int G = decltype(gc)::value, HS = 16 * G, XS = 16 * (1 - G);
+      reg_fence<32>(s);
+      const int st = j % 3, par = j & 1;
+      /* the rope box of the block: read by warpgroup 0's Q K^T only */
+      float4 *sX = (float4 *)(sKV + st * TILE + 8 * BLK);
+      if (G == 0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          sX[k * 128 + t] =
+              make_float4(s[XS + 4 * k], s[XS + 4 * k + 1], s[XS + 4 * k + 2], s[XS + 4 * k + 3]);
+        nb_arrive_split(B1A);
+        nb_sync_split(B1B);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const float4 v = sX[k * 128 + t];
+          s[HS + 4 * k] += v.x;
+          s[HS + 4 * k + 1] += v.y;
+          s[HS + 4 * k + 2] += v.z;
+          s[HS + 4 * k + 3] += v.w;
+        }
+      } else {
+        nb_sync_split(B1A);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const float4 v = sX[k * 128 + t];
+          s[HS + 4 * k] += v.x;
+          s[HS + 4 * k + 1] += v.y;
+          s[HS + 4 * k + 2] += v.z;
+          s[HS + 4 * k + 3] += v.w;
+          sX[k * 128 + t] =
+              make_float4(s[XS + 4 * k], s[XS + 4 * k + 1], s[XS + 4 * k + 2], s[XS + 4 * k + 3]);
+        }
+        nb_arrive_split(B1B);
+      }
+      /* mask: tokens of the block past the row's limit or the loaded ones */
+      const int pos0 = kb + j * BN, vc = sVc[st];
+      int lv[2];
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++)
+        lv[sl] = lim[sl] <= pos0 ? 0 : (lim[sl] - pos0 < vc ? lim[sl] - pos0 : vc);
+      if (lv[0] < BN || lv[1] < BN) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+          const int e = HS + i, tok = (e >> 2) * 8 + ((lane & 3) << 1) + (e & 1);
+          if (tok >= lv[(e >> 1) & 1])
+            s[e] = -INFINITY;
+        }
+      }
+      float hm[2];
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++) {
+        const float a = fmaxf(s[HS + 2 * sl], s[HS + 2 * sl + 1]);
+        const float b = fmaxf(s[HS + 4 + 2 * sl], s[HS + 5 + 2 * sl]);
+        const float c = fmaxf(s[HS + 8 + 2 * sl], s[HS + 9 + 2 * sl]);
+        const float d = fmaxf(s[HS + 12 + 2 * sl], s[HS + 13 + 2 * sl]);
+        hm[sl] = row_max(fmaxf(fmaxf(a, b), fmaxf(c, d))) * scale_log2;
+        if (row_leader(lane))
+          sMx[(2 * par + G) * ROWS + myrow[sl]] = hm[sl];
+      }
+      nb_sync_split(B2);
+      float muse[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++) {
+        const float mx = fmaxf(hm[sl], sMx[(2 * par + 1 - G) * ROWS + myrow[sl]]);
+        move_max(m_run[sl], mx, &muse[sl], &corr[sl]);
+      }
+      char *sP = sKV + st * TILE + 8 * BLK;
+#pragma unroll
+      for (int i = 0; i < 16; i += 2) {
+        const int e = HS + i, sl = (e >> 1) & 1, row = myrow[sl];
+        const int col = (e >> 2) * 8 + ((lane & 3) << 1);
+        const float p0 = fast_exp2(fmaf(s[e], scale_log2, -muse[sl]));
+        const float p1 = fast_exp2(fmaf(s[e + 1], scale_log2, -muse[sl]));
+        sum[sl] += p0 + p1;
+        *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
+            pack_bf16x2(p0, p1);
+      }
+      proxy_fence();
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++)
+        l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
+    };
+    /* V rows of block j past its loaded tokens, zeroed (this warpgroup's
+     * 256 columns; both Q K^T of the block are done) */
+    auto zero_v = [&](int j) {
+      const int st = j % 3;
+      char *sK = sKV + st * TILE;
+      const int vc = sVc[st];
+      if (vc < BN) {
+        for (int c = t; c < (BN - vc) * 32; c += 128) {
+          const int row = vc + (c >> 5), blk = 4 * g + ((c >> 3) & 3);
+          *(uint4 *)(sK + blk * BLK + row * 128 + (c & 7) * 16) = make_uint4(0, 0, 0, 0);
+        }
+        proxy_fence();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(BZ + g) : "memory");
+      }
+    };
+    /* this warpgroup's P V(j), issued and committed */
+    auto issue_pv = [&](int j) {
+      const uint32_t aK = smem_u32(sKV + j % 3 * TILE);
+      uint64_t dp = desc(aK + 8 * BLK, 16, 1024), dv = desc(aK + 4 * g * BLK, BLK, 1024);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        mma_n256_tb<false>(o, dp, dv);
+        desc_step<2>(dp);
+        desc_step<16 * 128 / 16>(dv);
+      }
+      wg_commit();
+    };
+    /* the block loop, one copy per warpgroup (a branch between wgmma
+     * issues would serialise them) */
+    auto blocks = [&](auto gc) {
+      float corr[2];
+      issue_qk_g(0, gc);
+      wg_wait0();
+      softmax_g(0, corr, gc);
+      /* no branch between a wgmma issue and its wait: the last block runs
+       * after the loop */
+      for (int b = 0; b < nblk - 1; b++) {
+        if (tid == 0 && b >= 1 && b + 2 < nblk)
+          load(b + 2);
+        zero_v(b);
+        issue_qk_g(b + 1, gc);
+        nb_sync(B3); /* both halves of P(b) written */
+        issue_pv(b);
+        wg_wait<1>();
+        softmax_g(b + 1, corr, gc);
+        wg_wait0();
+        reg_fence<128>(o);
+        if (lane == 0)
+          mbar_arrive(aEmpty + 8 * (b % 3));
+        wg_scale_o(o, corr[0], corr[1]);
+      }
+      zero_v(nblk - 1);
+      nb_sync(B3);
+      issue_pv(nblk - 1);
+      wg_wait0();
+      reg_fence<128>(o);
+      if (lane == 0)
+        mbar_arrive(aEmpty + 8 * ((nblk - 1) % 3));
+    };
+    if (nblk > 0) {
+      if (g == 0)
+        blocks(std::integral_constant<int, 0>{});
+      else
+        blocks(std::integral_constant<int, 1>{});
+    }
+    /* the row sums: each warpgroup summed its own tokens */
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++)
+      l_run[sl] = row_sum(l_run[sl]);
+    __syncthreads(); /* every read of sMx done */
+    if (row_leader(lane))
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++)
+        sMx[g * ROWS + myrow[sl]] = l_run[sl];
+    if (g == 0 && row_leader(lane))
+#pragma unroll
+      for (int sl = 0; sl < 2; sl++)
+        sM[myrow[sl]] = m_run[sl];
+    __syncthreads();
+    if (tid < ROWS)
+      sL[tid] = sMx[tid] + sMx[ROWS + tid];
+    __syncthreads();
+    if (pslot >= 0)
+      stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, 1.f);
+    else
+      stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, 1.f);
+    proxy_fence();
+    __syncthreads();
+    if (g == 0 && wi == 0) {
+      send_staged(p, sKV, pslot, qb, row0, nrows, lane);
+      staged = true;
+    }
+    store_lse<false>(p, sM, sL, tid, nrows, pslot, qb, row0, 0);
+    __syncthreads();
+  }
+  if (staged)
+    bulk_wait_read();
+}
 #endif /* PMLA_SM90_DEVICE */
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
@@ -1022,6 +1397,17 @@ __global__ void __launch_bounds__(NT, 1)
   pdl_wait();
   pdl_trigger();
   body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
+#endif
+}
+
+/* body_sd's kernel: bf16 64-row tiles whose KV map is a tensor map */
+__global__ void __launch_bounds__(NT, 1)
+    pmla_decode_sd_kernel(pmla_gpu_problem p, float scale_log2,
+                          const __grid_constant__ CUtensorMap kv_tmap) {
+#ifdef PMLA_SM90_DEVICE
+  pdl_wait();
+  pdl_trigger();
+  body_sd(p, scale_log2, &kv_tmap);
 #endif
 }
 
@@ -1077,6 +1463,14 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
    * memory, and 128 loader threads' copies keep more reads in flight than
    * one thread's nine TMA boxes (docs/performance.md) */
   const int use_tma = NARROW ? 0 : kv_tensor_map(&tmap, p);
+  if (F == PMLA_KV_BF16 && !FOLD && !NARROW && use_tma) {
+    static unsigned long long sd_opted_in = 0;
+    e = pmla_opt_in_smem((const void *)pmla_decode_sd_kernel, SMEM_SD, &sd_opted_in);
+    if (e != hipSuccess)
+      return e;
+    return pdl_launch(pmla_decode_sd_kernel, grid, dim3(NT), SMEM_SD, st, p,
+                      p.softmax_scale * pmla_mma::LOG2E_F, tmap);
+  }
   return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
