@@ -70,26 +70,6 @@ template <bool F16> __device__ __forceinline__ void mma_n64(float *d, uint64_t d
   else
     PMLA_WG_N64("bf16");
 }
-/* m64n64k16 bf16 with A from registers (four b32 per thread, the layout
- * of mma_n256_rs) and B K-major in shared memory */
-__device__ __forceinline__ void mma_n64_rs(float *d, const uint32_t *a, uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-               "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-               "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                 "+f"(d[30]), "+f"(d[31])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-/* wgmma groups still pending after the wait: at most N */
-template <int N> __device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
 /* m64n16k16 for tiles of at most 16 rows, where the 64 tokens of a block
  * are the M side (S^T = K Q^T: A = the K tile, B = Q, both K-major; O^T +=
  * V^T P^T: A = V read MN-major (transposed), B = P^T K-major) */
