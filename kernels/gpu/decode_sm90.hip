@@ -256,7 +256,7 @@ __device__ __forceinline__ void keep_o(const pmla_gpu_problem &p, const float (&
 __device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o)[128],
                                             const float *sM, const float *sL, int g, int lane,
                                             const int (&myrow)[2], int nrows, int64_t obase,
-                                            float out_scale, bool final, const float4 *pre) {
+                                            float out_scale, bool final) {
   /* read once more only if this fold keeps it again */
   const uint64_t pol = final ? l2_evict_first() : l2_evict_last();
   constexpr int FLY = 8; /* words in flight a thread (16 measured no faster) */
@@ -271,14 +271,9 @@ __device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o
 #pragma unroll
     for (int h = 0; h < 16 / FLY; h++) {
       float4 a[FLY];
-      if (h == 0 && pre) /* words 0..7, copied in under the last block (prefetch_kept) */
 #pragma unroll
-        for (int i = 0; i < FLY; i++)
-          a[i] = pre[(sl * FLY + i) * NT + threadIdx.x];
-      else
-#pragma unroll
-        for (int i = 0; i < FLY; i++)
-          a[i] = ld_f4_hint(w + 16 * (FLY * h + i), pol);
+      for (int i = 0; i < FLY; i++)
+        a[i] = ld_f4_hint(w + 16 * (FLY * h + i), pol);
 #pragma unroll
       for (int i = 0; i < FLY; i++) {
         float *e = o + 8 * (FLY * h + i) + 2 * sl;
@@ -288,21 +283,6 @@ __device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o
         e[5] = pmla_fold(a[i].w, e[5] * inv, fw);
       }
     }
-  }
-}
-/* A folding chunk's kept accumulator, words 0..7 of every thread's two
- * rows (fold_into_o's first batch), copied by the loader's 128 threads
- * (t) into the stage its last block leaves free, as [row slot][word][thread]
- * float4s. The fold then waits on L2 for half the words it did: a chunk
- * boundary's round trip is paid by every unit at once. */
-__device__ __forceinline__ void prefetch_kept(const pmla_gpu_problem &p, char *dst, int64_t obase,
-                                              int nrows, int t) {
-  for (int c = t; c < 2 * 8 * NT; c += 128) {
-    const int T = c % NT, i = (c / NT) % 8, sl = c / (8 * NT);
-    const int row = ((T >> 5) & 3) * 16 + ((T & 31) >> 2) + 8 * sl;
-    const bool v = row < nrows;
-    const float *src = kept_words(p, obase + (v ? row : 0), T >> 7, T & 31) + 16 * i;
-    cp16(dst + (size_t)c * 16, (const char *)src, v);
   }
 }
 /* Tiles of at most 16 rows (NARROW): the 64 tokens of a block are the M
@@ -489,10 +469,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-    /* bf16 folding chunks of two blocks or more: the loader copies half the
-     * kept accumulator into the stage the last block leaves free */
-    const bool pf = FOLD && F == PMLA_KV_BF16 && pslot >= 0 &&
-                    (w[PMLA_WI_PIECE] & PMLA_WI_FOLD) && nblk >= 2;
     constexpr int OR = NARROW ? 32 : 128;
     float o[OR];
 #pragma unroll
@@ -728,10 +704,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
               nb_sync(EMPTY + ((b - 1) & 1));
             if (load_block(b + 1, (b + 1) & 1))
               pending |= 1u << ((b + 1) & 1);
-          } else if (pf) { /* the last block: its other stage is done with */
-            nb_sync(EMPTY + ((b - 1) & 1));
-            prefetch_kept(p, sKV + ((b + 1) & 1) * TILE, (int64_t)pslot * p.max_q_len * H + row0,
-                          nrows, t);
           }
           cp_commit();
           pv(b);
@@ -957,7 +929,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         }
         wg_wait0();
         reg_fence<128>(o);
-        if (!RING && (b + 2 < nblk || (pf && b + 2 == nblk)))
+        if (!RING && b + 2 < nblk)
           nb_arrive(EMPTY + (b & 1));
       }
       if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
@@ -995,8 +967,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       else
         nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
     } else if (fold) {
-      fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0,
-                  pf ? (const float4 *)(sKV + (nblk & 1) * TILE) : nullptr);
+      fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0);
       __syncthreads(); /* every accumulator lse read before store_lse replaces it */
       if (keep)
         keep_o(p, o, one, g, lane, myrow, nrows, obase);
