@@ -372,12 +372,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* RING: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
-  /* bf16 64-row tiles: [2][9] mbarriers, one per 64-column box of a stage,
-   * completed by that box's TMA bytes (or at once for a cp.async block,
-   * whose data the stage's FULL covers), so Q K^T starts on the first box
-   * to land */
-  constexpr bool BOX = F == PMLA_KV_BF16 && !NARROW;
-  const uint32_t aBox = aRawRead + 16;
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -390,9 +384,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       mbar_init(aRawRead, 256);
       mbar_init(aRawRead + 8, 256);
     }
-    if (BOX)
-      for (int i = 0; i < 18; i++)
-        mbar_init(aBox + 8 * i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -537,13 +528,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           /* the copy first; then every token is valid (one whole page),
            * and the bits are written before this thread's arrival */
           if (t == 0) {
-            const uint32_t dst = smem_u32(sKV + st * TILE);
-#pragma unroll
-            for (int c = 0; c < 9; c++) {
-              const uint32_t bb = aBox + 8 * (9 * st + c);
-              mbar_arrive_tx(bb, BLK);
-              tma_box(dst + c * BLK, kv_tmap, c * 64, (int)first, bb);
-            }
+            mbar_expect_tx(bar, TILE);
+            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar);
           }
           if (lane == 0)
             ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
@@ -553,10 +539,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           return blk == 0;
         }
 #endif
-        if (BOX && t == 0) /* this block's data is covered by the stage's FULL */
-#pragma unroll
-          for (int c = 0; c < 9; c++)
-            mbar_arrive(aBox + 8 * (9 * st + c));
         const int64_t slot =
             pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
         const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
@@ -852,9 +834,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
        * commits them as one group (not waited for here) */
       float s[32];
       auto issue_qk = [&](int b) {
-        const uint32_t ph = (wait_phase >> (b & 1)) & 1;
         if (!RING) {
-          mbar_wait(aFull + 8 * (b & 1), ph);
+          mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
           wait_phase ^= 1u << (b & 1);
         }
         const uint32_t aK = smem_u32(stage(b));
@@ -865,10 +846,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
-          if (BOX && (ks & 3) == 0) {
-            mbar_wait(aBox + 8 * (9 * (b & 1) + (ks >> 2)), ph);
-            wg_fence(); /* after each wait, else ptxas inserts one on the wait's path */
-          }
           uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
           mma_n64<F16>(s, desc_at(dQ, ko), desc_at(desc(aK, 16, 1024), ko));
         }
