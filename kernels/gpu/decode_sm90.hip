@@ -370,8 +370,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   float *sMx = (float *)(sVr + 4); /* NARROW: [2][4 warps][16] column maxima, by block parity */
   char *sRaw = sKV + TILE;                     /* RING: [NH] raw half-blocks, half h in h % NH */
   /* RING: [2] mbarriers, by converted-block parity: every thread has read
-   * the block's raw halves (ring_convert), so the loader may refill them;
-   * REG8: [2] by stage, a block's rows as stored have landed by TMA */
+   * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
@@ -381,16 +380,15 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     mbar_init(aPready, 128);
     mbar_init(aPready + 8, 128);
     mbar_init(aDone, 128);
-    if (RING || REG8) { /* REG8: one arrival with a block's TMA bytes */
-      mbar_init(aRawRead, RING ? 256 : 1);
-      mbar_init(aRawRead + 8, RING ? 256 : 1);
+    if (RING) {
+      mbar_init(aRawRead, 256);
+      mbar_init(aRawRead + 8, 256);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t conv_before = 0; /* RING: blocks converted before the item */
-  uint32_t raw_phase = 0;   /* REG8, TMA: bit s, parity of stage s's next raw landing */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
                               barrier this side waits on (wg0 FULL, wg1 PREADY) */
   const int H = p.num_heads;
@@ -623,102 +621,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           reg_fence<OR>(o);
         }
       } else if constexpr (REG8) {
-        if (use_tma) {
-          /* whole pages: block blk's rows as stored land by TMA in the first
-           * five 8 KiB blocks of its stage (five 128-byte column blocks of
-           * the 576-byte rows, 128B swizzle), and the loader converts them
-           * into the stage's f16 tile in place (convert_raw); the block's
-           * page is read a block ahead, as the bf16 loads do */
-          auto issue_raw = [&](int blk) {
-            const int st = blk & 1, pos = kb + blk * BN + ld_t;
-            const int64_t slot =
-                pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
-            const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
-            if (lane == 0)
-              ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
-            if (t == 0) { /* token 0's page is the block's (page size a multiple of BN) */
-              const uint32_t bar = aRawRead + 8 * st;
-              if (slot >= 0) {
-                mbar_expect_tx(bar, 5 * BLK);
-#pragma unroll
-                for (int c = 0; c < 5; c++)
-                  tma_box(smem_u32(sKV + st * TILE) + c * BLK, kv_tmap, c * 128, (int)slot, bar);
-              }
-              mbar_arrive(bar);
-            }
-            raw_next = raw_at(blk + 1);
-          };
-          /* block blk's landed rows into its f16 tile. Raw column block k
-           * (dims 128 k..) sits in the tile's 8 KiB block k, which f16 block
-           * k (dims 64 k..) overwrites: blocks 8..4 are written once the raw
-           * blocks 2..4 they come from are in registers, then 3..0 from raw
-           * blocks 0..1; each thread holds 10 raw chunks at most. Rows that
-           * are not valid are zeros. Block 0 of a new Q first rewrites Q as
-           * f16. */
-          auto convert_raw = [&](int blk) {
-            const int st = blk & 1;
-            mbar_wait(aRawRead + 8 * st, (raw_phase >> st) & 1);
-            raw_phase ^= 1u << st;
-            char *sS = sKV + st * TILE;
-            const int row = t >> 1, h = t & 1;
-            auto raw_chunk = [&](int u) { /* 16 e4m3: dims 16 u.. of the row */
-              return *(const uint4 *)(sS + (u >> 3) * BLK + row * 128 +
-                                      (((u & 7) ^ (row & 7)) << 4));
-            };
-            auto put_chunk = [&](int u, const uint4 &a, bool v) {
-              uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-              if (v)
-                e4m3x16_to_f16(a, lo, hi);
-              *(uint4 *)(sS + off(row, 2 * u)) = lo;
-              *(uint4 *)(sS + off(row, 2 * u + 1)) = hi;
-            };
-            uint4 a[10];
-#pragma unroll
-            for (int i = 0; i < 10; i++)
-              a[i] = raw_chunk(16 + h + 2 * i);
-            asm volatile("bar.sync 4, 128;\n" ::: "memory");
-            const bool v = (sVm[st] >> row) & 1;
-#pragma unroll
-            for (int i = 0; i < 10; i++)
-              put_chunk(16 + h + 2 * i, a[i], v);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-              a[i] = raw_chunk(h + 2 * i);
-            asm volatile("bar.sync 4, 128;\n" ::: "memory");
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-              put_chunk(h + 2 * i, a[i], v);
-            if (blk == 0 && q_new) {
-              cp_wait<0>();
-              asm volatile("bar.sync 4, 128;\n" ::: "memory"); /* all of Q landed */
-              const float f =
-                  q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
-              if ((t & 1) == 0)
-                sQf[t >> 1] = f;
-            }
-            proxy_fence();
-            mbar_arrive(aFull + 8 * st);
-          };
-          cp_commit(); /* Q's copies, if any: cp_wait covers committed groups only */
-          if (nblk > 0)
-            issue_raw(0);
-          if (nblk > 1)
-            issue_raw(1); /* both stages are free at an item's start */
-          if (nblk > 0)
-            convert_raw(0);
-          for (int b = 0; b < nblk; b++) {
-            if (b >= 1 && b + 1 < nblk) {
-              /* stage (b + 1) & 1 held block b - 1: both its P V are done */
-              nb_sync(EMPTY + ((b - 1) & 1));
-              issue_raw(b + 1);
-            }
-            pv(b);
-            if (b + 1 < nblk)
-              convert_raw(b + 1); /* under this P V */
-            wg_wait0();
-            reg_fence<OR>(o);
-          }
-        } else {
         /* half h of the item as stored, in registers: one half in flight
          * at a time */
         RowLoad<F, 4> rl;
@@ -780,7 +682,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           }
           wg_wait0();
           reg_fence<OR>(o);
-        }
         }
       } else {
         uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
@@ -1143,26 +1044,21 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = lookup_tensor_map_encoder();
   return fn;
 }
-/* The KV cache as a 2-D tensor map for the whole-page loads; 0 when TMA
- * does not apply (top-k gather, page size not a multiple of 64, DS_MLA, a
- * cache the map cannot describe). bf16: [num_slots, 576] bf16 in 64 x 64
- * boxes; E4M3: the rows as bytes in 128 x 64 boxes, the fifth reaching
- * past the row's 576 bytes, which TMA fills with zeros. 128B swizzle. */
+/* The KV cache as a 2-D tensor map for body_pp's whole-page loads; 0 when
+ * TMA does not apply (top-k gather, page size not a multiple of 64, a cache
+ * the map cannot describe) */
 int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-  const bool e4m3 = p.kv_format == PMLA_KV_E4M3;
-  if (!PMLA_WG_TMA || !enc || (p.kv_format != PMLA_KV_BF16 && !e4m3) || p.map.topk ||
+  if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_BF16 || p.map.topk ||
       p.map.page_size % BN != 0 ||
       p.map.num_slots < BN || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
     return 0;
-  const cuuint64_t rowb = e4m3 ? pmla_kv::KvFmt<PMLA_KV_E4M3>::ROW_BYTES : PITCH;
-  cuuint64_t dim[2] = {e4m3 ? rowb : PMLA_QK_DIM, (cuuint64_t)p.map.num_slots};
-  cuuint64_t stride[1] = {rowb};
-  cuuint32_t box[2] = {e4m3 ? 128u : 64u, (cuuint32_t)BN}, estride[2] = {1, 1};
-  return enc(m, e4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-             (void *)p.kv, dim, stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  cuuint64_t dim[2] = {PMLA_QK_DIM, (cuuint64_t)p.map.num_slots};
+  cuuint64_t stride[1] = {PITCH};
+  cuuint32_t box[2] = {64, (cuuint32_t)BN}, estride[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p.kv, dim, stride, box, estride,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 template <int F, bool FOLD, bool NARROW = false>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
@@ -1187,9 +1083,7 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
 
 } /* namespace */
 
-int pmla_sm90_kv_tensor_map(void *map, const pmla_gpu_problem &p) {
-  return kv_tensor_map((CUtensorMap *)map, p);
-}
+void *pmla_sm90_tensor_map_encoder() { return (void *)tensor_map_encoder(); }
 
 hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   /* the batch-invariant epilogue is a variant of its own: its registers

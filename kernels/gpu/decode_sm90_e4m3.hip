@@ -579,6 +579,25 @@ __global__ void __launch_bounds__(NT, 1)
 #endif
 }
 
+/* The cache's rows as bytes for the whole-page loads: 128 x 64 boxes, the
+ * fifth reaching past the row's 576 bytes, which TMA fills with zeros; 0
+ * when TMA does not apply (top-k gather, page size not a multiple of 64,
+ * a cache the map cannot describe) */
+int kv_tensor_map_e4m3(CUtensorMap *m, const pmla_gpu_problem &p) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc =
+      (PFN_cuTensorMapEncodeTiled_v12000)pmla_sm90_tensor_map_encoder();
+  constexpr int ROWB = pmla_kv::KvFmt<PMLA_KV_E4M3>::ROW_BYTES;
+  if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_E4M3 || p.map.topk ||
+      p.map.page_size % BN != 0 || p.map.num_slots < BN || p.map.num_slots > INT32_MAX ||
+      ((uintptr_t)p.kv & 15) != 0)
+    return 0;
+  cuuint64_t dim[2] = {ROWB, (cuuint64_t)p.map.num_slots};
+  cuuint64_t stride[1] = {ROWB};
+  cuuint32_t box[2] = {128, (cuuint32_t)BN}, estride[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p.kv, dim, stride, box, estride,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 template <int NC> hipError_t launch(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
   hipError_t e =
@@ -588,7 +607,7 @@ template <int NC> hipError_t launch(const pmla_gpu_problem &p, int tiles, hipStr
   const dim3 grid((unsigned)tiles, (unsigned)p.num_units);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
-  const int use_tma = pmla_sm90_kv_tensor_map(&tmap, p);
+  const int use_tma = kv_tensor_map_e4m3(&tmap, p);
   return pdl_launch(pmla_decode_sm90_e4m3_kernel<NC>, grid, dim3(NT), smem_e4n(NC), st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }

@@ -25,9 +25,8 @@ hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStre
 bool pmla_sm90_image_runs();
 /* one-time lookup of the tensor-map encoder (no host work per step) */
 void pmla_sm90_prepare();
-/* the KV cache as the tensor map (a CUtensorMap) of the whole-page TMA
- * loads, for bf16 and E4M3 caches; 0 where TMA does not apply */
-int pmla_sm90_kv_tensor_map(void *map, const pmla_gpu_problem &p);
+/* that encoder (cuTensorMapEncodeTiled), NULL where the driver has none */
+void *pmla_sm90_tensor_map_encoder();
 /* decode_sm90_e4m3.hip: the body for E4M3 caches with at most 32 rows per
  * step (heads x query tokens), outside the batch-invariant mode */
 hipError_t pmla_launch_decode_sm90_e4m3(const pmla_gpu_problem &p, int tiles, hipStream_t st);
