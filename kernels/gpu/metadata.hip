@@ -63,8 +63,8 @@ struct Step64 {
 };
 struct Short32 {
   typedef pmla_plan_fill32 Fill;
-  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) const {
-    return pmla_plan_fill_step32(&f, (int32_t)b, (int32_t)cap, n);
+  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t) const {
+    return pmla_plan_fill_step32_fast(&f, (int32_t)b, (int32_t)cap);
   }
 };
 struct Long32 {
@@ -124,7 +124,7 @@ __device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restr
   state.unit = run.unit;
   state.room = run.room;
   *over |= cap > 0 && ov;
-  *overflow |= neg;
+  *overflow |= neg || run.unit >= units; /* the fast short step moves past the last unit */
 }
 
 /* walk_chunk with the cheapest step that is exact for this step's sizes */
