@@ -435,6 +435,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const int t_q = tid & 127;
   int32_t q_rows[2] = {-1, -1}; /* the rows of Q in sQ */
   bool staged = false; /* warpgroup 1: the last item's O may still be leaving the stages */
+  bool pre0 = false;   /* warpgroup 1: this item's block 0 was issued under the last epilogue */
   /* bf16 64-row tiles: the next item's Q, when it has other rows, is copied
    * into sQ by warpgroup 0 once the item's last Q K^T is done, under the
    * last block and the epilogue, instead of at the next item's start */
@@ -501,7 +502,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         asm volatile("bar.sync 4, 128;\n" ::: "memory");
         staged = false;
       }
-      int32_t raw_next = RING ? -1 : raw_at(0);
+      int32_t raw_next = RING ? -1 : raw_at(pre0 ? 1 : 0);
       /* FP8: half-block h (32 rows of block h / 2), four threads a row: this
        * thread's row rt, its page entry raw_h read a half ahead */
       const int rt = t >> 2, rsub = t & 3;
@@ -693,8 +694,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           mbar_arrive(aFull + 8 * (blk & 1));
           pending &= ~(1u << (blk & 1));
         };
-        if (nblk > 0 && load_block(0, 0))
+        if (nblk > 0 && !pre0 && load_block(0, 0))
           pending = 1;
+        pre0 = false;
         cp_commit();
         for (int b = 0; b < nblk; b++) {
           if (pending & (1u << (b & 1)))
@@ -961,6 +963,32 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : pslot; /* -1: out */
     const int64_t obase = (int64_t)pslot * p.max_q_len * H + row0;
     const float one[2] = {1.f, 1.f};
+    /* a kept chunk leaves the stages free through its epilogue: when the
+     * work-group's next item continues the request (its next chunk, same Q)
+     * on a whole page, the loader issues that item's block 0 now, so its
+     * read runs under this epilogue instead of after it */
+    if (FOLD && F == PMLA_KV_BF16 && keep && g == 1 && nblk > 0 && it + 1 < it_end) {
+      const int32_t *wn = item_at(it + 1);
+      const int32_t kb2 = wn[PMLA_WI_KV_BEGIN], ke2 = wn[PMLA_WI_KV_END];
+      if (wn[PMLA_WI_REQUEST] == r && wn[PMLA_WI_Q_BEGIN] == qb && wn[PMLA_WI_Q_END] == qe &&
+          ke2 > kb2) {
+        const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+        const int pos = kb2 + 16 * wi + (lane & 15);
+        const int32_t raw = pos < ke2 ? kv_raw(p.map, r, pos, csr_first) : -1;
+        /* the same for every loader thread: a whole page has one entry */
+        const int64_t first = use_tma ? whole_page_slot(p.map, raw, kb2, ke2) : -1;
+        if (first >= 0) {
+          if (tid == 128) {
+            mbar_expect_tx(aFull, TILE);
+            tma_block(smem_u32(sKV), kv_tmap, first, aFull);
+          }
+          if (lane == 0)
+            ((uint16_t *)sVm)[wi] = 0xffffu;
+          mbar_arrive(aFull);
+          pre0 = true;
+        }
+      }
+    }
     if constexpr (NARROW) {
       if (pslot >= 0)
         nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
