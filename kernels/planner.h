@@ -272,28 +272,6 @@ PMLA_HD static inline int32_t pmla_plan_fill_step32(pmla_plan_fill32 *f, int32_t
   return fit ? 1 : 1 + (take > 0);
 }
 
-/* pmla_plan_fill_step32 without the rule that the last unit takes what is
- * left, which never decides a step of a walk from the start: the last
- * unit's share is at most ceil(C/N) <= P - OH (the proof above), so every
- * request reaching it fits. Equal to pmla_plan_fill_step32 wherever the
- * fill stands before the last unit or the request fits (tested, and over
- * whole walks); where the other's room would go negative on the last unit
- * (flagged, never expected), this one moves past it instead, so a walk
- * ending on a unit >= N is the same flag. The room's chain is three
- * dependent integer operations and no predicate: the device's walk is
- * serial in this step (~70 cycles a request with the predicated form). */
-PMLA_HD static inline int32_t pmla_plan_fill_step32_fast(pmla_plan_fill32 *f, int32_t blocks,
-                                                         int32_t capacity) {
-  const int32_t OH = PMLA_SPLIT_OVERHEAD, room = f->room;
-  const int32_t d = room - OH - blocks;  /* the room left where it fits */
-  const int32_t nf = d >> 31;            /* -1 where it does not fit (arithmetic shift) */
-  const int32_t take = room > OH ? room - OH : 0; /* a first piece left here */
-  const int32_t x = take + (capacity - OH - blocks); /* the next unit's room after the rest */
-  f->room = (x & nf) | (d & ~nf);
-  f->unit -= nf;
-  return 1 + (-nf & (take > 0));
-}
-
 /* pmla_plan_fill_next on 32-bit values for any request, for steps whose C
  * is below 2^30 (rooms in [-C, P], so no value leaves int32): the rest of
  * a request longer than a fresh unit counts its units with per_div, the

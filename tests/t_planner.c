@@ -539,19 +539,6 @@ START_TEST(test_planner_fill_step_and_pieces_equal_the_walk) {
              f.unit, f.room, units, capacity, blocks, gots, s32.unit, s32.room, want_pieces,
              want.unit, want.room);
     }
-    /* the fast short step, in every state a walk from the start can reach
-     * with such a request: a room in [0, P], and the last unit's requests
-     * fit there */
-    if (capacity < (1 << 29) && f.room >= 0 && blocks <= capacity - OH &&
-        (f.unit < units - 1 || f.room >= OH + blocks)) {
-      pmla_plan_fill32 s32 = {f.unit, (int32_t)f.room};
-      int32_t gotf = pmla_plan_fill_step32_fast(&s32, (int32_t)blocks, (int32_t)capacity);
-      EXPECT(gotf == want_pieces && s32.unit == want.unit && s32.room == want.room,
-             "fast short fill step from unit %d room %" PRId64 " (units %d, P %" PRId64
-             ", %" PRId64 " blocks): %d pieces, unit %d room %d; reference %d, %d, %" PRId64,
-             f.unit, f.room, units, capacity, blocks, gotf, s32.unit, s32.room, want_pieces,
-             want.unit, want.room);
-    }
     /* the 32-bit step for any request, where the caller may use it (C <
      * 2^30) */
     if (capacity < (1 << 29) && f.room > -(1 << 29) && blocks < (1 << 29)) {
@@ -721,48 +708,6 @@ END_TEST
 /* The loaders' page-size division (kernels/fastdiv.h) equals integer
  * division for every divisor a page size can be and numerators across the
  * whole non-negative int32 range, the ends included */
-/* The device walks steps whose requests are all at most P - OH blocks with
- * pmla_plan_fill_step32_fast, which drops the last unit's rule: over whole
- * walks from the start it must place every request as the fill does, and
- * never move past the last unit. */
-START_TEST(test_planner_fast_short_step_walks_like_the_fill) {
-  uint64_t rng = harness_seed() ^ 0xfa57u;
-  enum { MAXR = 1100 };
-  static int64_t blocks[MAXR];
-  for (int trial = 0; trial < 3000; trial++) {
-    const int32_t R = 1 + (int32_t)rng_below(&rng, trial % 3 == 0 ? MAXR : 140);
-    const int32_t N = 1 + (int32_t)rng_below(&rng, trial % 2 ? 132 : 8);
-    const uint32_t top = 1 + rng_below(&rng, rng_below(&rng, 2) ? 20 : 400);
-    int64_t total = 0;
-    for (int32_t r = 0; r < R; r++) {
-      /* mostly alike, some zero, a few long */
-      const uint32_t k = rng_below(&rng, 10);
-      blocks[r] = k == 0 ? 0 : k == 1 ? (int64_t)rng_below(&rng, 8 * top) : top;
-      total += PMLA_SPLIT_OVERHEAD + blocks[r];
-    }
-    const pmla_plan_shape sh = pmla_plan_shape_of(total, N);
-    int64_t longest = 0;
-    for (int32_t r = 0; r < R; r++)
-      longest = blocks[r] > longest ? blocks[r] : longest;
-    if (longest > sh.capacity - PMLA_SPLIT_OVERHEAD)
-      continue; /* the device walks those with the long step */
-    pmla_plan_fill want = pmla_plan_fill_start(&sh);
-    pmla_plan_fill32 got = {want.unit, (int32_t)want.room};
-    int ok = 1;
-    for (int32_t r = 0; r < R && ok; r++) {
-      const int32_t wp = pmla_plan_fill_next(&want, blocks[r], sh.capacity, N);
-      const int32_t gp =
-          pmla_plan_fill_step32_fast(&got, (int32_t)blocks[r], (int32_t)sh.capacity);
-      ok = wp == gp && want.unit == got.unit && want.room == got.room && got.unit < N;
-      EXPECT(ok,
-             "request %d of %d (%" PRId64 " blocks) on %d units, P %" PRId64
-             ": fast step %d pieces, unit %d room %d; fill %d, %d, %" PRId64,
-             r, R, blocks[r], N, sh.capacity, gp, got.unit, got.room, wp, want.unit, want.room);
-    }
-  }
-}
-END_TEST
-
 START_TEST(test_fastdiv_equals_integer_division) {
   uint64_t rng = harness_seed() ^ 0xd1fu;
   static const uint32_t big[] = {65535, 65536, 65537, 1u << 20, 12345678, 1u << 30,
@@ -795,7 +740,6 @@ Suite *suite_planner(void) {
   tcase_add_test(tc, test_planner_flags_bad_input_and_writes_within_its_buffers);
   tcase_add_test(tc, test_sparse_split_cap_matches_its_table_and_an_independent_formula);
   tcase_add_test(tc, test_fastdiv_equals_integer_division);
-  tcase_add_test(tc, test_planner_fast_short_step_walks_like_the_fill);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -181,7 +181,6 @@ __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) 
     o[e] *= (e & 2) ? c1 : c0;
 }
 static_assert(ROWS * Staged<true>::STRIDE <= 2 * TILE, "staged O fits the two stages");
-static_assert(ROWS * Staged<false>::STRIDE <= TILE, "staged bf16 rows fit one stage");
 /* this warpgroup's O times inv[sl] (by row) into the staged rows (Staged) */
 template <bool PARTIAL>
 __device__ __forceinline__ void stage_rows(char *sO, const float (&o)[128], const float (&inv)[2],
@@ -436,7 +435,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const int t_q = tid & 127;
   int32_t q_rows[2] = {-1, -1}; /* the rows of Q in sQ */
   bool staged = false; /* warpgroup 1: the last item's O may still be leaving the stages */
-  bool pre0 = false;   /* warpgroup 1: this item's block 0 was issued under the last epilogue */
   /* bf16 64-row tiles: the next item's Q, when it has other rows, is copied
    * into sQ by warpgroup 0 once the item's last Q K^T is done, under the
    * last block and the epilogue, instead of at the next item's start */
@@ -496,18 +494,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         int pos = kb + blk * BN + ld_t;
         return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
       };
-      /* the stages held the last item's O: its bulk copies have read it
-       * before anything is written there again (with block 0 issued under
-       * the last epilogue, O was only in stage 1: before block 1) */
-      auto wait_staged = [&]() {
+      if (staged) {
+        /* the stages held the last item's O: its bulk copies have read it */
         if (wi == 0)
           bulk_wait_read();
         asm volatile("bar.sync 4, 128;\n" ::: "memory");
         staged = false;
-      };
-      if (staged && !pre0)
-        wait_staged();
-      int32_t raw_next = RING ? -1 : raw_at(pre0 ? 1 : 0);
+      }
+      int32_t raw_next = RING ? -1 : raw_at(0);
       /* FP8: half-block h (32 rows of block h / 2), four threads a row: this
        * thread's row rt, its page entry raw_h read a half ahead */
       const int rt = t >> 2, rsub = t & 3;
@@ -699,9 +693,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           mbar_arrive(aFull + 8 * (blk & 1));
           pending &= ~(1u << (blk & 1));
         };
-        if (nblk > 0 && !pre0 && load_block(0, 0))
+        if (nblk > 0 && load_block(0, 0))
           pending = 1;
-        pre0 = false;
         cp_commit();
         for (int b = 0; b < nblk; b++) {
           if (pending & (1u << (b & 1)))
@@ -709,8 +702,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           if (b + 1 < nblk) {
             if (b >= 1)
               nb_sync(EMPTY + ((b - 1) & 1));
-            if (staged)
-              wait_staged();
             if (load_block(b + 1, (b + 1) & 1))
               pending |= 1u << ((b + 1) & 1);
           }
@@ -724,8 +715,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           reg_fence<OR>(o);
         }
       }
-      if (staged)
-        wait_staged();
       cp_wait<0>();
       /* warpgroup 0's row sums, read in the epilogue: an acquire of their
        * release, besides the block barrier (racecheck does not see the
@@ -972,36 +961,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : pslot; /* -1: out */
     const int64_t obase = (int64_t)pslot * p.max_q_len * H + row0;
     const float one[2] = {1.f, 1.f};
-    /* stage 0 stays free through an epilogue that keeps O (a kept chunk)
-     * or stages bf16 rows (in stage 1): when the work-group's next item
-     * has its Q in place by then (the same rows, or copied by warpgroup 0
-     * under this item) and starts on a whole page, the loader issues that
-     * item's block 0 now, so its read runs under this epilogue */
-    constexpr bool PRE0 = F == PMLA_KV_BF16 && !NARROW;
-    char *sOut = sKV + (PRE0 && dst < 0 ? TILE : 0); /* where the rows are staged */
-    if (PRE0 && (keep || dst < 0) && g == 1 && nblk > 0 && it + 1 < it_end) {
-      const int32_t *wn = item_at(it + 1);
-      const int32_t kb2 = wn[PMLA_WI_KV_BEGIN], ke2 = wn[PMLA_WI_KV_END], r2 = wn[PMLA_WI_REQUEST];
-      const bool same_q = wn[PMLA_WI_Q_BEGIN] == qb && wn[PMLA_WI_Q_END] == qe;
-      if ((same_q || nq_b >= 0) && ke2 > kb2) {
-        const int32_t csr_first =
-            (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
-        const int pos = kb2 + 16 * wi + (lane & 15);
-        const int32_t raw = pos < ke2 ? kv_raw(p.map, r2, pos, csr_first) : -1;
-        /* the same for every loader thread: a whole page has one entry */
-        const int64_t first = use_tma ? whole_page_slot(p.map, raw, kb2, ke2) : -1;
-        if (first >= 0) {
-          if (tid == 128) {
-            mbar_expect_tx(aFull, TILE);
-            tma_block(smem_u32(sKV), kv_tmap, first, aFull);
-          }
-          if (lane == 0)
-            ((uint16_t *)sVm)[wi] = 0xffffu;
-          mbar_arrive(aFull);
-          pre0 = true;
-        }
-      }
-    }
     if constexpr (NARROW) {
       if (pslot >= 0)
         nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
@@ -1015,7 +974,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       else if (dst >= 0)
         stage_rows<true>(sKV, o, one, g, lane, myrow, nrows);
       else
-        stage_rows<false>(sOut, o, one, g, lane, myrow, nrows);
+        stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
     } else if (keep) {
       float inv[2];
       row_factors(inv, sL, myrow, nrows, out_scale);
@@ -1023,7 +982,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     } else if (pslot >= 0) {
       stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
     } else {
-      stage_o<false>(sOut, o, sL, g, lane, myrow, nrows, out_scale);
+      stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
     }
     if (!keep) {
       proxy_fence();
@@ -1036,7 +995,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       if (g == 1) {
         staged = true;
         if (wi == 0)
-          send_staged(p, sOut, dst, qb, row0, nrows, lane);
+          send_staged(p, sKV, dst, qb, row0, nrows, lane);
       }
     }
     store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, piece);

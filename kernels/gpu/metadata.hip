@@ -63,8 +63,8 @@ struct Step64 {
 };
 struct Short32 {
   typedef pmla_plan_fill32 Fill;
-  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t) const {
-    return pmla_plan_fill_step32_fast(&f, (int32_t)b, (int32_t)cap);
+  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) const {
+    return pmla_plan_fill_step32(&f, (int32_t)b, (int32_t)cap, n);
   }
 };
 struct Long32 {
@@ -124,7 +124,7 @@ __device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restr
   state.unit = run.unit;
   state.room = run.room;
   *over |= cap > 0 && ov;
-  *overflow |= neg || run.unit >= units; /* the fast short step moves past the last unit */
+  *overflow |= neg;
 }
 
 /* walk_chunk with the cheapest step that is exact for this step's sizes */
@@ -144,37 +144,20 @@ __device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const in
                     over, overflow);
 }
 
-typedef unsigned long long u64;
-enum { PLAN_WARPS = PLAN_THREADS / 32 }; /* 32-lane groups */
-/* K sums and K maxima over the block of one value each per thread, left
- * in every thread's sum[] and mx[]: each warp's by shuffles, the warps'
- * through w, under one barrier. (A shared atomic per warp instead: 64-bit
- * shared atomics are compare-and-swap loops, which the 16 warps on one
- * word serialise.) w is free again only after a further barrier. */
-template <int K>
-__device__ __forceinline__ void block_sum_max(u64 (&sum)[K], u64 (&mx)[K],
-                                              u64 (*w)[PLAN_WARPS]) {
-#pragma unroll
-  for (int k = 0; k < K; k++)
-    for (int o = 16; o >= 1; o >>= 1) {
-      sum[k] += shfl32_xor(sum[k], o);
-      const u64 y = shfl32_xor(mx[k], o);
-      mx[k] = y > mx[k] ? y : mx[k];
-    }
-  if ((threadIdx.x & 31) == 0)
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-      w[2 * k][threadIdx.x >> 5] = sum[k];
-      w[2 * k + 1][threadIdx.x >> 5] = mx[k];
-    }
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < K; k++) {
-    sum[k] = mx[k] = 0;
-    for (int i = 0; i < PLAN_WARPS; i++) {
-      sum[k] += w[2 * k][i];
-      mx[k] = w[2 * k + 1][i] > mx[k] ? w[2 * k + 1][i] : mx[k];
-    }
+/* Sum and maximum over the block of one value per thread, one shared
+ * atomic per warp (64-bit shared atomics are compare-and-swap loops). */
+__device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned long long mx,
+                                              unsigned long long *s_sum,
+                                              unsigned long long *s_max) {
+  for (int o = 16; o >= 1; o >>= 1) {
+    sum += shfl32_xor(sum, o);
+    unsigned long long y = shfl32_xor(mx, o);
+    mx = y > mx ? y : mx;
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(s_sum, sum);
+    if (s_max)
+      atomicMax(s_max, mx);
   }
 }
 
@@ -191,6 +174,11 @@ struct InvReqs {
   unsigned long long *pieces; /* split: the pieces after the first, counted */
 };
 
+/* The sums of pmla_inv_sum, block-wide (shared memory). */
+struct InvSums {
+  unsigned long long total, max_cost, chunks, pieces, slots, max_piece;
+  unsigned long long not_min; /* ~ the cheapest request's cost: a maximum */
+};
 
 /* The dealt placements of a batch-invariant step (plan_invariant.h: at
  * most PLAN_THREADS pieces and units). Each request's pieces, split slots
@@ -338,13 +326,16 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
  * tests/plan_emu.cc), which one thread took 135-165 us at b=128. */
 __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output &out,
                                int64_t *buf, int32_t *want, int32_t *split_at, int32_t *last_unit,
-                               const InvReqs &rq, u64 (*red)[PLAN_WARPS], int32_t *s_err,
-                               int32_t *s_rows, int32_t *s_max_pieces) {
+                               const InvReqs &rq, InvSums *ss, int32_t *s_err, int32_t *s_rows,
+                               int32_t *s_max_pieces) {
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units;
   const int32_t budget = in.max_partials - N; /* slots for splits; then one per unit */
-  if (t == 0)
+  if (t == 0) {
+    ss->total = ss->max_cost = ss->chunks = ss->pieces = ss->slots = ss->max_piece = 0;
+    ss->not_min = 0;
     *s_err = *s_rows = *s_max_pieces = 0;
+  }
   __syncthreads();
   int32_t err = 0, scratch = 0;
   pmla_inv_sums mine = {0, 0, 0, 0, 0, 0, INT64_MAX}; /* this thread's requests' */
@@ -353,20 +344,25 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
     const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
     pmla_inv_sum_add(&mine, &q, chunk, pmla_inv_chunks(q.len, chunk));
   }
-  atomicOr(s_err, err); /* read after the barrier below */
-  /* maxima: the costliest request, the longest piece, and ~ the cheapest
-   * request's cost */
-  u64 sum[4] = {(u64)mine.total, (u64)mine.chunks, (u64)mine.pieces, (u64)mine.slots};
-  u64 mx[4] = {(u64)mine.max_cost, (u64)mine.max_piece, ~(u64)mine.min_cost, 0};
-  block_sum_max<4>(sum, mx, red);
-  const int64_t total = sum[0] > 0 ? (int64_t)sum[0] : 1;
-  if (sum[1] > (u64)in.max_items) {
+  typedef unsigned long long u64;
+  block_sum_max((u64)mine.total, (u64)mine.max_cost, &ss->total, &ss->max_cost);
+  block_sum_max((u64)mine.chunks, (u64)mine.max_piece, &ss->chunks, &ss->max_piece);
+  block_sum_max((u64)mine.pieces, ~(u64)mine.min_cost, &ss->pieces, &ss->not_min);
+  block_sum_max((u64)mine.slots, 0, &ss->slots, NULL);
+  atomicOr(s_err, err);
+  __syncthreads();
+  const int64_t total = ss->total > 0 ? (int64_t)ss->total : 1;
+  if (ss->chunks > (unsigned long long)in.max_items) {
     pmla_inv_empty(&in, &out, *s_err, t, PLAN_THREADS);
     return;
   }
-  const pmla_inv_sums sums = {total,         (int64_t)mx[0],  (int64_t)sum[1],
-                              (int64_t)sum[2], (int64_t)sum[3], (int64_t)mx[1],
-                              (int64_t)~mx[2]};
+  const pmla_inv_sums sums = {total,
+                              (int64_t)ss->max_cost,
+                              (int64_t)ss->chunks,
+                              (int64_t)ss->pieces,
+                              (int64_t)ss->slots,
+                              (int64_t)ss->max_piece,
+                              (int64_t)~ss->not_min};
   const int place = pmla_inv_placement(R, N, budget, &sums);
   if (place != PMLA_INV_PLACE_LINE) {
     const DealArrays sa = {want,  rq.item, rq.slot0, rq.len, split_at, last_unit, rq.qb,
@@ -517,7 +513,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int32_t item_at[PLAN_THREADS]; /* first item, relative to the chunk's */
   __shared__ int32_t part_at[PLAN_THREADS]; /* first partial slot; -1 unsplit, -2 no room */
   __shared__ int32_t last_unit[PLAN_THREADS];
-  __shared__ u64 s_red[8][PLAN_WARPS]; /* block_sum_max's */
+  __shared__ unsigned long long s_total, s_piece_total, s_max_blocks;
+  __shared__ InvSums s_inv;
   __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
   pdl_wait();
   pdl_trigger();
@@ -528,13 +525,14 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
      * rq.pieces shares buf, free between the scans */
     const InvReqs rq = {blocks, room_at, len_at,  qb_at, qe_at,
                         item_at, part_at, unit_at, pieces, (unsigned long long *)buf};
-    plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, s_red, &s_err, &s_rows,
+    plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, &s_inv, &s_err, &s_rows,
                    &s_max_pieces);
     return;
   }
   const int32_t R = in.num_requests, N = in.num_units;
   const int64_t OH = PMLA_SPLIT_OVERHEAD;
   if (t == 0) {
+    s_total = s_piece_total = s_max_blocks = 0;
     s_err = s_piece_mode = s_rows = s_max_pieces = 0;
   }
   __syncthreads();
@@ -550,19 +548,18 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     part += OH + (unsigned long long)q.blocks;
     longest = (unsigned long long)q.blocks > longest ? (unsigned long long)q.blocks : longest;
   }
-  atomicOr(&s_err, err); /* read after the barriers below */
+  block_sum_max(part, longest, &s_total, &s_max_blocks);
+  atomicOr(&s_err, err);
   err = 0;
-  u64 sum1[1] = {part}, mx1[1] = {longest};
-  block_sum_max<1>(sum1, mx1, s_red);
-  const int64_t max_blocks = (int64_t)mx1[0];
-  pmla_plan_shape sh = pmla_plan_shape_of((int64_t)sum1[0], N);
+  __syncthreads();
+  pmla_plan_shape sh = pmla_plan_shape_of((int64_t)s_total, N);
   pmla_plan_fill run = pmla_plan_fill_start(&sh); /* thread 0's */
   int overflow = 0;                               /* thread 0's */
 
   /* Piece mode when the fill gives any request more pieces than the cap;
    * no walk when even the longest request cannot get that many. */
   if (pmla_plan_cap_applies(&in) &&
-      pmla_plan_fill_max_pieces(max_blocks, sh.capacity) > in.split_cap) {
+      pmla_plan_fill_max_pieces((int64_t)s_max_blocks, sh.capacity) > in.split_cap) {
     for (int32_t c0 = 0; c0 < R && !s_piece_mode; c0 += PLAN_THREADS) {
       const int32_t n = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
       if (t < n)
@@ -570,7 +567,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       __syncthreads();
       if (t == 0) {
         int over = 0, unused = 0;
-        walk<false>(sh.total, max_blocks, blocks, n, sh.capacity, N, in.split_cap,
+        walk<false>(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, N, in.split_cap,
                     run, NULL, NULL, NULL, &over, &unused);
         s_piece_mode = over;
       }
@@ -584,9 +581,9 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
         pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
         part += (unsigned long long)pmla_plan_line_cost(&in, &sh, &q);
       }
-      u64 sum2[1] = {part}, mx2[1] = {0};
-      block_sum_max<1>(sum2, mx2, s_red + 2); /* s_red[0..1] may still be read */
-      sh.piece_total = sum2[0] ? (int64_t)sum2[0] : 1;
+      block_sum_max(part, 0, &s_piece_total, NULL);
+      __syncthreads();
+      sh.piece_total = s_piece_total ? (int64_t)s_piece_total : 1;
     }
   }
 
@@ -612,7 +609,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       __syncthreads();
       if (t == 0) {
         int over = 0; /* uncapped */
-        walk<true>(sh.total, max_blocks, blocks, n, sh.capacity, N, 0, run, unit_at,
+        walk<true>(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, N, 0, run, unit_at,
                    room_at, pieces, &over, &overflow);
       }
       __syncthreads();
