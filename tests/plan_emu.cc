@@ -30,6 +30,7 @@
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(n)
 #define __shared__ static /* one work-group at a time: the statics are its shared memory */
 

@@ -127,6 +127,17 @@ __device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restr
   *overflow |= neg;
 }
 
+/* walk_chunk with the 64-bit step (steps of 2^30 blocks or more): out of
+ * line, so the code that common steps run stays together */
+template <bool REC>
+__device__ __noinline__ void walk_long64(const int64_t *blocks, int32_t n, int64_t capacity,
+                                         int32_t units, int32_t cap, pmla_plan_fill &run,
+                                         int32_t *unit_at, int64_t *room_at, int32_t *pieces,
+                                         int *over, int *overflow) {
+  walk_chunk<REC>(Step64{}, blocks, n, capacity, units, cap, run, unit_at, room_at, pieces, over,
+                  overflow);
+}
+
 /* walk_chunk with the cheapest step that is exact for this step's sizes */
 template <bool REC>
 __device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const int64_t *blocks,
@@ -140,8 +151,34 @@ __device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const in
     walk_chunk<REC>(Long32{pmla_fastdiv_make((uint32_t)(capacity - PMLA_SPLIT_OVERHEAD))}, blocks,
                     n, capacity, units, cap, run, unit_at, room_at, pieces, over, overflow);
   else
-    walk_chunk<REC>(Step64{}, blocks, n, capacity, units, cap, run, unit_at, room_at, pieces,
-                    over, overflow);
+    walk_long64<REC>(blocks, n, capacity, units, cap, run, unit_at, room_at, pieces, over,
+                     overflow);
+}
+
+/* Whether the fill gives any request more pieces than the cap: a whole
+ * walk without records, run by thread 0 a chunk of requests at a time (out
+ * of line: capped sparse steps only). */
+__device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_plan_shape &sh,
+                                          int64_t max_blocks, int64_t *blocks,
+                                          int32_t *s_piece_mode) {
+  const int t = threadIdx.x;
+  const int32_t R = in.num_requests, N = in.num_units;
+  pmla_plan_fill run = pmla_plan_fill_start(&sh);
+  int32_t scratch = 0;
+  for (int32_t c0 = 0; c0 < R && !*s_piece_mode; c0 += PLAN_THREADS) {
+    const int32_t n = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
+    if (t < n)
+      blocks[t] = pmla_plan_describe(&in, c0 + t, &scratch).blocks;
+    __syncthreads();
+    if (t == 0) {
+      int over = 0, unused = 0;
+      walk<false>(sh.total, max_blocks, blocks, n, sh.capacity, N, in.split_cap, run, NULL, NULL,
+                  NULL, &over, &unused);
+      *s_piece_mode = over;
+    }
+    __syncthreads();
+  }
+  return *s_piece_mode;
 }
 
 /* Sum and maximum over the block of one value per thread, one shared
@@ -500,6 +537,33 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
                   *s_err, t, PLAN_THREADS);
 }
 
+/* The batch-invariant steps' kernel: its own, so the default steps'
+ * kernel holds only the code they run (its instruction fetch from a cold
+ * L2 is a large part of a step's build time). */
+__global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_invariant_kernel(pmla_plan_input in,
+                                                                            pmla_plan_output out) {
+  __shared__ int64_t buf[PLAN_THREADS];
+  __shared__ int64_t blocks[PLAN_THREADS];
+  __shared__ int32_t unit_at[PLAN_THREADS];
+  __shared__ int64_t room_at[PLAN_THREADS];
+  __shared__ int32_t pieces[PLAN_THREADS];
+  __shared__ int32_t len_at[PLAN_THREADS], qb_at[PLAN_THREADS], qe_at[PLAN_THREADS];
+  __shared__ int32_t item_at[PLAN_THREADS];
+  __shared__ int32_t part_at[PLAN_THREADS];
+  __shared__ int32_t last_unit[PLAN_THREADS];
+  __shared__ InvSums s_inv;
+  __shared__ int32_t s_err, s_rows, s_max_pieces;
+  pdl_wait();
+  pdl_trigger();
+  /* want and split_at (the budget walk) share pieces and unit_at with
+   * rq.na and rq.u0: each thread writes its own entry after the walk;
+   * rq.pieces shares buf, free between the scans */
+  const InvReqs rq = {blocks, room_at, len_at,  qb_at, qe_at,
+                      item_at, part_at, unit_at, pieces, (unsigned long long *)buf};
+  plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, &s_inv, &s_err, &s_rows,
+                 &s_max_pieces);
+}
+
 __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input in,
                                                                   pmla_plan_output out) {
   __shared__ int64_t buf[PLAN_THREADS];
@@ -514,21 +578,10 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int32_t part_at[PLAN_THREADS]; /* first partial slot; -1 unsplit, -2 no room */
   __shared__ int32_t last_unit[PLAN_THREADS];
   __shared__ unsigned long long s_total, s_piece_total, s_max_blocks;
-  __shared__ InvSums s_inv;
   __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
   pdl_wait();
   pdl_trigger();
   const int t = threadIdx.x;
-  if (in.invariant) {
-    /* want and split_at (the budget walk) share pieces and unit_at with
-     * rq.na and rq.u0: each thread writes its own entry after the walk;
-     * rq.pieces shares buf, free between the scans */
-    const InvReqs rq = {blocks, room_at, len_at,  qb_at, qe_at,
-                        item_at, part_at, unit_at, pieces, (unsigned long long *)buf};
-    plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, &s_inv, &s_err, &s_rows,
-                   &s_max_pieces);
-    return;
-  }
   const int32_t R = in.num_requests, N = in.num_units;
   const int64_t OH = PMLA_SPLIT_OVERHEAD;
   if (t == 0) {
@@ -560,20 +613,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
    * no walk when even the longest request cannot get that many. */
   if (pmla_plan_cap_applies(&in) &&
       pmla_plan_fill_max_pieces((int64_t)s_max_blocks, sh.capacity) > in.split_cap) {
-    for (int32_t c0 = 0; c0 < R && !s_piece_mode; c0 += PLAN_THREADS) {
-      const int32_t n = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
-      if (t < n)
-        blocks[t] = pmla_plan_describe(&in, c0 + t, &scratch).blocks;
-      __syncthreads();
-      if (t == 0) {
-        int over = 0, unused = 0;
-        walk<false>(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, N, in.split_cap,
-                    run, NULL, NULL, NULL, &over, &unused);
-        s_piece_mode = over;
-      }
-      __syncthreads();
-    }
-    sh.piece_mode = s_piece_mode;
+    sh.piece_mode = walk_over_cap(in, sh, (int64_t)s_max_blocks, blocks, &s_piece_mode);
     run = pmla_plan_fill_start(&sh);
     if (sh.piece_mode) {
       part = 0;
@@ -705,6 +745,6 @@ extern "C" int pmla_gpu_plan(const pmla_plan_input *in, const pmla_plan_output *
   if (!in || !out || in->num_requests < 0 || in->num_units < 1 ||
       in->num_units > PMLA_GPU_MAX_UNITS)
     return (int)hipErrorInvalidValue;
-  return (int)pdl_launch(pmla_plan_kernel, dim3(1), dim3(PLAN_THREADS), 0, (hipStream_t)stream,
-                         *in, *out);
+  return (int)pdl_launch(in->invariant ? pmla_plan_invariant_kernel : pmla_plan_kernel, dim3(1),
+                         dim3(PLAN_THREADS), 0, (hipStream_t)stream, *in, *out);
 }
