@@ -181,33 +181,6 @@ __device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_
   return *s_piece_mode;
 }
 
-/* Piece mode (capped sparse steps only), out of line so that the fill
- * mode's code stays together: a request's cost on the piece line and its
- * piece count, and piece p's blocks and unit. */
-__device__ __noinline__ int64_t line_cost(const pmla_plan_input &in, const pmla_plan_shape &sh,
-                                          const pmla_plan_req &q, int32_t *npieces) {
-  *npieces = pmla_plan_piece_count(q.blocks, sh.total, in.num_units, in.split_cap);
-  return pmla_plan_line_cost(&in, &sh, &q);
-}
-__device__ __noinline__ void line_piece_at(const pmla_plan_input &in, const pmla_plan_shape &sh,
-                                           const pmla_plan_req &q, int32_t npieces, int64_t line,
-                                           int32_t p, int64_t *first, int64_t *next,
-                                           int32_t *unit) {
-  pmla_plan_line_piece_at(&in, &sh, &q, npieces, line, p, first, next, unit);
-}
-
-/* pmla_plan_piece_at, piece mode out of line */
-__device__ __forceinline__ void piece_at(const pmla_plan_input &in, const pmla_plan_shape &sh,
-                                         const pmla_plan_req &q, int32_t npieces,
-                                         const pmla_plan_base &base, int32_t p, int64_t *first,
-                                         int64_t *next, int32_t *unit) {
-  if (sh.piece_mode)
-    line_piece_at(in, sh, q, npieces, base.line, p, first, next, unit);
-  else
-    pmla_plan_fill_piece_at(&base.fill, q.blocks, p, npieces, sh.capacity, in.num_units, first,
-                            next, unit);
-}
-
 /* Sum and maximum over the block of one value per thread, one shared
  * atomic per warp (64-bit shared atomics are compare-and-swap loops). */
 __device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned long long mx,
@@ -260,7 +233,7 @@ struct DealArrays {
   int32_t *perm; /* 2 PLAN_THREADS */
   int64_t *load; /* by unit */
 };
-__device__ __noinline__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out, int place,
+__device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out, int place,
                            int64_t *buf, const DealArrays &a, int32_t *s_err, int32_t *s_rows,
                            int32_t *s_max_pieces) {
   static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "one piece and one unit a thread");
@@ -646,8 +619,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       part = 0;
       for (int32_t r = t; r < R; r += PLAN_THREADS) {
         pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
-        int32_t unused;
-        part += (unsigned long long)line_cost(in, sh, q, &unused);
+        part += (unsigned long long)pmla_plan_line_cost(&in, &sh, &q);
       }
       block_sum_max(part, 0, &s_piece_total, NULL);
       __syncthreads();
@@ -668,9 +640,10 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     int32_t npieces = 0;
     if (sh.piece_mode) {
       int64_t line_sum;
-      const int64_t cost = valid ? line_cost(in, sh, q, &npieces) : 0;
-      base.line += block_exclusive_scan(cost, buf, &line_sum);
+      base.line += block_exclusive_scan(valid ? pmla_plan_line_cost(&in, &sh, &q) : 0, buf,
+                                        &line_sum);
       at.line += line_sum;
+      npieces = valid ? pmla_plan_piece_count(q.blocks, sh.total, N, in.split_cap) : 0;
     } else {
       blocks[t] = q.blocks;
       __syncthreads();
@@ -702,7 +675,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
         out.reduce_final_map[base.reduces] = r;
       }
       int64_t first, next;
-      piece_at(in, sh, q, npieces, base, npieces - 1, &first, &next, &last_unit[t]);
+      pmla_plan_piece_at(&in, &sh, &q, npieces, &base, npieces - 1, &first, &next, &last_unit[t]);
       len_at[t] = q.len;
       qb_at[t] = q.qb;
       qe_at[t] = q.qe;
@@ -742,9 +715,9 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       const int32_t np = (lo + 1 < n ? item_at[lo + 1] : items) - item_at[lo];
       int64_t first, next, f0, n0;
       int32_t unit, prev;
-      piece_at(in, sh, q_lo, np, b_lo, p, &first, &next, &unit);
+      pmla_plan_piece_at(&in, &sh, &q_lo, np, &b_lo, p, &first, &next, &unit);
       if (p > 0)
-        piece_at(in, sh, q_lo, np, b_lo, p - 1, &f0, &n0, &prev);
+        pmla_plan_piece_at(&in, &sh, &q_lo, np, &b_lo, p - 1, &f0, &n0, &prev);
       else
         prev = lo > 0 ? last_unit[lo - 1] : at.unit;
       pmla_plan_write_item(&out, c0 + lo, &q_lo, partials, b_lo.items, p, prev, unit, first,
