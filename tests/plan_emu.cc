@@ -104,6 +104,7 @@ template <class T> static T atomicMax(T *p, T v) {
   *p = old < v ? v : old;
   return old;
 }
+static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 static inline void pdl_wait() {}
 static inline void pdl_trigger() {}
 
