@@ -68,9 +68,10 @@ struct Short32 {
   }
 };
 /* pmla_fastdiv_make without its loop and 64-bit division (a called
- * software routine on the GPU): the shift by a count of leading zeros, the
- * multiplier's quotient through a double-precision reciprocal (exact to
- * within one for quotients below 2^32) and one correction. The same words. */
+ * software routine on NVIDIA GPUs): the shift by a count of leading zeros,
+ * the multiplier's quotient through a double-precision reciprocal (exact
+ * to within one for quotients below 2^32) and one correction. The same
+ * words. */
 __device__ __forceinline__ pmla_fastdiv fastdiv_make(uint32_t d) {
   pmla_fastdiv f;
   f.d = d ? d : 1;
