@@ -8,8 +8,7 @@
  * and long requests, shrunken buffers) and compares the six buffers with
  * the host planner (planner.h, plan_invariant.h) word for word, so CI
  * checks the device planner's logic without a GPU; pmla-unit's
- * t_plan_exact compares the real kernel on a GPU. First it checks the
- * kernel's own divisor for the walk against pmla_fastdiv_make.
+ * t_plan_exact compares the real kernel on a GPU.
  *
  *   plan-emu [plans [seed]]   (defaults: 300 plans, seed 1) */
 #include <functional>
@@ -105,7 +104,6 @@ template <class T> static T atomicMax(T *p, T v) {
   *p = old < v ? v : old;
   return old;
 }
-static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 static inline void pdl_wait() {}
 static inline void pdl_trigger() {}
 
@@ -181,29 +179,8 @@ int main(int argc, char **argv) {
   const int plans = argc > 1 ? atoi(argv[1]) : 300;
   /* odd and distinct for distinct seeds (the generator needs a nonzero state) */
   g_rng = argc > 2 ? strtoull(argv[2], NULL, 10) * 2 + 1 : 1;
-  /* the walk's divisor: the kernel's fastdiv_make gives pmla_fastdiv_make's
-   * words (every divisor below 2^20, the 16 below 2^26 whose estimated
-   * quotient is one too high, then random ones up to 2^31) */
-  static const uint32_t corrected[] = {6087579,  9110917,  10325701, 12175158, 18139745, 18221834,
-                                       20651402, 22321123, 24350316, 35766739, 36279490, 36443668,
-                                       41302804, 44642246, 48700632, 48912491};
-  const uint32_t nc = sizeof corrected / sizeof corrected[0];
-  int div_fails = 0;
-  const uint64_t seed_state = g_rng; /* the plans a seed draws stay the same */
-  for (uint32_t k = 0; k < (1u << 20) + nc + 200000; k++) {
-    const uint32_t d = k < (1u << 20)        ? k
-                       : k < (1u << 20) + nc ? corrected[k - (1u << 20)]
-                                             : 1 + below(1u << 31);
-    const pmla_fastdiv a = pmla_fastdiv_make(d), b = fastdiv_make(d);
-    if (a.d != b.d || a.mul != b.mul || a.shift != b.shift) {
-      if (div_fails++ < 5)
-        printf("fastdiv_make(%u): mul %u shift %u, pmla_fastdiv_make: mul %u shift %u\n", d,
-               b.mul, b.shift, a.mul, a.shift);
-    }
-  }
-  g_rng = seed_state;
   static const int32_t edge_r[] = {0, 1, 511, 512, 513, 1024, 1025};
-  int fails = div_fails, kinds[3] = {0, 0, 0}, splits = 0, places[3] = {0, 0, 0};
+  int fails = 0, kinds[3] = {0, 0, 0}, splits = 0, places[3] = {0, 0, 0};
   for (int it = 0; it < plans; it++) {
     pmla_plan_input in;
     memset(&in, 0, sizeof in);

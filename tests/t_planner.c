@@ -727,6 +727,35 @@ START_TEST(test_fastdiv_equals_integer_division) {
 }
 END_TEST
 
+/* pmla_fastdiv_make's words equal the round-up method's definition (shift
+ * = ceil(log2 d), mul = floor(2^32 (2^shift - d) / d) + 1, by integer
+ * division here): every divisor below 2^20, the 16 below 2^26 whose
+ * reciprocal estimate of mul's quotient is one too high, random ones up
+ * to 2^31 */
+START_TEST(test_fastdiv_make_gives_the_round_up_multiplier) {
+  uint64_t rng = harness_seed() ^ 0xd1f2u;
+  static const uint32_t corrected[] = {6087579,  9110917,  10325701, 12175158, 18139745, 18221834,
+                                       20651402, 22321123, 24350316, 35766739, 36279490, 36443668,
+                                       41302804, 44642246, 48700632, 48912491};
+  const uint32_t nc = sizeof corrected / sizeof corrected[0], all = (1u << 20) + nc + 200000;
+  for (uint32_t k = 1; k < all; k++) {
+    const uint32_t d = k < (1u << 20)        ? k
+                       : k < (1u << 20) + nc ? corrected[k - (1u << 20)]
+                                             : 1 + (uint32_t)(rng_next(&rng) >> 33);
+    uint32_t shift = 0;
+    while ((1ull << shift) < d)
+      shift++;
+    const uint32_t mul = (uint32_t)(((1ull << 32) * ((1ull << shift) - d)) / d + 1);
+    const pmla_fastdiv f = pmla_fastdiv_make(d);
+    EXPECT(f.d == d && f.shift == shift && f.mul == mul, "pmla_fastdiv_make(%u): mul %u shift %u; the definition: mul %u shift %u", d,
+           f.mul, f.shift, mul, shift);
+  }
+  const pmla_fastdiv z = pmla_fastdiv_make(0); /* taken as 1 */
+  EXPECT(z.d == 1 && z.shift == 0 && z.mul == 1, "pmla_fastdiv_make(0): d %u mul %u shift %u",
+         z.d, z.mul, z.shift);
+}
+END_TEST
+
 Suite *suite_planner(void) {
   Suite *s = suite_create("planner");
   TCase *tc = tcase_create("invariants");
@@ -740,6 +769,7 @@ Suite *suite_planner(void) {
   tcase_add_test(tc, test_planner_flags_bad_input_and_writes_within_its_buffers);
   tcase_add_test(tc, test_sparse_split_cap_matches_its_table_and_an_independent_formula);
   tcase_add_test(tc, test_fastdiv_equals_integer_division);
+  tcase_add_test(tc, test_fastdiv_make_gives_the_round_up_multiplier);
   suite_add_tcase(s, tc);
   return s;
 }

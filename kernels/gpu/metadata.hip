@@ -67,23 +67,6 @@ struct Short32 {
     return pmla_plan_fill_step32(&f, (int32_t)b, (int32_t)cap, n);
   }
 };
-/* pmla_fastdiv_make without its loop and 64-bit division (a called
- * software routine on NVIDIA GPUs): the shift by a count of leading zeros,
- * the multiplier's quotient through a double-precision reciprocal (exact
- * to within one for quotients below 2^32) and one correction. The same
- * words. */
-__device__ __forceinline__ pmla_fastdiv fastdiv_make(uint32_t d) {
-  pmla_fastdiv f;
-  f.d = d ? d : 1;
-  f.shift = f.d > 1 ? 32 - __clz((int)(f.d - 1)) : 0;
-  const uint64_t num = ((1ull << f.shift) - f.d) << 32; /* below 2^63, exact as a double */
-  uint64_t q = (uint64_t)((double)num * (1.0 / (double)f.d));
-  const int64_t r = (int64_t)(num - q * f.d);
-  q = r < 0 ? q - 1 : r >= (int64_t)f.d ? q + 1 : q;
-  f.mul = (uint32_t)(q + 1);
-  return f;
-}
-
 struct Long32 {
   typedef pmla_plan_fill32 Fill;
   pmla_fastdiv per; /* P - OH */
@@ -165,7 +148,7 @@ __device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const in
     walk_chunk<REC>(Short32{}, blocks, n, capacity, units, cap, run, unit_at, room_at, pieces,
                     over, overflow);
   else if (total < (1 << 30))
-    walk_chunk<REC>(Long32{fastdiv_make((uint32_t)(capacity - PMLA_SPLIT_OVERHEAD))}, blocks,
+    walk_chunk<REC>(Long32{pmla_fastdiv_make((uint32_t)(capacity - PMLA_SPLIT_OVERHEAD))}, blocks,
                     n, capacity, units, cap, run, unit_at, room_at, pieces, over, overflow);
   else
     walk_long64<REC>(blocks, n, capacity, units, cap, run, unit_at, room_at, pieces, over,
