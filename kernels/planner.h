@@ -227,9 +227,8 @@ PMLA_HD static inline int32_t pmla_plan_fill_count(pmla_plan_fill *f, int64_t bl
 /* pmla_plan_fill_count in closed form: the request fits where the fill
  * stands, or it leaves a first piece of room - OH blocks there (when that is
  * positive) and fills fresh units of P - OH blocks until its rest fits or
- * the last unit takes it. The device's walk is serial in this step (the
- * metadata kernel, kernels/gpu/metadata.hip), so its length is the walk's
- * latency. Equal to pmla_plan_fill_count in pieces and state (tested). */
+ * the last unit takes it. Equal to pmla_plan_fill_count in pieces and
+ * state (tested). */
 PMLA_HD static inline int32_t pmla_plan_fill_next(pmla_plan_fill *f, int64_t blocks,
                                                   int64_t capacity, int32_t units) {
   const int64_t OH = PMLA_SPLIT_OVERHEAD, per = capacity - OH;
@@ -250,49 +249,84 @@ PMLA_HD static inline int32_t pmla_plan_fill_next(pmla_plan_fill *f, int64_t blo
   return fit ? 1 : 1 + (take > 0);
 }
 
-/* Fill state on 32-bit values, for steps whose C is below 2^30 (every room
- * then lies in [-C, P]): the device's walk is a serial chain of steps, and
- * a 64-bit step is twice the dependent instructions. */
-typedef struct pmla_plan_fill32 {
+/* The fill on the line of the requests' costs (how the device walks it):
+ * s is where a request starts (OH + blocks summed over the requests
+ * before it) and end where the unit being filled ends on that line, so the
+ * fill state is {unit, end - s}. A request fits iff s + OH + blocks <= end.
+ * Past an end, the next unit ends P - OH further on (the request's rest
+ * pays OH once more) or, when the room was at most OH (no first piece), P
+ * past the request's start: end' = max(end + P - OH, s + P); a request
+ * longer than a fresh unit takes passes further ends, P - OH apart. The
+ * last unit is not special: the walk passes it exactly where
+ * pmla_plan_fill_next's room goes negative (never: the proof above). A
+ * step's serial chain is a compare, a maximum and a select, against ~40
+ * cycles for stepping the room; the pieces follow from the units
+ * (pmla_plan_ends_pieces). Equal to pmla_plan_fill_next (tested). */
+typedef struct pmla_plan_ends {
+  int64_t s, end;
   int32_t unit;
-  int32_t room;
-} pmla_plan_fill32;
+} pmla_plan_ends;
 
-/* pmla_plan_fill_next on 32-bit values for a request no longer than a
- * fresh unit takes (blocks <= P - OH): it fits where the fill stands, or
- * its rest fits the next unit (or the fill stands on the last). No division
- * and no branch: the step the device's walk chains when every request of
- * the step is that short. Equal to pmla_plan_fill_next there (tested). */
-PMLA_HD static inline int32_t pmla_plan_fill_step32(pmla_plan_fill32 *f, int32_t blocks,
-                                                    int32_t capacity, int32_t units) {
-  const int32_t OH = PMLA_SPLIT_OVERHEAD, take = f->room - OH;
-  const int fit = f->room >= OH + blocks || f->unit >= units - 1;
-  f->room = fit ? f->room - OH - blocks : capacity - OH - blocks + (take > 0 ? take : 0);
-  f->unit += !fit;
-  return fit ? 1 : 1 + (take > 0);
+PMLA_HD static inline pmla_plan_ends pmla_plan_ends_of(pmla_plan_fill f) {
+  pmla_plan_ends l = {0, f.room, f.unit};
+  return l;
 }
 
-/* pmla_plan_fill_next on 32-bit values for any request, for steps whose C
- * is below 2^30 (rooms in [-C, P], so no value leaves int32): the rest of
- * a request longer than a fresh unit counts its units with per_div, the
- * step's P - OH as a multiply-high division (a 64-bit division is a
- * software loop on the GPU, ~10 us a step for 64 such requests). Equal to
- * pmla_plan_fill_next there (tested). */
-PMLA_HD static inline int32_t pmla_plan_fill_step32_long(pmla_plan_fill32 *f, int32_t blocks,
-                                                         int32_t capacity, int32_t units,
-                                                         pmla_fastdiv per_div) {
-  const int32_t OH = PMLA_SPLIT_OVERHEAD, per = capacity - OH, take = f->room - OH;
-  const int32_t rest = blocks - (take > 0 ? take : 0);
-  const int fit = f->room >= OH + blocks || f->unit >= units - 1;
-  if (!fit && rest > per && f->unit < units - 2) { /* the rest spans fresh units */
-    int32_t m = (int32_t)pmla_fastdiv_q(per_div, (uint32_t)(rest - 1));
-    if (m > units - 2 - f->unit)
-      m = units - 2 - f->unit;
-    f->unit += 1 + m;
-    f->room = per - (rest - m * per);
-    return (take > 0) + m + 1;
+PMLA_HD static inline void pmla_plan_ends_step(pmla_plan_ends *l, int64_t blocks,
+                                               int64_t capacity) {
+  const int64_t OH = PMLA_SPLIT_OVERHEAD, per = capacity - OH, next = l->s + OH + blocks;
+  if (next > l->end) {
+    const int64_t end = l->end + per > l->s + capacity ? l->end + per : l->s + capacity;
+    const int64_t m = next > end ? (next - end - 1) / per + 1 : 0; /* further ends */
+    l->end = end + m * per;
+    l->unit += 1 + (int32_t)m;
   }
-  return pmla_plan_fill_step32(f, blocks, capacity, units); /* it fits, or its rest does */
+  l->s = next;
+}
+
+/* A request's pieces from the unit it enters on with `room`, and the unit
+ * the next request enters on: one per unit it reaches, less the unit it
+ * leaves without a first piece (room <= OH). */
+PMLA_HD static inline int32_t pmla_plan_ends_pieces(int32_t unit, int64_t room,
+                                                    int32_t next_unit) {
+  const int32_t d = next_unit - unit;
+  return d + 1 - (d > 0 && room <= PMLA_SPLIT_OVERHEAD);
+}
+
+/* pmla_plan_ends on 32-bit values, for steps whose C is below 2^30 (every
+ * s and end then lies below 2^32): a 64-bit step is twice the dependent
+ * instructions. */
+typedef struct pmla_plan_ends32 {
+  uint32_t s, end;
+  int32_t unit;
+} pmla_plan_ends32;
+
+/* pmla_plan_ends_step for a request no longer than a fresh unit takes
+ * (blocks <= P - OH: one end at most), as selects. Equal to it there
+ * (tested). */
+PMLA_HD static inline void pmla_plan_ends_step32(pmla_plan_ends32 *l, uint32_t blocks,
+                                                 uint32_t capacity) {
+  const uint32_t OH = PMLA_SPLIT_OVERHEAD, next = l->s + OH + blocks;
+  const uint32_t a = l->end + (capacity - OH), b = l->s + capacity;
+  const int cross = next > l->end;
+  l->end = cross ? (a > b ? a : b) : l->end;
+  l->unit += cross;
+  l->s = next;
+}
+
+/* pmla_plan_ends_step for any request, C below 2^30: the further ends
+ * counted by per_div, the step's P - OH as a multiply-high division (a
+ * 64-bit division is a software loop on the GPU). Equal to it (tested). */
+PMLA_HD static inline void pmla_plan_ends_step32_long(pmla_plan_ends32 *l, uint32_t blocks,
+                                                      uint32_t capacity, pmla_fastdiv per_div) {
+  const uint32_t OH = PMLA_SPLIT_OVERHEAD, per = capacity - OH, next = l->s + OH + blocks;
+  if (next > l->end) {
+    const uint32_t a = l->end + per, b = l->s + capacity, end = a > b ? a : b;
+    const uint32_t m = next > end ? pmla_fastdiv_q(per_div, next - end - 1) + 1 : 0;
+    l->end = end + m * per;
+    l->unit += 1 + (int32_t)m;
+  }
+  l->s = next;
 }
 
 /* Fill mode, closed form: piece p of the npieces a request of `blocks`

@@ -528,28 +528,45 @@ START_TEST(test_planner_fill_step_and_pieces_equal_the_walk) {
            " blocks): %d pieces, unit %d room %" PRId64 "; reference %d, %d, %" PRId64,
            f.unit, f.room, units, capacity, blocks, got_pieces, got.unit, got.room, want_pieces,
            want.unit, want.room);
-    /* the short 32-bit step, where the caller may use it (C < 2^30, which
-     * bounds P and the rooms, and blocks <= P - OH) */
-    if (capacity < (1 << 29) && f.room > -(1 << 29) && blocks <= capacity - OH) {
-      pmla_plan_fill32 s32 = {f.unit, (int32_t)f.room};
-      int32_t gots = pmla_plan_fill_step32(&s32, (int32_t)blocks, (int32_t)capacity, units);
-      EXPECT(gots == want_pieces && s32.unit == want.unit && s32.room == want.room,
-             "short fill step from unit %d room %" PRId64 " (units %d, P %" PRId64 ", %" PRId64
-             " blocks): %d pieces, unit %d room %d; reference %d, %d, %" PRId64,
-             f.unit, f.room, units, capacity, blocks, gots, s32.unit, s32.room, want_pieces,
+    /* the device's walk on the units' ends, 64-bit and, where the caller
+     * may use them (C < 2^30), 32-bit: the same unit and room, the pieces
+     * from the units; past the last unit exactly where the reference's
+     * room goes negative */
+    const int64_t s0 = 2000 + (int64_t)rng_below(&rng, 1u << 20);
+    pmla_plan_ends e = {s0, s0 + f.room, f.unit};
+    pmla_plan_ends_step(&e, blocks, capacity);
+    if (e.unit <= units - 1)
+      EXPECT(e.unit == want.unit && e.end - e.s == want.room &&
+                 pmla_plan_ends_pieces(f.unit, f.room, e.unit) == want_pieces,
+             "ends step from unit %d room %" PRId64 " (units %d, P %" PRId64 ", %" PRId64
+             " blocks): %d pieces, unit %d room %" PRId64 "; reference %d, %d, %" PRId64,
+             f.unit, f.room, units, capacity, blocks,
+             pmla_plan_ends_pieces(f.unit, f.room, e.unit), e.unit, e.end - e.s, want_pieces,
              want.unit, want.room);
-    }
-    /* the 32-bit step for any request, where the caller may use it (C <
-     * 2^30) */
-    if (capacity < (1 << 29) && f.room > -(1 << 29) && blocks < (1 << 29)) {
-      pmla_plan_fill32 l32 = {f.unit, (int32_t)f.room};
-      const pmla_fastdiv per = pmla_fastdiv_make((uint32_t)(capacity - OH));
-      int32_t gotl = pmla_plan_fill_step32_long(&l32, (int32_t)blocks, (int32_t)capacity, units, per);
-      EXPECT(gotl == want_pieces && l32.unit == want.unit && l32.room == want.room,
-             "long 32-bit fill step from unit %d room %" PRId64 " (units %d, P %" PRId64
-             ", %" PRId64 " blocks): %d pieces, unit %d room %d; reference %d, %d, %" PRId64,
-             f.unit, f.room, units, capacity, blocks, gotl, l32.unit, l32.room, want_pieces,
-             want.unit, want.room);
+    else
+      EXPECT(want.room < 0,
+             "ends step from unit %d room %" PRId64 " (units %d, P %" PRId64 ", %" PRId64
+             " blocks) passes the last unit; the reference keeps room %" PRId64,
+             f.unit, f.room, units, capacity, blocks, want.room);
+    if (capacity < (1 << 29) && blocks < (1 << 29)) {
+      const pmla_plan_ends32 e0 = {(uint32_t)s0, (uint32_t)(s0 + f.room), f.unit};
+      pmla_plan_ends32 l32 = e0;
+      pmla_plan_ends_step32_long(&l32, (uint32_t)blocks, (uint32_t)capacity,
+                                 pmla_fastdiv_make((uint32_t)(capacity - OH)));
+      EXPECT(l32.unit == e.unit && (int64_t)(l32.end - l32.s) == e.end - e.s,
+             "long 32-bit ends step from unit %d room %" PRId64 " (P %" PRId64 ", %" PRId64
+             " blocks): unit %d room %" PRId64 "; 64-bit %d, %" PRId64,
+             f.unit, f.room, capacity, blocks, l32.unit, (int64_t)(l32.end - l32.s), e.unit,
+             e.end - e.s);
+      if (blocks <= capacity - OH) { /* the short step, one end at most */
+        pmla_plan_ends32 s32 = e0;
+        pmla_plan_ends_step32(&s32, (uint32_t)blocks, (uint32_t)capacity);
+        EXPECT(s32.unit == e.unit && (int64_t)(s32.end - s32.s) == e.end - e.s,
+               "short 32-bit ends step from unit %d room %" PRId64 " (P %" PRId64 ", %" PRId64
+               " blocks): unit %d room %" PRId64 "; 64-bit %d, %" PRId64,
+               f.unit, f.room, capacity, blocks, s32.unit, (int64_t)(s32.end - s32.s), e.unit,
+               e.end - e.s);
+      }
     }
     /* each piece in closed form (the device places pieces in parallel) is
      * the piece the walk places */

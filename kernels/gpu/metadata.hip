@@ -51,63 +51,54 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   return inclusive - x;
 }
 
-/* The fill steps the walk chains (planner.h): for steps whose C < 2^30,
- * the short 32-bit step when no request is longer than a fresh unit takes,
- * else the 32-bit step with P - OH as a multiply-high division; else
- * pmla_plan_fill_next. */
-struct Step64 {
-  typedef pmla_plan_fill Fill;
-  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) const {
-    return pmla_plan_fill_next(&f, b, cap, n);
-  }
-};
+/* The fill steps the walk chains (planner.h's line): for steps whose C <
+ * 2^30, the 32-bit step when no request is longer than a fresh unit takes,
+ * else the 32-bit step with P - OH as a multiply-high division; else the
+ * 64-bit step. */
 struct Short32 {
-  typedef pmla_plan_fill32 Fill;
-  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) const {
-    return pmla_plan_fill_step32(&f, (int32_t)b, (int32_t)cap, n);
+  typedef pmla_plan_ends32 Line;
+  uint32_t capacity;
+  __device__ __forceinline__ void next(Line &l, int64_t b) const {
+    pmla_plan_ends_step32(&l, (uint32_t)b, capacity);
   }
 };
 struct Long32 {
-  typedef pmla_plan_fill32 Fill;
+  typedef pmla_plan_ends32 Line;
+  uint32_t capacity;
   pmla_fastdiv per; /* P - OH */
-  __device__ __forceinline__ int32_t next(Fill &f, int64_t b, int64_t cap, int32_t n) const {
-    return pmla_plan_fill_step32_long(&f, (int32_t)b, (int32_t)cap, n, per);
+  __device__ __forceinline__ void next(Line &l, int64_t b) const {
+    pmla_plan_ends_step32_long(&l, (uint32_t)b, capacity, per);
+  }
+};
+struct Step64 {
+  typedef pmla_plan_ends Line;
+  int64_t capacity;
+  __device__ __forceinline__ void next(Line &l, int64_t b) const {
+    pmla_plan_ends_step(&l, b, capacity);
   }
 };
 
 /* The fill is sequential: one thread walks a chunk's n requests (blocks in
- * shared memory) from the state the previous chunk left in `run`, a few
- * dependent instructions per request (~70 cycles on the H200): the blocks
- * are read ahead of the chain, AHEAD at a time with no branch between the
- * steps. A warp settling the requests that fit 32 at a time took ~410
- * cycles per unit boundary (docs/performance.md). With REC, records the
- * state entering each request and its piece count. Sets *over when a
- * request gets more pieces than `cap` (0: no cap), *overflow when the fill
- * runs past the last unit's room (never expected: planner.h proves it
- * cannot). */
-template <bool REC, typename Step>
+ * shared memory) from where the previous chunk left the line (`run`),
+ * recording the fill state entering each request; the blocks are read
+ * ahead of the chain, AHEAD at a time with no branch between the steps. A
+ * warp settling the requests that fit 32 at a time took ~410 cycles per
+ * unit boundary (docs/performance.md). The threads then take their pieces
+ * from the recorded units (pieces_of). */
+template <typename Step>
 __device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restrict__ blocks,
-                                           int32_t n,
-                                           int64_t capacity, int32_t units, int32_t cap,
-                                           pmla_plan_fill &state, int32_t *__restrict__ unit_at,
-                                           int64_t *__restrict__ room_at,
-                                           int32_t *__restrict__ pieces, int *over,
-                                           int *overflow) {
+                                           int32_t n, pmla_plan_ends &run,
+                                           int32_t *__restrict__ unit_at,
+                                           int64_t *__restrict__ room_at) {
   enum { AHEAD = 8 };
-  typename Step::Fill run;
-  run.unit = state.unit;
-  run.room = state.room;
-  int ov = 0, neg = 0;
+  typename Step::Line l;
+  l.s = 0; /* the line restarts at each chunk: only end - s carries */
+  l.end = (decltype(l.end))(run.end - run.s);
+  l.unit = run.unit;
   auto step = [&](int32_t i, int64_t b) {
-    if (REC) {
-      unit_at[i] = run.unit;
-      room_at[i] = run.room;
-    }
-    const int32_t np = st.next(run, b, capacity, units);
-    if (REC)
-      pieces[i] = np;
-    ov |= np > cap;
-    neg |= run.room < 0;
+    unit_at[i] = l.unit;
+    room_at[i] = (int64_t)(l.end - l.s);
+    st.next(l, b);
   };
   int32_t i = 0;
   for (; i + AHEAD <= n; i += AHEAD) {
@@ -121,49 +112,50 @@ __device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restr
   }
   for (; i < n; i++)
     step(i, blocks[i]);
-  state.unit = run.unit;
-  state.room = run.room;
-  *over |= cap > 0 && ov;
-  *overflow |= neg;
+  run.s = 0;
+  run.end = (int64_t)(l.end - l.s);
+  run.unit = l.unit;
 }
 
 /* walk_chunk with the 64-bit step (steps of 2^30 blocks or more): out of
  * line, so the code that common steps run stays together */
-template <bool REC>
 __device__ __noinline__ void walk_long64(const int64_t *blocks, int32_t n, int64_t capacity,
-                                         int32_t units, int32_t cap, pmla_plan_fill &run,
-                                         int32_t *unit_at, int64_t *room_at, int32_t *pieces,
-                                         int *over, int *overflow) {
-  walk_chunk<REC>(Step64{}, blocks, n, capacity, units, cap, run, unit_at, room_at, pieces, over,
-                  overflow);
+                                         pmla_plan_ends &run, int32_t *unit_at,
+                                         int64_t *room_at) {
+  walk_chunk(Step64{capacity}, blocks, n, run, unit_at, room_at);
 }
 
 /* walk_chunk with the cheapest step that is exact for this step's sizes */
-template <bool REC>
 __device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const int64_t *blocks,
-                                     int32_t n, int64_t capacity, int32_t units, int32_t cap,
-                                     pmla_plan_fill &run, int32_t *unit_at, int64_t *room_at,
-                                     int32_t *pieces, int *over, int *overflow) {
+                                     int32_t n, int64_t capacity, pmla_plan_ends &run,
+                                     int32_t *unit_at, int64_t *room_at) {
   if (total < (1 << 30) && max_blocks <= capacity - PMLA_SPLIT_OVERHEAD)
-    walk_chunk<REC>(Short32{}, blocks, n, capacity, units, cap, run, unit_at, room_at, pieces,
-                    over, overflow);
+    walk_chunk(Short32{(uint32_t)capacity}, blocks, n, run, unit_at, room_at);
   else if (total < (1 << 30))
-    walk_chunk<REC>(Long32{pmla_fastdiv_make((uint32_t)(capacity - PMLA_SPLIT_OVERHEAD))}, blocks,
-                    n, capacity, units, cap, run, unit_at, room_at, pieces, over, overflow);
+    walk_chunk(Long32{(uint32_t)capacity,
+                      pmla_fastdiv_make((uint32_t)(capacity - PMLA_SPLIT_OVERHEAD))},
+               blocks, n, run, unit_at, room_at);
   else
-    walk_long64<REC>(blocks, n, capacity, units, cap, run, unit_at, room_at, pieces, over,
-                     overflow);
+    walk_long64(blocks, n, capacity, run, unit_at, room_at);
+}
+
+/* Request t's pieces in the chunk walk_chunk recorded (*unit_end: the unit
+ * after its last request). */
+__device__ __forceinline__ int32_t pieces_of(int32_t t, int32_t n, const int32_t *unit_at,
+                                             const int64_t *room_at, const int32_t *unit_end) {
+  return pmla_plan_ends_pieces(unit_at[t], room_at[t], t + 1 < n ? unit_at[t + 1] : *unit_end);
 }
 
 /* Whether the fill gives any request more pieces than the cap: a whole
- * walk without records, run by thread 0 a chunk of requests at a time (out
- * of line: capped sparse steps only). */
+ * walk, a chunk of requests at a time (out of line: capped sparse steps
+ * only). */
 __device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_plan_shape &sh,
-                                          int64_t max_blocks, int64_t *blocks,
+                                          int64_t max_blocks, int64_t *blocks, int32_t *unit_at,
+                                          int64_t *room_at, int32_t *unit_end,
                                           int32_t *s_piece_mode) {
   const int t = threadIdx.x;
-  const int32_t R = in.num_requests, N = in.num_units;
-  pmla_plan_fill run = pmla_plan_fill_start(&sh);
+  const int32_t R = in.num_requests;
+  pmla_plan_ends run = pmla_plan_ends_of(pmla_plan_fill_start(&sh)); /* thread 0's */
   int32_t scratch = 0;
   for (int32_t c0 = 0; c0 < R && !*s_piece_mode; c0 += PLAN_THREADS) {
     const int32_t n = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
@@ -171,11 +163,12 @@ __device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_
       blocks[t] = pmla_plan_describe(&in, c0 + t, &scratch).blocks;
     __syncthreads();
     if (t == 0) {
-      int over = 0, unused = 0;
-      walk<false>(sh.total, max_blocks, blocks, n, sh.capacity, N, in.split_cap, run, NULL, NULL,
-                  NULL, &over, &unused);
-      *s_piece_mode = over;
+      walk(sh.total, max_blocks, blocks, n, sh.capacity, run, unit_at, room_at);
+      *unit_end = run.unit;
     }
+    __syncthreads();
+    if (t < n && pieces_of(t, n, unit_at, room_at, unit_end) > in.split_cap)
+      atomicOr(s_piece_mode, 1);
     __syncthreads();
   }
   return *s_piece_mode;
@@ -570,7 +563,6 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int64_t blocks[PLAN_THREADS];
   __shared__ int32_t unit_at[PLAN_THREADS];
   __shared__ int64_t room_at[PLAN_THREADS];
-  __shared__ int32_t pieces[PLAN_THREADS];
   /* per request of the chunk, for the threads that place its pieces (with
    * blocks, and unit_at / room_at: its fill state, or room_at its line) */
   __shared__ int32_t len_at[PLAN_THREADS], qb_at[PLAN_THREADS], qe_at[PLAN_THREADS];
@@ -578,7 +570,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int32_t part_at[PLAN_THREADS]; /* first partial slot; -1 unsplit, -2 no room */
   __shared__ int32_t last_unit[PLAN_THREADS];
   __shared__ unsigned long long s_total, s_piece_total, s_max_blocks;
-  __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
+  __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces, s_unit_end;
   pdl_wait();
   pdl_trigger();
   const int t = threadIdx.x;
@@ -606,15 +598,14 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   err = 0;
   __syncthreads();
   pmla_plan_shape sh = pmla_plan_shape_of((int64_t)s_total, N);
-  pmla_plan_fill run = pmla_plan_fill_start(&sh); /* thread 0's */
-  int overflow = 0;                               /* thread 0's */
+  pmla_plan_ends run = pmla_plan_ends_of(pmla_plan_fill_start(&sh)); /* thread 0's */
 
   /* Piece mode when the fill gives any request more pieces than the cap;
    * no walk when even the longest request cannot get that many. */
   if (pmla_plan_cap_applies(&in) &&
       pmla_plan_fill_max_pieces((int64_t)s_max_blocks, sh.capacity) > in.split_cap) {
-    sh.piece_mode = walk_over_cap(in, sh, (int64_t)s_max_blocks, blocks, &s_piece_mode);
-    run = pmla_plan_fill_start(&sh);
+    sh.piece_mode = walk_over_cap(in, sh, (int64_t)s_max_blocks, blocks, unit_at, room_at,
+                                  &s_unit_end, &s_piece_mode);
     if (sh.piece_mode) {
       part = 0;
       for (int32_t r = t; r < R; r += PLAN_THREADS) {
@@ -648,15 +639,14 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       blocks[t] = q.blocks;
       __syncthreads();
       if (t == 0) {
-        int over = 0; /* uncapped */
-        walk<true>(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, N, 0, run, unit_at,
-                   room_at, pieces, &over, &overflow);
+        walk(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, run, unit_at, room_at);
+        s_unit_end = run.unit;
       }
       __syncthreads();
       if (valid) {
         base.fill.unit = unit_at[t];
         base.fill.room = room_at[t];
-        npieces = pieces[t];
+        npieces = pieces_of(t, n, unit_at, room_at, &s_unit_end);
       }
     }
     int64_t count_sum;
@@ -729,7 +719,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     at.unit = last_unit[n - 1];
     __syncthreads();
   }
-  if (t == 0 && overflow)
+  /* past the last unit: never (planner.h proves it) */
+  if (t == 0 && !sh.piece_mode && run.unit > N - 1)
     err |= PMLA_PLAN_ERR_OVERFLOW;
   atomicOr(&s_err, err);
   atomicAdd(&s_rows, rows);
