@@ -188,16 +188,9 @@ PMLA_HD static inline void pmla_inv_write_item(const pmla_plan_output *out, int3
                                                int32_t slot, int32_t j, int32_t flags) {
   for (int32_t uu = prev + 1; uu <= unit; uu++)
     out->work_indptr[uu] = item;
-  int32_t *w = out->work_info_set + (int64_t)item * PMLA_WI_WORDS;
   const int64_t kb = (int64_t)j * chunk, ke = kb + chunk;
-  w[PMLA_WI_REQUEST] = r;
-  w[PMLA_WI_PARTIAL] = slot;
-  w[PMLA_WI_Q_BEGIN] = q->qb;
-  w[PMLA_WI_Q_END] = q->qe;
-  w[PMLA_WI_KV_BEGIN] = (int32_t)(kb < q->len ? kb : q->len);
-  w[PMLA_WI_KV_END] = (int32_t)(ke < q->len ? ke : q->len);
-  w[PMLA_WI_KV_LEN] = q->len;
-  w[PMLA_WI_PIECE] = j | flags;
+  pmla_plan_store_item(out, item, r, slot, q->qb, q->qe, (int32_t)(kb < q->len ? kb : q->len),
+                       (int32_t)(ke < q->len ? ke : q->len), q->len, j | flags);
 }
 
 /* The sums a step's placement needs: the work of all requests (total, at

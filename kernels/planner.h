@@ -427,6 +427,30 @@ PMLA_HD static inline void pmla_plan_line_piece_at(const pmla_plan_input *in,
   *unit = (int32_t)(u < N - 1 ? u : N - 1);
 }
 
+/* Stores one work item's words (PMLA_WI_*, 0..7 in this order). On a GPU
+ * as two 16-byte stores: the metadata kernel writes one item a thread, and
+ * eight 4-byte stores across a warp's items are eight memory instructions
+ * of eight cache lines each. The builder's buffers are aligned for it. */
+PMLA_HD static inline void pmla_plan_store_item(const pmla_plan_output *out, int32_t item,
+                                                int32_t r, int32_t partial, int32_t qb,
+                                                int32_t qe, int32_t kv_begin, int32_t kv_end,
+                                                int32_t kv_len, int32_t piece) {
+  int32_t *w = out->work_info_set + (int64_t)item * PMLA_WI_WORDS;
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  ((int4 *)w)[0] = make_int4(r, partial, qb, qe);
+  ((int4 *)w)[1] = make_int4(kv_begin, kv_end, kv_len, piece);
+#else
+  w[0] = r;
+  w[1] = partial;
+  w[2] = qb;
+  w[3] = qe;
+  w[4] = kv_begin;
+  w[5] = kv_end;
+  w[6] = kv_len;
+  w[7] = piece;
+#endif
+}
+
 /* Work item `items + p` (piece p of request r, blocks [first, next)) and
  * the work_indptr of units (prev, unit]: what pmla_plan_place writes per
  * piece; `partials` is the request's first partial slot, or -1 unsplit. */
@@ -437,16 +461,10 @@ PMLA_HD static inline void pmla_plan_write_item(const pmla_plan_output *out, int
   const int32_t item = items + p;
   for (int32_t u = prev + 1; u <= unit; u++)
     out->work_indptr[u] = item;
-  int32_t *w = out->work_info_set + (int64_t)item * PMLA_WI_WORDS;
   const int64_t kb = first * PMLA_BLOCK_TOKENS, ke = next * PMLA_BLOCK_TOKENS;
-  w[PMLA_WI_REQUEST] = r;
-  w[PMLA_WI_PARTIAL] = partials < 0 ? -1 : partials + p;
-  w[PMLA_WI_Q_BEGIN] = q->qb;
-  w[PMLA_WI_Q_END] = q->qe;
-  w[PMLA_WI_KV_BEGIN] = (int32_t)(kb < q->len ? kb : q->len);
-  w[PMLA_WI_KV_END] = (int32_t)(ke < q->len ? ke : q->len);
-  w[PMLA_WI_KV_LEN] = q->len;
-  w[PMLA_WI_PIECE] = p;
+  pmla_plan_store_item(out, item, r, partials < 0 ? -1 : partials + p, q->qb, q->qe,
+                       (int32_t)(kb < q->len ? kb : q->len), (int32_t)(ke < q->len ? ke : q->len),
+                       q->len, p);
   if (partials >= 0)
     out->reduce_partial_map[partials + p] = partials + p;
 }
