@@ -78,30 +78,6 @@ struct Step64 {
   }
 };
 
-/* The walk's record of the fill state entering request i: the 32-bit
- * walks pack the unit and the room into room_at[i], one store a request
- * (the walk issues little else); the 64-bit walk keeps them apart. */
-__device__ __forceinline__ void record(const pmla_plan_ends32 &l, int32_t i, int32_t *unit_at,
-                                       int64_t *room_at) {
-  (void)unit_at;
-  room_at[i] = (int64_t)(((uint64_t)(uint32_t)l.unit << 32) | (uint32_t)(l.end - l.s));
-}
-__device__ __forceinline__ void record(const pmla_plan_ends &l, int32_t i, int32_t *unit_at,
-                                       int64_t *room_at) {
-  unit_at[i] = l.unit;
-  room_at[i] = l.end - l.s;
-}
-/* The fill state entering request i, from its record (wide: the 64-bit
- * walk's). */
-__device__ __forceinline__ pmla_plan_fill entry_at(int32_t i, bool wide, const int32_t *unit_at,
-                                                   const int64_t *room_at) {
-  const int64_t r = room_at[i];
-  pmla_plan_fill f;
-  f.unit = wide ? unit_at[i] : (int32_t)((uint64_t)r >> 32);
-  f.room = wide ? r : (int64_t)(uint32_t)r;
-  return f;
-}
-
 /* The fill is sequential: one thread walks a chunk's n requests (blocks in
  * shared memory) from where the previous chunk left the line (`run`),
  * recording the fill state entering each request; the blocks are read
@@ -120,7 +96,8 @@ __device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restr
   l.end = (decltype(l.end))(run.end - run.s);
   l.unit = run.unit;
   auto step = [&](int32_t i, int64_t b) {
-    record(l, i, unit_at, room_at);
+    unit_at[i] = l.unit;
+    room_at[i] = (int64_t)(l.end - l.s);
     st.next(l, b);
   };
   int32_t i = 0;
@@ -148,16 +125,13 @@ __device__ __noinline__ void walk_long64(const int64_t *blocks, int32_t n, int64
   walk_chunk(Step64{capacity}, blocks, n, run, unit_at, room_at);
 }
 
-/* Whether walk() takes the 64-bit step, whose records are apart */
-__device__ __forceinline__ bool walk_wide(int64_t total) { return total >= (1 << 30); }
-
 /* walk_chunk with the cheapest step that is exact for this step's sizes */
 __device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const int64_t *blocks,
                                      int32_t n, int64_t capacity, pmla_plan_ends &run,
                                      int32_t *unit_at, int64_t *room_at) {
-  if (!walk_wide(total) && max_blocks <= capacity - PMLA_SPLIT_OVERHEAD)
+  if (total < (1 << 30) && max_blocks <= capacity - PMLA_SPLIT_OVERHEAD)
     walk_chunk(Short32{(uint32_t)capacity}, blocks, n, run, unit_at, room_at);
-  else if (!walk_wide(total))
+  else if (total < (1 << 30))
     walk_chunk(Long32{(uint32_t)capacity,
                       pmla_fastdiv_make((uint32_t)(capacity - PMLA_SPLIT_OVERHEAD))},
                blocks, n, run, unit_at, room_at);
@@ -165,13 +139,11 @@ __device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const in
     walk_long64(blocks, n, capacity, run, unit_at, room_at);
 }
 
-/* Request t's pieces in the chunk walk_chunk recorded, from its entry
- * (*unit_end: the unit after the chunk's last request). */
-__device__ __forceinline__ int32_t pieces_of(int32_t t, int32_t n, pmla_plan_fill entry, bool wide,
-                                             const int32_t *unit_at, const int64_t *room_at,
-                                             const int32_t *unit_end) {
-  const int32_t next = t + 1 < n ? entry_at(t + 1, wide, unit_at, room_at).unit : *unit_end;
-  return pmla_plan_ends_pieces(entry.unit, entry.room, next);
+/* Request t's pieces in the chunk walk_chunk recorded (*unit_end: the unit
+ * after its last request). */
+__device__ __forceinline__ int32_t pieces_of(int32_t t, int32_t n, const int32_t *unit_at,
+                                             const int64_t *room_at, const int32_t *unit_end) {
+  return pmla_plan_ends_pieces(unit_at[t], room_at[t], t + 1 < n ? unit_at[t + 1] : *unit_end);
 }
 
 /* Whether the fill gives any request more pieces than the cap: a whole
@@ -195,9 +167,7 @@ __device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_
       *unit_end = run.unit;
     }
     __syncthreads();
-    const bool wide = walk_wide(sh.total);
-    if (t < n && pieces_of(t, n, entry_at(t, wide, unit_at, room_at), wide, unit_at, room_at,
-                           unit_end) > in.split_cap)
+    if (t < n && pieces_of(t, n, unit_at, room_at, unit_end) > in.split_cap)
       atomicOr(s_piece_mode, 1);
     __syncthreads();
   }
@@ -674,9 +644,9 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       }
       __syncthreads();
       if (valid) {
-        const bool wide = walk_wide(sh.total);
-        base.fill = entry_at(t, wide, unit_at, room_at);
-        npieces = pieces_of(t, n, base.fill, wide, unit_at, room_at, &s_unit_end);
+        base.fill.unit = unit_at[t];
+        base.fill.room = room_at[t];
+        npieces = pieces_of(t, n, unit_at, room_at, &s_unit_end);
       }
     }
     int64_t count_sum;
