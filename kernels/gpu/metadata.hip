@@ -51,35 +51,35 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   return inclusive - x;
 }
 
-/* The fill steps the walk chains (planner.h's line): for steps whose C <
- * 2^30, the 32-bit step when no request is longer than a fresh unit takes,
- * else the 32-bit step with P - OH as a multiply-high division; else the
- * 64-bit step. */
+/* The fill steps the walk chains (planner.h's pmla_plan_ends): for steps
+ * whose C < 2^30, the 32-bit step when no request is longer than a fresh
+ * unit takes, else the 32-bit step with P - OH as a multiply-high
+ * division; else the 64-bit step. */
 struct Short32 {
-  typedef pmla_plan_ends32 Line;
+  typedef pmla_plan_ends32 Ends;
   uint32_t capacity;
-  __device__ __forceinline__ void next(Line &l, int64_t b) const {
+  __device__ __forceinline__ void next(Ends &l, int64_t b) const {
     pmla_plan_ends_step32(&l, (uint32_t)b, capacity);
   }
 };
 struct Long32 {
-  typedef pmla_plan_ends32 Line;
+  typedef pmla_plan_ends32 Ends;
   uint32_t capacity;
   pmla_fastdiv per; /* P - OH */
-  __device__ __forceinline__ void next(Line &l, int64_t b) const {
+  __device__ __forceinline__ void next(Ends &l, int64_t b) const {
     pmla_plan_ends_step32_long(&l, (uint32_t)b, capacity, per);
   }
 };
 struct Step64 {
-  typedef pmla_plan_ends Line;
+  typedef pmla_plan_ends Ends;
   int64_t capacity;
-  __device__ __forceinline__ void next(Line &l, int64_t b) const {
+  __device__ __forceinline__ void next(Ends &l, int64_t b) const {
     pmla_plan_ends_step(&l, b, capacity);
   }
 };
 
 /* The fill is sequential: one thread walks a chunk's n requests (blocks in
- * shared memory) from where the previous chunk left the line (`run`),
+ * shared memory) from where the previous chunk left it (`run`),
  * recording the fill state entering each request; the blocks are read
  * ahead of the chain, AHEAD at a time with no branch between the steps. A
  * warp settling the requests that fit 32 at a time took ~410 cycles per
@@ -91,8 +91,8 @@ __device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restr
                                            int32_t *__restrict__ unit_at,
                                            int64_t *__restrict__ room_at) {
   enum { AHEAD = 8 };
-  typename Step::Line l;
-  l.s = 0; /* the line restarts at each chunk: only end - s carries */
+  typename Step::Ends l;
+  l.s = 0; /* positions restart at each chunk: only end - s carries */
   l.end = (decltype(l.end))(run.end - run.s);
   l.unit = run.unit;
   auto step = [&](int32_t i, int64_t b) {
