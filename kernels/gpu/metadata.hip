@@ -79,23 +79,24 @@ struct Step64 {
 };
 
 /* The fill is sequential: one thread walks a chunk's n requests (blocks in
- * shared memory) from where the previous chunk left it (`run`), recording
- * the room entering each request; the blocks are read ahead of the chain,
- * AHEAD at a time with no branch between the steps. The walk keeps no
- * unit: each thread counts the units its own request passes from its room
- * (units_passed), and a scan places them. A warp settling the requests
- * that fit 32 at a time took ~410 cycles per unit boundary
- * (docs/performance.md). */
+ * shared memory) from where the previous chunk left it (`run`),
+ * recording the fill state entering each request; the blocks are read
+ * ahead of the chain, AHEAD at a time with no branch between the steps. A
+ * warp settling the requests that fit 32 at a time took ~410 cycles per
+ * unit boundary (docs/performance.md). The threads then take their pieces
+ * from the recorded units (pieces_of). */
 template <typename Step>
 __device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restrict__ blocks,
                                            int32_t n, pmla_plan_ends &run,
+                                           int32_t *__restrict__ unit_at,
                                            int64_t *__restrict__ room_at) {
   enum { AHEAD = 8 };
   typename Step::Ends l;
   l.s = 0; /* positions restart at each chunk: only end - s carries */
   l.end = (decltype(l.end))(run.end - run.s);
-  l.unit = 0; /* not read: the compiler drops its count */
+  l.unit = run.unit;
   auto step = [&](int32_t i, int64_t b) {
+    unit_at[i] = l.unit;
     room_at[i] = (int64_t)(l.end - l.s);
     st.next(l, b);
   };
@@ -113,60 +114,44 @@ __device__ __forceinline__ void walk_chunk(const Step st, const int64_t *__restr
     step(i, blocks[i]);
   run.s = 0;
   run.end = (int64_t)(l.end - l.s);
+  run.unit = l.unit;
 }
 
 /* walk_chunk with the 64-bit step (steps of 2^30 blocks or more): out of
  * line, so the code that common steps run stays together */
 __device__ __noinline__ void walk_long64(const int64_t *blocks, int32_t n, int64_t capacity,
-                                         pmla_plan_ends &run, int64_t *room_at) {
-  walk_chunk(Step64{capacity}, blocks, n, run, room_at);
+                                         pmla_plan_ends &run, int32_t *unit_at,
+                                         int64_t *room_at) {
+  walk_chunk(Step64{capacity}, blocks, n, run, unit_at, room_at);
 }
 
 /* walk_chunk with the cheapest step that is exact for this step's sizes */
 __device__ __forceinline__ void walk(int64_t total, int64_t max_blocks, const int64_t *blocks,
                                      int32_t n, int64_t capacity, pmla_plan_ends &run,
-                                     int64_t *room_at) {
+                                     int32_t *unit_at, int64_t *room_at) {
   if (total < (1 << 30) && max_blocks <= capacity - PMLA_SPLIT_OVERHEAD)
-    walk_chunk(Short32{(uint32_t)capacity}, blocks, n, run, room_at);
+    walk_chunk(Short32{(uint32_t)capacity}, blocks, n, run, unit_at, room_at);
   else if (total < (1 << 30))
     walk_chunk(Long32{(uint32_t)capacity,
                       pmla_fastdiv_make((uint32_t)(capacity - PMLA_SPLIT_OVERHEAD))},
-               blocks, n, run, room_at);
+               blocks, n, run, unit_at, room_at);
   else
-    walk_long64(blocks, n, capacity, run, room_at);
+    walk_long64(blocks, n, capacity, run, unit_at, room_at);
 }
 
-/* The units the fill passes during a request of `blocks` that enters with
- * `room` (its pieces: pmla_plan_ends_pieces), by the step the walk took;
- * at most `units` (more only past the last unit, which never happens) */
-__device__ __noinline__ int32_t units_passed64(int64_t room, int64_t blocks, int64_t capacity) {
-  pmla_plan_ends e = {0, room, 0};
-  pmla_plan_ends_step(&e, blocks, capacity);
-  return e.unit;
-}
-__device__ __forceinline__ int32_t units_passed(int64_t total, int64_t max_blocks,
-                                                int64_t capacity, int32_t units, int64_t room,
-                                                int64_t blocks) {
-  int32_t d;
-  if (total < (1 << 30)) {
-    pmla_plan_ends32 e = {0, (uint32_t)room, 0};
-    if (max_blocks <= capacity - PMLA_SPLIT_OVERHEAD)
-      pmla_plan_ends_step32(&e, (uint32_t)blocks, (uint32_t)capacity);
-    else
-      pmla_plan_ends_step32_long(&e, (uint32_t)blocks, (uint32_t)capacity,
-                                 pmla_fastdiv_make((uint32_t)(capacity - PMLA_SPLIT_OVERHEAD)));
-    d = e.unit;
-  } else {
-    d = units_passed64(room, blocks, capacity);
-  }
-  return d < units ? d : units;
+/* Request t's pieces in the chunk walk_chunk recorded (*unit_end: the unit
+ * after its last request). */
+__device__ __forceinline__ int32_t pieces_of(int32_t t, int32_t n, const int32_t *unit_at,
+                                             const int64_t *room_at, const int32_t *unit_end) {
+  return pmla_plan_ends_pieces(unit_at[t], room_at[t], t + 1 < n ? unit_at[t + 1] : *unit_end);
 }
 
 /* Whether the fill gives any request more pieces than the cap: a whole
  * walk, a chunk of requests at a time (out of line: capped sparse steps
  * only). */
 __device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_plan_shape &sh,
-                                          int64_t max_blocks, int64_t *blocks, int64_t *room_at,
+                                          int64_t max_blocks, int64_t *blocks, int32_t *unit_at,
+                                          int64_t *room_at, int32_t *unit_end,
                                           int32_t *s_piece_mode) {
   const int t = threadIdx.x;
   const int32_t R = in.num_requests;
@@ -177,16 +162,13 @@ __device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_
     if (t < n)
       blocks[t] = pmla_plan_describe(&in, c0 + t, &scratch).blocks;
     __syncthreads();
-    if (t == 0)
-      walk(sh.total, max_blocks, blocks, n, sh.capacity, run, room_at);
-    __syncthreads();
-    if (t < n) {
-      const int64_t room = room_at[t];
-      const int32_t d =
-          units_passed(sh.total, max_blocks, sh.capacity, in.num_units, room, blocks[t]);
-      if (pmla_plan_ends_pieces(0, room, d) > in.split_cap)
-        atomicOr(s_piece_mode, 1);
+    if (t == 0) {
+      walk(sh.total, max_blocks, blocks, n, sh.capacity, run, unit_at, room_at);
+      *unit_end = run.unit;
     }
+    __syncthreads();
+    if (t < n && pieces_of(t, n, unit_at, room_at, unit_end) > in.split_cap)
+      atomicOr(s_piece_mode, 1);
     __syncthreads();
   }
   return *s_piece_mode;
@@ -588,7 +570,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int32_t part_at[PLAN_THREADS]; /* first partial slot; -1 unsplit, -2 no room */
   __shared__ int32_t last_unit[PLAN_THREADS];
   __shared__ unsigned long long s_total, s_piece_total, s_max_blocks;
-  __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces;
+  __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces, s_unit_end;
   pdl_wait();
   pdl_trigger();
   const int t = threadIdx.x;
@@ -622,7 +604,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
    * no walk when even the longest request cannot get that many. */
   if (pmla_plan_cap_applies(&in) &&
       pmla_plan_fill_max_pieces((int64_t)s_max_blocks, sh.capacity) > in.split_cap) {
-    sh.piece_mode = walk_over_cap(in, sh, (int64_t)s_max_blocks, blocks, room_at, &s_piece_mode);
+    sh.piece_mode = walk_over_cap(in, sh, (int64_t)s_max_blocks, blocks, unit_at, room_at,
+                                  &s_unit_end, &s_piece_mode);
     if (sh.piece_mode) {
       part = 0;
       for (int32_t r = t; r < R; r += PLAN_THREADS) {
@@ -637,7 +620,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
 
   /* Placement, a chunk of requests at a time; `at` is the prefix before it. */
   pmla_plan_base at = {0, pmla_plan_fill_start(&sh), 0, 0, 0, 0};
-  int32_t rows = 0, max_pieces = 0, fill_unit = 0; /* fill mode: the unit entering the chunk */
+  int32_t rows = 0, max_pieces = 0;
   for (int32_t c0 = 0; c0 < R; c0 += PLAN_THREADS) {
     const int32_t r = c0 + t, valid = r < R;
     const int32_t n = R - c0 < PLAN_THREADS ? R - c0 : PLAN_THREADS;
@@ -645,7 +628,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     if (c0 > 0 && valid)
       q = pmla_plan_describe(&in, r, &scratch);
     pmla_plan_base base = at;
-    int32_t npieces = 0, passed = 0; /* fill mode: units passed during the request */
+    int32_t npieces = 0;
     if (sh.piece_mode) {
       int64_t line_sum;
       base.line += block_exclusive_scan(valid ? pmla_plan_line_cost(&in, &sh, &q) : 0, buf,
@@ -655,34 +638,24 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     } else {
       blocks[t] = q.blocks;
       __syncthreads();
-      if (t == 0)
-        walk(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, run, room_at);
+      if (t == 0) {
+        walk(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, run, unit_at, room_at);
+        s_unit_end = run.unit;
+      }
       __syncthreads();
       if (valid) {
+        base.fill.unit = unit_at[t];
         base.fill.room = room_at[t];
-        passed = units_passed(sh.total, (int64_t)s_max_blocks, sh.capacity, N, base.fill.room,
-                              q.blocks);
-        npieces = pmla_plan_ends_pieces(0, base.fill.room, passed);
+        npieces = pieces_of(t, n, unit_at, room_at, &s_unit_end);
       }
     }
-    /* one scan: items and partial slots (FIELD_BITS each), split requests
-     * (at most 512, 10 bits) and units passed (at most N - 1 < 2^12 in a
-     * step, by planner.h's proof; more is flagged below) */
     int64_t count_sum;
     int64_t split = npieces > 1;
-    int64_t packed = npieces | ((split * npieces) << FIELD_BITS) | (split << (2 * FIELD_BITS)) |
-                     ((int64_t)passed << (2 * FIELD_BITS + 10));
+    int64_t packed = npieces | ((split * npieces) << FIELD_BITS) | (split << (2 * FIELD_BITS));
     int64_t before = block_exclusive_scan(packed, buf, &count_sum);
     base.items += (int32_t)(before & FIELD_MASK);
     base.partials += (int32_t)((before >> FIELD_BITS) & FIELD_MASK);
-    base.reduces += (int32_t)((before >> (2 * FIELD_BITS)) & 1023);
-    if (!sh.piece_mode) {
-      const int32_t u = fill_unit + (int32_t)((uint64_t)before >> (2 * FIELD_BITS + 10));
-      if (valid && u + passed > N - 1) /* past the last unit: never (planner.h) */
-        err |= PMLA_PLAN_ERR_OVERFLOW;
-      base.fill.unit = u < N - 1 ? u : N - 1;
-      fill_unit += (int32_t)((uint64_t)count_sum >> (2 * FIELD_BITS + 10));
-    }
+    base.reduces += (int32_t)(before >> (2 * FIELD_BITS));
     if (valid) {
       const int fits = pmla_plan_fits(&in, &base, npieces);
       if (!fits)
@@ -742,10 +715,13 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     }
     at.items += items;
     at.partials += (int32_t)((count_sum >> FIELD_BITS) & FIELD_MASK);
-    at.reduces += (int32_t)((count_sum >> (2 * FIELD_BITS)) & 1023);
+    at.reduces += (int32_t)(count_sum >> (2 * FIELD_BITS));
     at.unit = last_unit[n - 1];
     __syncthreads();
   }
+  /* past the last unit: never (planner.h proves it) */
+  if (t == 0 && !sh.piece_mode && run.unit > N - 1)
+    err |= PMLA_PLAN_ERR_OVERFLOW;
   atomicOr(&s_err, err);
   atomicAdd(&s_rows, rows);
   atomicMax(&s_max_pieces, max_pieces);
