@@ -644,7 +644,9 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       }
       __syncthreads();
       if (valid) {
-        base.fill.unit = unit_at[t];
+        /* within the units even past the last one (flagged below), as the
+         * host's walk stays: the item writers index work_indptr by unit */
+        base.fill.unit = unit_at[t] < N - 1 ? unit_at[t] : N - 1;
         base.fill.room = room_at[t];
         npieces = pieces_of(t, n, unit_at, room_at, &s_unit_end);
       }
