@@ -232,22 +232,6 @@ __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, in
   }
   __syncthreads(); /* sh is reused by the block's next pair */
 }
-/* The fold of few rows stages its pieces in shared memory: each lane
- * copies its float4 of the next FOLD_RING pieces by cp.async (16 KiB a
- * warp in flight, where registers held 8 pieces) and reads back only what
- * it copied, so no lane waits on another. NVIDIA sm_80 and later; the
- * register pipeline of reduce_row_fold elsewhere. */
-#if defined(PMLA_PLATFORM_NVIDIA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
-#define PMLA_FOLD_STAGED 1
-#else
-#define PMLA_FOLD_STAGED 0
-#endif
-constexpr int FOLD_RING = 32;  /* pieces in flight a warp */
-constexpr int FOLD_GROUP = 8;  /* pieces a cp.async group */
-static_assert(FOLD_RING % FOLD_GROUP == 0 && WARP % FOLD_GROUP == 0, "groups tile the batches");
-/* the dynamic shared memory of a block of the staged fold */
-constexpr size_t FOLD_SMEM = (size_t)(REDUCE_THREADS / WARP) * FOLD_RING * WARP * 16;
-
 /* Batch-invariant: the left fold of the pieces in order (fold.h), the same
  * fold the decode items of a whole request perform, so a split request
  * gets the bits it would get whole. Every lane computes the weights. A warp
@@ -316,91 +300,6 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
     }
     lse = fw.lse;
   };
-#if PMLA_FOLD_STAGED && defined(__CUDA_ARCH__)
-  if constexpr (PARTS == SPLIT && V4 == 1) {
-    extern __shared__ float4 fold_ring[];
-    float4 *ring = fold_ring + (threadIdx.x / WARP) * FOLD_RING * WARP + lane;
-    /* the copies run up to FOLD_RING + FOLD_GROUP pieces ahead of the fold,
-     * past the fold's two batches of slots: they keep their own */
-    int ci = c0, si = sc, sin = sn;
-    int qi = p0; /* the next piece to copy; groups start at p0 + k FOLD_GROUP */
-    auto issue_group = [&]() {
-      if (qi - ci >= WARP) {
-        ci += WARP;
-        si = sin;
-        sin = -1;
-        if (ci + WARP < p1) {
-          const int q = ci + WARP + lane;
-          const int s = q < p1 ? p.reduce_partial_map[q] : -1;
-          sin = s >= 0 && s < p.max_slots ? s : -1;
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < FOLD_GROUP; g++) {
-        const int q = qi + g, j = q - ci;
-        const int slot = lane_value(j < WARP ? si : sin, j & (WARP - 1));
-        const bool v = q < p1 && slot >= 0;
-        const float4 *src = v ? row0 + (int64_t)slot * stride4 : row0;
-        const uint32_t dst =
-            (uint32_t)__cvta_generic_to_shared(ring + ((q - p0) % FOLD_RING) * WARP);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                     "r"(v ? 16 : 0)
-                     : "memory");
-      }
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
-      qi += FOLD_GROUP;
-    };
-#pragma unroll
-    for (int k = 0; k < FOLD_RING / FOLD_GROUP; k++)
-      issue_group();
-    /* piece q's lse; the fold's window (c0: lc, then ln) as below */
-    auto lse_of = [&](int q) {
-      const int j = q - c0;
-      return lane_value(j < WARP ? lc : ln, j & (WARP - 1));
-    };
-    auto staged = [&](int q) { return ring[((q - p0) % FOLD_RING) * WARP]; };
-    float4 acc[V4];
-    float lse = 0.f;
-    for (int q = p0; q < p1; q += FOLD_GROUP) {
-      if (q - c0 >= WARP) { /* the next batch becomes current; read the one after */
-        c0 += WARP;
-        lc = ln;
-        ln = -INFINITY;
-        if (c0 + WARP < p1)
-          batch(c0 + WARP, sn, ln);
-      }
-      /* the oldest group (pieces q ..) has landed */
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(FOLD_RING / FOLD_GROUP - 1) : "memory");
-      if (q + FOLD_GROUP <= p1 && q > p0) {
-#pragma unroll
-        for (int g = 0; g < FOLD_GROUP; g++) {
-          const float4 x[1] = {staged(q + g)};
-          fold_in(acc, lse, x, lse_of(q + g));
-        }
-      } else {
-        for (int g = 0; g < FOLD_GROUP && q + g < p1; g++) {
-          const float4 x[1] = {staged(q + g)};
-          if (q + g == p0) { /* the fold starts from the first piece as it is */
-            acc[0] = x[0];
-            lse = lse_of(p0);
-          } else {
-            fold_in(acc, lse, x, lse_of(q + g));
-          }
-        }
-      }
-      issue_group(); /* into the slots just read; an empty group past the end */
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    uint16_t *dst = p.out + ((int64_t)qb * H + i) * PMLA_V_DIM;
-    uint2 pk;
-    pk.x = pack_bf16x2(acc[0].x, acc[0].y);
-    pk.y = pack_bf16x2(acc[0].z, acc[0].w);
-    *(uint2 *)(dst + col4 * 4) = pk;
-    if (lane == 0 && part == 0 && p.lse)
-      p.lse[(int64_t)qb * H + i] = lse;
-    return;
-  }
-#endif
   /* the fold starts from the first piece as it is; the next D are read
    * before it is waited for */
   float4 acc[V4], buf[D][V4];
@@ -527,17 +426,8 @@ hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
     blocks = REDUCE_MAX_BLOCKS;
   if (blocks < 1)
     blocks = 1;
-  /* the staged fold's rings (reduce_row_fold) */
-  const size_t smem = PMLA_FOLD_STAGED && FOLD && PARTS == SPLIT ? FOLD_SMEM : 0;
-  if (smem > 0) {
-    static unsigned long long opted_in = 0;
-    const hipError_t e = pmla_opt_in_smem((const void *)pmla_reduce_kernel<PARTS, FOLD, GROUPED>,
-                                          smem, &opted_in);
-    if (e != hipSuccess)
-      return e;
-  }
   return pdl_launch(pmla_reduce_kernel<PARTS, FOLD, GROUPED>, dim3((unsigned)blocks),
-                    dim3(REDUCE_THREADS), smem, stream, p);
+                    dim3(REDUCE_THREADS), 0, stream, p);
 }
 
 } /* namespace */
