@@ -427,10 +427,11 @@ PMLA_HD static inline void pmla_plan_line_piece_at(const pmla_plan_input *in,
   *unit = (int32_t)(u < N - 1 ? u : N - 1);
 }
 
-/* Stores one work item's words (PMLA_WI_*, 0..7 in this order). On a GPU
- * as two 16-byte stores: the metadata kernel writes one item a thread, and
- * eight 4-byte stores across a warp's items are eight memory instructions
- * of eight cache lines each. The builder's buffers are aligned for it. */
+/* Stores one work item's words. On a GPU as two 16-byte stores, which rely
+ * on PMLA_WI_* being 0..7 in this order (asserted in plugin/builder.c):
+ * the metadata kernel writes one item a thread, and eight 4-byte stores
+ * across a warp's items are eight memory instructions of eight cache lines
+ * each. The builder's buffers are aligned for it. */
 PMLA_HD static inline void pmla_plan_store_item(const pmla_plan_output *out, int32_t item,
                                                 int32_t r, int32_t partial, int32_t qb,
                                                 int32_t qe, int32_t kv_begin, int32_t kv_end,
@@ -440,14 +441,14 @@ PMLA_HD static inline void pmla_plan_store_item(const pmla_plan_output *out, int
   ((int4 *)w)[0] = make_int4(r, partial, qb, qe);
   ((int4 *)w)[1] = make_int4(kv_begin, kv_end, kv_len, piece);
 #else
-  w[0] = r;
-  w[1] = partial;
-  w[2] = qb;
-  w[3] = qe;
-  w[4] = kv_begin;
-  w[5] = kv_end;
-  w[6] = kv_len;
-  w[7] = piece;
+  w[PMLA_WI_REQUEST] = r;
+  w[PMLA_WI_PARTIAL] = partial;
+  w[PMLA_WI_Q_BEGIN] = qb;
+  w[PMLA_WI_Q_END] = qe;
+  w[PMLA_WI_KV_BEGIN] = kv_begin;
+  w[PMLA_WI_KV_END] = kv_end;
+  w[PMLA_WI_KV_LEN] = kv_len;
+  w[PMLA_WI_PIECE] = piece;
 #endif
 }
 
