@@ -28,7 +28,10 @@ static __device__ __forceinline__ float pmla_fold_exp(float x) {
 }
 static __device__ __forceinline__ float pmla_fold_log(float x) {
   float r;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  /* volatile: run on every step, so the select that may discard it stays
+   * a select (the compiler otherwise branches around it, splitting each
+   * step of a long fold into blocks that cannot overlap) */
+  asm volatile("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return __fmul_rn(r, 0.693147180559945309f);
 }
 static __device__ __forceinline__ float pmla_fold_rcp(float x) {
@@ -82,12 +85,13 @@ PMLA_HD static inline pmla_fold_w pmla_fold_weights(float a, float c) {
    * select. A NaN lse on either side makes the merged lse NaN (and the
    * weights, but for a chunk of -inf, which leaves the accumulator as is). */
   const float d = c - a, e = pmla_fold_exp(-fabsf(d)), s = 1.f + e, r = pmla_fold_rcp(s);
+  const float lg = pmla_fold_log(s);
   const int later = d > 0.f; /* the new chunk holds the larger lse */
   const int none = c == -INFINITY; /* the chunk saw nothing: the accumulator stays */
   pmla_fold_w w;
   w.wa = none ? 1.f : later ? e * r : r;
   w.wc = none ? 0.f : later ? r : e * r;
-  w.lse = none ? a : pmla_fold_add(later ? c : a, pmla_fold_log(s));
+  w.lse = none ? a : pmla_fold_add(later ? c : a, lg);
   return w;
 }
 

@@ -447,6 +447,15 @@ __device__ __forceinline__ float warp_sum(float v) {
 #endif
   return v;
 }
+/* The warp's (wave's) shared-memory writes seen by its other lanes. A
+ * wave runs as one instruction stream, its LDS accesses in order. */
+__device__ __forceinline__ void warp_sync() {
+#ifdef PMLA_PLATFORM_NVIDIA
+  __syncwarp();
+#else
+  __builtin_amdgcn_wave_barrier();
+#endif
+}
 /* Lane src's v, to every lane of the warp (wave). */
 template <typename T> __device__ __forceinline__ T lane_value(T v, int src) {
 #ifdef PMLA_PLATFORM_NVIDIA

@@ -39,11 +39,15 @@ constexpr int SPLIT = PMLA_V_DIM / 4 / WARP; /* 4 (32-lane warps), 2 (64-lane) *
 constexpr int64_t GROUPED_ROWS = 128;
 constexpr int64_t MANY_PIECES = 32;
 /* Batch-invariant steps with at most this many query rows fold each row
- * with SPLIT warps, more rows with one (reduce_row_fold). H200, side by
- * side: one warp a row for every step gave b=1 L=131072 h=128 (128 rows)
- * 103.0 -> 104.6 us, b=4 L=32768 h=128 (512) 86.7 -> 86.9, b=8 L=8192 h=128
- * (1024) 76.3 -> 75.0, b=16 L=16384 h=64 (1024) 106.3 -> 101.5. */
+ * with SPLIT warps (reduce_row_fold), more rows with one (reduce_rows_fold).
+ * H200, side by side: one warp a row for every step gave b=1 L=131072
+ * h=128 (128 rows) 103.0 -> 104.6 us, b=4 L=32768 h=128 (512) 86.7 -> 86.9,
+ * b=8 L=8192 h=128 (1024) 76.3 -> 75.0, b=16 L=16384 h=64 (1024) 106.3 ->
+ * 101.5. */
 constexpr int64_t FOLD_SPLIT_ROWS = 512;
+/* a fold's first slot not read before the wait (a map entry that is
+ * negative is read again, then flagged) */
+constexpr int NOT_READ = -2;
 
 /* a load that skips L1 (NVIDIA); a plain load elsewhere */
 template <typename T> __device__ __forceinline__ T ld_past_l1(const T *a) {
@@ -232,27 +236,74 @@ __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, in
   }
   __syncthreads(); /* sh is reused by the block's next pair */
 }
+/* The folds' shared parts. A piece's slot from the map, or -1 where it is
+ * out of range (never planned: flagged, folded as empty). */
+__device__ __forceinline__ int fold_slot(const pmla_gpu_problem &p, int s) {
+  if (s < 0 || s >= p.max_slots) {
+    atomicOr(p.work_meta_data + PMLA_META_ERROR, (int)PMLA_PLAN_ERR_OVERFLOW);
+    return -1;
+  }
+  return s;
+}
+/* acc and lse <- their fold with piece x of lse l: the arithmetic of the
+ * decode epilogues' folds (fold.h), column by column */
+template <int V4>
+__device__ __forceinline__ void fold_in(float4 (&acc)[V4], float &lse, const float4 (&x)[V4],
+                                        float l) {
+  const pmla_fold_w fw = pmla_fold_weights(lse, l);
+#pragma unroll
+  for (int v = 0; v < V4; v++) {
+    acc[v].x = pmla_fold(acc[v].x, x[v].x, fw);
+    acc[v].y = pmla_fold(acc[v].y, x[v].y, fw);
+    acc[v].z = pmla_fold(acc[v].z, x[v].z, fw);
+    acc[v].w = pmla_fold(acc[v].w, x[v].w, fw);
+  }
+  lse = fw.lse;
+}
+/* a folded row's columns (this lane's, from col4) into bf16 out, its lse
+ * by one lane of the row */
+template <int V4>
+__device__ __forceinline__ void store_folded(const pmla_gpu_problem &p, int i, int qb, int col4,
+                                             bool writes_lse, const float4 (&acc)[V4],
+                                             float lse) {
+  uint16_t *dst = p.out + ((int64_t)qb * p.num_heads + i) * PMLA_V_DIM;
+#pragma unroll
+  for (int v = 0; v < V4; v++) {
+    uint2 pk;
+    pk.x = pack_bf16x2(acc[v].x, acc[v].y);
+    pk.y = pack_bf16x2(acc[v].z, acc[v].w);
+    *(uint2 *)(dst + (col4 + v * WARP) * 4) = pk;
+  }
+  if (writes_lse && p.lse)
+    p.lse[(int64_t)qb * p.num_heads + i] = lse;
+}
 /* Batch-invariant: the left fold of the pieces in order (fold.h), the same
  * fold the decode items of a whole request perform, so a split request
  * gets the bits it would get whole. Every lane computes the weights. A warp
  * folds a PARTS-th of the row's columns (PARTS warps a row; the columns
  * fold independently, so the bits do not depend on PARTS). Few rows (a
  * lone or small batch of long requests, FOLD_SPLIT_ROWS) take SPLIT warps
- * a row: a long request's pieces are folded one after another, so the
- * row's work is spread over more warps instead. More rows take one warp a
- * row, which moves four times the bytes per chain of dependent loads
- * (entry, slot, lse, partial) that each row costs. The lanes read the
- * pieces' slots and lse WARP at a time, a batch ahead, so the D rows in
- * flight never wait for a slot to arrive first (a lone 131072-token
- * request folds 64 pieces a row, and a slot read per piece put an L2
- * latency on every step). */
+ * a row here: a long request's pieces are folded one after another, so the
+ * row's work is spread over more warps instead; more rows take one warp a
+ * row (reduce_rows_fold, below).
+ *
+ * Such a warp is alone on its scheduler, so every instruction of its chain
+ * waits out the latency of the one before unless the scheduler can move
+ * independent work between them: the steps of a round are one basic block.
+ * The pieces' slots (as row offsets) and lse are read WARP at a time, two
+ * batches ahead, into a ring in shared memory that every step reads with
+ * plain loads: a shuffle brings a branch for a diverged warp, and a step
+ * per basic block ran ~60 instructions at 4.7 cycles each (H200, ncu). The
+ * loads of a round are not guarded either: pieces past the last are none
+ * (their rows never folded). The first batch's slots are read before the
+ * wait for the decode (schedule data). */
 template <int PARTS>
 __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
-                                               int p1, int part, int lane) {
+                                               int p1, int part, int lane, int pre) {
   constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS;
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
-  constexpr int D = PARTS == 1 ? 4 : 8; /* pieces in flight (the same bytes either way) */
+  constexpr int D = 8; /* pieces in flight */
   static_assert(WARP % D == 0 && 2 * D <= WARP, "a round's loads stay within two batches");
   const int col4 = lane + part * WARP * V4; /* this warp's float4 columns start there */
   /* this lane's first float4 of the row in slot 0, and a slot's stride */
@@ -266,11 +317,111 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
     l = -INFINITY;
     if (q >= p1)
       return;
-    const int s = p.reduce_partial_map[q];
-    if (s < 0 || s >= p.max_slots) {
-      atomicOr(p.work_meta_data + PMLA_META_ERROR, (int)PMLA_PLAN_ERR_OVERFLOW);
+    const int s =
+        fold_slot(p, c == p0 && pre != NOT_READ ? pre : ld_past_l1(p.reduce_partial_map + q));
+    if (s < 0)
       return;
+    slot = s;
+    l = ld_past_l1(p.partial_lse + (int64_t)s * rows_max + i);
+  };
+  /* pieces c0 .. c0 + 2 WARP - 1 in the warp's ring in shared memory (the
+   * offset of the piece's row from slot 0's, -1 for none, and its lse),
+   * the next WARP in (sf, lf) */
+  __shared__ int64_t ring_off[REDUCE_THREADS / WARP][2 * WARP];
+  __shared__ float ring_l[REDUCE_THREADS / WARP][2 * WARP];
+  int64_t *r_off = ring_off[threadIdx.x / WARP];
+  float *r_l = ring_l[threadIdx.x / WARP];
+  auto put = [&](int c, int slot, float l) {
+    const int j = (c - p0 + lane) & (2 * WARP - 1);
+    r_off[j] = slot >= 0 ? (int64_t)slot * stride4 : -1;
+    r_l[j] = l;
+  };
+  int c0 = p0;
+  int sf;
+  float lf;
+  batch(c0, sf, lf);
+  warp_sync(); /* a warp's previous row read the ring to its end */
+  put(c0, sf, lf);
+  batch(c0 + WARP, sf, lf);
+  put(c0 + WARP, sf, lf);
+  batch(c0 + 2 * WARP, sf, lf);
+  warp_sync();
+  /* piece q's row (zeros for none) and lse, from the ring */
+  auto load = [&](int q, float4 (&x)[V4], float &l) {
+    const int j = (q - p0) & (2 * WARP - 1);
+    const int64_t off = r_off[j];
+    l = r_l[j];
+    /* none reads slot 0's row and keeps zeros: no branch */
+    const float4 *src = row0 + (off >= 0 ? off : 0);
+#pragma unroll
+    for (int v = 0; v < V4; v++) {
+      const float4 y = ld_past_l1(src + v * WARP);
+      x[v] = off >= 0 ? y : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+  };
+  /* the fold starts from the first piece as it is; the next D are read
+   * before it is waited for */
+  float4 acc[V4], buf[D][V4];
+  float lse, bl[D];
+  load(p0, acc, lse);
+#pragma unroll
+  for (int d = 0; d < D; d++)
+    if (p0 + 1 + d < p1)
+      load(p0 + 1 + d, buf[d], bl[d]);
+  /* whole rounds of D pieces without a branch between the steps, so one
+   * step's loads and columns overlap the next step's weights (a row's
+   * steps are one dependent chain, and a lone request's rows are few) */
+  int q = p0 + 1;
+  for (; q + D <= p1; q += D) {
+    if (q - c0 >= WARP) { /* batch c0 is done: (sf, lf) takes its place */
+      warp_sync();
+      put(c0 + 2 * WARP, sf, lf);
+      c0 += WARP;
+      batch(c0 + 2 * WARP, sf, lf);
+      warp_sync();
+    }
+    /* one basic block a round: no shuffle (each brings a branch for a
+     * diverged warp) and no test between the steps, so the scheduler can
+     * fill one step's latencies with the next one's loads */
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+      fold_in(acc, lse, buf[d], bl[d]);
+      load(q + D + d, buf[d], bl[d]); /* past p1: none, never folded */
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < D; d++) /* the last pieces, read by the last round */
+    if (q + d < p1)
+      fold_in(acc, lse, buf[d], bl[d]);
+  store_folded(p, i, qb, col4, lane == 0 && part == 0, acc, lse);
+}
+
+/* The same fold for many rows, one warp a row (the columns of four float4
+ * a lane). Many warps share each scheduler, so the shuffles and branches
+ * of a step cost little, and the ring above was slower here (H200,
+ * batch-invariant b=32 L=16384 h=128: 302.7 -> 307.0 us). */
+__device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
+                                                int p1, int lane) {
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP, part = 0;
+  const int H = p.num_heads;
+  const int64_t rows_max = (int64_t)p.max_q_len * H;
+  constexpr int D = 4; /* pieces in flight */
+  static_assert(WARP % D == 0 && 2 * D <= WARP, "a round's loads stay within two batches");
+  const int col4 = lane + part * WARP * V4; /* this warp's float4 columns start there */
+  /* this lane's first float4 of the row in slot 0, and a slot's stride */
+  const float4 *row0 = (const float4 *)(p.partial_out + (int64_t)i * PMLA_V_DIM) + col4;
+  const int64_t stride4 = rows_max * (PMLA_V_DIM / 4);
+  /* this lane's piece of the batch from c: its slot (-1 when never
+   * planned: flagged, folded as empty) and lse */
+  auto batch = [&](int c, int &slot, float &l) {
+    const int q = c + lane;
+    slot = -1;
+    l = -INFINITY;
+    if (q >= p1)
+      return;
+    const int s = fold_slot(p, p.reduce_partial_map[q]);
+    if (s < 0)
+      return;
     slot = s;
     l = ld_past_l1(p.partial_lse + (int64_t)s * rows_max + i);
   };
@@ -288,17 +439,6 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
 #pragma unroll
     for (int v = 0; v < V4; v++)
       x[v] = slot >= 0 ? ld_past_l1(src + v * WARP) : make_float4(0.f, 0.f, 0.f, 0.f);
-  };
-  auto fold_in = [&](float4 (&acc)[V4], float &lse, const float4 (&x)[V4], float l) {
-    const pmla_fold_w fw = pmla_fold_weights(lse, l);
-#pragma unroll
-    for (int v = 0; v < V4; v++) {
-      acc[v].x = pmla_fold(acc[v].x, x[v].x, fw);
-      acc[v].y = pmla_fold(acc[v].y, x[v].y, fw);
-      acc[v].z = pmla_fold(acc[v].z, x[v].z, fw);
-      acc[v].w = pmla_fold(acc[v].w, x[v].w, fw);
-    }
-    lse = fw.lse;
   };
   /* the fold starts from the first piece as it is; the next D are read
    * before it is waited for */
@@ -334,16 +474,7 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
   for (int d = 0; d < D; d++) /* the last pieces, read by the last round */
     if (q + d < p1)
       fold_in(acc, lse, buf[d], bl[d]);
-  uint16_t *dst = p.out + ((int64_t)qb * H + i) * PMLA_V_DIM;
-#pragma unroll
-  for (int v = 0; v < V4; v++) {
-    uint2 pk;
-    pk.x = pack_bf16x2(acc[v].x, acc[v].y);
-    pk.y = pack_bf16x2(acc[v].z, acc[v].w);
-    *(uint2 *)(dst + (col4 + v * WARP) * 4) = pk;
-  }
-  if (lane == 0 && part == 0 && p.lse)
-    p.lse[(int64_t)qb * H + i] = lse;
+  store_folded(p, i, qb, col4, lane == 0 && part == 0, acc, lse);
 }
 
 /* A reduce entry: its request, pieces [p0, p1) and query rows [qb, qe). */
@@ -384,6 +515,10 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
   if (first >= npairs)
     return;
   const Entry e0 = entry_at(p, (int)(first / PARTS / rows_max));
+  /* a fold's first pieces' slots (schedule data) before the wait too */
+  int pre = NOT_READ;
+  if (FOLD && PARTS > 1 && e0.p0 + lane < e0.p1)
+    pre = ld_past_l1(p.reduce_partial_map + e0.p0 + lane);
   pdl_wait();
   pdl_trigger();
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
@@ -398,8 +533,10 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     }
     if (i >= (e.qe - e.qb) * H)
       continue;
-    if (FOLD)
-      reduce_row_fold<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane);
+    if (FOLD && PARTS == 1)
+      reduce_rows_fold(p, i, e.qb, e.p0, e.p1, lane);
+    else if (FOLD)
+      reduce_row_fold<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane, pair == first ? pre : NOT_READ);
     else if (GROUPED)
       reduce_row_grouped<PARTS, G>(p, i, e.qb, e.p0, e.p1, part, lane, w);
     else
