@@ -45,8 +45,8 @@ constexpr int64_t MANY_PIECES = 32;
  * b=8 L=8192 h=128 (1024) 76.3 -> 75.0, b=16 L=16384 h=64 (1024) 106.3 ->
  * 101.5. */
 constexpr int64_t FOLD_SPLIT_ROWS = 512;
-/* a warp's first slot not read before the wait for the decode (a map
- * entry that is negative is read again) */
+/* a fold's first slot not read before the wait (a map entry that is
+ * negative is read again, then flagged) */
 constexpr int NOT_READ = -2;
 
 /* a load that skips L1 (NVIDIA); a plain load elsewhere */
@@ -76,7 +76,7 @@ template <int PARTS> struct RowSum {
  * once, past L1. */
 template <int PARTS>
 __device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int q0, int q1,
-                                           int part, int lane, int pre, RowSum<PARTS> &rs) {
+                                           int part, int lane, RowSum<PARTS> &rs) {
   constexpr int V4 = RowSum<PARTS>::V4;
   constexpr int AHEAD = 16 / V4;
   static_assert(WARP % AHEAD == 0, "a chunk's pieces j0 + a stay below WARP");
@@ -95,7 +95,7 @@ __device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int
     int64_t row = 0; /* this lane's piece: its partial row, lse and weight */
     float l = -INFINITY;
     if (q < q1) {
-      const int s = c0 == q0 && pre != NOT_READ ? pre : p.reduce_partial_map[q];
+      const int s = p.reduce_partial_map[q];
       if (s >= 0 && s < max_slots) {
         row = (int64_t)s * rows_max + i;
         l = ld_past_l1(p.partial_lse + row);
@@ -184,9 +184,9 @@ __device__ __forceinline__ void write_row(const pmla_gpu_problem &p, int i, int 
  * cost more than the shorter walk). */
 template <int PARTS>
 __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int qb, int p0,
-                                          int p1, int part, int lane, int pre) {
+                                          int p1, int part, int lane) {
   RowSum<PARTS> rs;
-  sum_pieces<PARTS>(p, i, p0, p1, part, lane, pre, rs);
+  sum_pieces<PARTS>(p, i, p0, p1, part, lane, rs);
   write_row<PARTS>(p, i, qb, part, lane, rs);
 }
 
@@ -196,13 +196,12 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int
  * lone 131072-token request has 66 pieces a row). */
 template <int PARTS, int G>
 __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, int i, int qb,
-                                                  int p0, int p1, int part, int lane, int w,
-                                                  int pre) {
+                                                  int p0, int p1, int part, int lane, int w) {
   constexpr int V4 = RowSum<PARTS>::V4;
   __shared__ RowSum<PARTS> sh[G][WARP];
   const int n = p1 - p0;
   RowSum<PARTS> rs;
-  sum_pieces<PARTS>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, pre, rs);
+  sum_pieces<PARTS>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, rs);
   sh[w][lane] = rs;
   __syncthreads();
   if (w == 0) {
@@ -402,7 +401,7 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
  * of a step cost little, and the ring above was slower here (H200,
  * batch-invariant b=32 L=16384 h=128: 302.7 -> 307.0 us). */
 __device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
-                                                int p1, int lane, int pre) {
+                                                int p1, int lane) {
   constexpr int V4 = PMLA_V_DIM / 4 / WARP, part = 0;
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
@@ -420,7 +419,7 @@ __device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int 
     l = -INFINITY;
     if (q >= p1)
       return;
-    const int s = fold_slot(p, c == p0 && pre != NOT_READ ? pre : p.reduce_partial_map[q]);
+    const int s = fold_slot(p, p.reduce_partial_map[q]);
     if (s < 0)
       return;
     slot = s;
@@ -516,16 +515,10 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
   if (first >= npairs)
     return;
   const Entry e0 = entry_at(p, (int)(first / PARTS / rows_max));
-  /* the slots of the warp's first pieces (schedule data) before the wait
-   * too, so the walk's first load after it is the pieces' lse */
+  /* a fold's first pieces' slots (schedule data) before the wait too */
   int pre = NOT_READ;
-  {
-    const int n = e0.p1 - e0.p0;
-    const int q0 = GROUPED ? e0.p0 + n * w / G : e0.p0;
-    const int q1 = GROUPED ? e0.p0 + n * (w + 1) / G : e0.p1;
-    if (q0 + lane < q1)
-      pre = ld_past_l1(p.reduce_partial_map + q0 + lane);
-  }
+  if (FOLD && PARTS > 1 && e0.p0 + lane < e0.p1)
+    pre = ld_past_l1(p.reduce_partial_map + e0.p0 + lane);
   pdl_wait();
   pdl_trigger();
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
@@ -540,15 +533,14 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     }
     if (i >= (e.qe - e.qb) * H)
       continue;
-    const int pr = pair == first ? pre : NOT_READ;
     if (FOLD && PARTS == 1)
-      reduce_rows_fold(p, i, e.qb, e.p0, e.p1, lane, pr);
+      reduce_rows_fold(p, i, e.qb, e.p0, e.p1, lane);
     else if (FOLD)
-      reduce_row_fold<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane, pr);
+      reduce_row_fold<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane, pair == first ? pre : NOT_READ);
     else if (GROUPED)
-      reduce_row_grouped<PARTS, G>(p, i, e.qb, e.p0, e.p1, part, lane, w, pr);
+      reduce_row_grouped<PARTS, G>(p, i, e.qb, e.p0, e.p1, part, lane, w);
     else
-      reduce_row<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane, pr);
+      reduce_row<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane);
   }
 }
 
