@@ -121,16 +121,14 @@ __device__ __forceinline__ uint32_t off(int r, int c) {
  * with first, its lines are the first L2 evicts (below) */
 __device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, int64_t slot,
                                           uint32_t bar, bool first) {
-  if (first) {
-    const uint64_t pol = l2_evict_first();
+  uint64_t pol;
+  if (first)
+    pol = l2_evict_first();
+  else
+    pol = l2_evict_normal();
 #pragma unroll
-    for (int c = 0; c < 9; c++)
-      tma_box_hint(dst + c * BLK, map, c * 64, (int)slot, bar, pol);
-  } else {
-#pragma unroll
-    for (int c = 0; c < 9; c++)
-      tma_box(dst + c * BLK, map, c * 64, (int)slot, bar);
-  }
+  for (int c = 0; c < 9; c++)
+    tma_box_hint(dst + c * BLK, map, c * 64, (int)slot, bar, pol);
 }
 
 /* Softmax helpers of the 64-row bodies. Element e of a thread's S
@@ -477,13 +475,16 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-    /* an item whose result goes through a partial slot (a split request's
-     * piece for the reduce, a batch-invariant chunk kept or folded) reads
-     * its KV as the first lines L2 evicts, so the slots' lines outlive the
-     * KV streams between their write and their read: the H200 evicted the
-     * kept accumulators of b=64 L=8192 h=128 to DRAM (33 MB written a
-     * step) with the KV stream at the default priority, evict_last or not */
-    const bool via_slot = pslot >= 0;
+    /* an item of more than 32 rows whose result goes through a partial
+     * slot (a split request's piece for the reduce, a batch-invariant chunk
+     * kept or folded) reads its KV as the first lines L2 evicts, so the
+     * slots' lines outlive the KV streams between their write and their
+     * read: the H200 evicted the kept accumulators of b=64 L=8192 h=128 to
+     * DRAM (33 MB written a step) with the KV stream at the default
+     * priority, evict_last or not. Tiles of fewer rows stream near the
+     * copy bandwidth, where evict_first cost more than it kept (H200,
+     * docs/performance.md) */
+    const bool kv_first = pslot >= 0 && nrows > 32;
     constexpr int OR = NARROW ? 32 : 128;
     float o[OR];
 #pragma unroll
@@ -544,7 +545,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
            * and the bits are written before this thread's arrival */
           if (t == 0) {
             mbar_expect_tx(bar, TILE);
-            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar, via_slot);
+            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar, kv_first);
           }
           if (lane == 0)
             ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
