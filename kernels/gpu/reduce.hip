@@ -45,8 +45,8 @@ constexpr int64_t MANY_PIECES = 32;
  * b=8 L=8192 h=128 (1024) 76.3 -> 75.0, b=16 L=16384 h=64 (1024) 106.3 ->
  * 101.5. */
 constexpr int64_t FOLD_SPLIT_ROWS = 512;
-/* a fold's first slot not read before the wait (a map entry that is
- * negative is read again, then flagged) */
+/* a fold's first slot not read before the wait (a map entry of that value
+ * is read again, then flagged like any other out of range) */
 constexpr int NOT_READ = -2;
 
 /* a load that skips L1 (NVIDIA); a plain load elsewhere */
@@ -245,6 +245,21 @@ __device__ __forceinline__ int fold_slot(const pmla_gpu_problem &p, int s) {
   }
   return s;
 }
+/* piece q's slot (-1 for none: at or past p1, or never planned, which is
+ * flagged) and its lse in row i; slot_of(q) reads its map entry */
+template <typename SlotOf>
+__device__ __forceinline__ void fold_piece(const pmla_gpu_problem &p, int i, int64_t rows_max,
+                                           int q, int p1, SlotOf slot_of, int &slot, float &l) {
+  slot = -1;
+  l = -INFINITY;
+  if (q >= p1)
+    return;
+  const int s = fold_slot(p, slot_of(q));
+  if (s < 0)
+    return;
+  slot = s;
+  l = ld_past_l1(p.partial_lse + (int64_t)s * rows_max + i);
+}
 /* acc and lse <- their fold with piece x of lse l: the arithmetic of the
  * decode epilogues' folds (fold.h), column by column */
 template <int V4>
@@ -309,20 +324,11 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
   /* this lane's first float4 of the row in slot 0, and a slot's stride */
   const float4 *row0 = (const float4 *)(p.partial_out + (int64_t)i * PMLA_V_DIM) + col4;
   const int64_t stride4 = rows_max * (PMLA_V_DIM / 4);
-  /* this lane's piece of the batch from c: its slot (-1 when never
-   * planned: flagged, folded as empty) and lse */
+  /* this lane's piece of the batch from c (fold_piece) */
   auto batch = [&](int c, int &slot, float &l) {
-    const int q = c + lane;
-    slot = -1;
-    l = -INFINITY;
-    if (q >= p1)
-      return;
-    const int s =
-        fold_slot(p, c == p0 && pre != NOT_READ ? pre : ld_past_l1(p.reduce_partial_map + q));
-    if (s < 0)
-      return;
-    slot = s;
-    l = ld_past_l1(p.partial_lse + (int64_t)s * rows_max + i);
+    fold_piece(p, i, rows_max, c + lane, p1, [&](int q) {
+      return p0 == c && pre != NOT_READ ? pre : ld_past_l1(p.reduce_partial_map + q);
+    }, slot, l);
   };
   /* pieces c0 .. c0 + 2 WARP - 1 in the warp's ring in shared memory (the
    * offset of the piece's row from slot 0's, -1 for none, and its lse),
@@ -402,28 +408,19 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
  * batch-invariant b=32 L=16384 h=128: 302.7 -> 307.0 us). */
 __device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
                                                 int p1, int lane) {
-  constexpr int V4 = PMLA_V_DIM / 4 / WARP, part = 0;
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP;
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
   constexpr int D = 4; /* pieces in flight */
   static_assert(WARP % D == 0 && 2 * D <= WARP, "a round's loads stay within two batches");
-  const int col4 = lane + part * WARP * V4; /* this warp's float4 columns start there */
+  const int col4 = lane; /* this lane's first float4 column */
   /* this lane's first float4 of the row in slot 0, and a slot's stride */
   const float4 *row0 = (const float4 *)(p.partial_out + (int64_t)i * PMLA_V_DIM) + col4;
   const int64_t stride4 = rows_max * (PMLA_V_DIM / 4);
-  /* this lane's piece of the batch from c: its slot (-1 when never
-   * planned: flagged, folded as empty) and lse */
+  /* this lane's piece of the batch from c (fold_piece) */
   auto batch = [&](int c, int &slot, float &l) {
-    const int q = c + lane;
-    slot = -1;
-    l = -INFINITY;
-    if (q >= p1)
-      return;
-    const int s = fold_slot(p, p.reduce_partial_map[q]);
-    if (s < 0)
-      return;
-    slot = s;
-    l = ld_past_l1(p.partial_lse + (int64_t)s * rows_max + i);
+    fold_piece(p, i, rows_max, c + lane, p1, [&](int q) { return p.reduce_partial_map[q]; },
+               slot, l);
   };
   int c0 = p0; /* pieces c0 .. c0 + WARP - 1 are in (sc, lc), the next WARP in (sn, ln) */
   int sc, sn = -1;
@@ -474,7 +471,7 @@ __device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int 
   for (int d = 0; d < D; d++) /* the last pieces, read by the last round */
     if (q + d < p1)
       fold_in(acc, lse, buf[d], bl[d]);
-  store_folded(p, i, qb, col4, lane == 0 && part == 0, acc, lse);
+  store_folded(p, i, qb, col4, lane == 0, acc, lse);
 }
 
 /* A reduce entry: its request, pieces [p0, p1) and query rows [qb, qe). */
