@@ -117,12 +117,20 @@ constexpr int KSTEPS = PMLA_QK_DIM / 16;
 __device__ __forceinline__ uint32_t off(int r, int c) {
   return (uint32_t)((c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
-/* a whole 64-token block (nine 64-column boxes) into the stage at dst */
+/* a whole 64-token block (nine 64-column boxes) into the stage at dst;
+ * with first, its lines are the first L2 evicts (below) */
 __device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, int64_t slot,
-                                          uint32_t bar) {
+                                          uint32_t bar, bool first) {
+  if (first) {
+    const uint64_t pol = l2_evict_first();
 #pragma unroll
-  for (int c = 0; c < 9; c++)
-    tma_box(dst + c * BLK, map, c * 64, (int)slot, bar);
+    for (int c = 0; c < 9; c++)
+      tma_box_hint(dst + c * BLK, map, c * 64, (int)slot, bar, pol);
+  } else {
+#pragma unroll
+    for (int c = 0; c < 9; c++)
+      tma_box(dst + c * BLK, map, c * 64, (int)slot, bar);
+  }
 }
 
 /* Softmax helpers of the 64-row bodies. Element e of a thread's S
@@ -469,6 +477,16 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
+    /* a batch-invariant item of more than 32 rows whose result goes
+     * through a partial slot (a chunk kept, folded or left for the reduce)
+     * reads its KV as the first lines L2 evicts, so the slots' lines
+     * outlive the KV streams between their write and their read: with the
+     * KV at the default priority the H200 evicted the kept accumulators of
+     * b=64 L=8192 h=128 to DRAM (33 MB written a step). Not for tiles of
+     * fewer rows (near the copy bandwidth the hint cost more than it
+     * kept), nor in the default mode, whose full batches lost more on the
+     * hinted loads than their few split items gained */
+    const bool via_slot = FOLD && pslot >= 0 && nrows > 32;
     constexpr int OR = NARROW ? 32 : 128;
     float o[OR];
 #pragma unroll
@@ -529,7 +547,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
            * and the bits are written before this thread's arrival */
           if (t == 0) {
             mbar_expect_tx(bar, TILE);
-            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar);
+            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar, via_slot);
           }
           if (lane == 0)
             ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;

@@ -243,6 +243,14 @@ __device__ __forceinline__ uint64_t l2_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
   return pol;
 }
+/* tma_box whose lines take the L2 eviction policy pol */
+__device__ __forceinline__ void tma_box_hint(uint32_t dst, const CUtensorMap *map, int col, int row,
+                                             uint32_t bar, uint64_t pol) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+               "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar), "l"(pol)
+               : "memory");
+}
 __device__ __forceinline__ void st_f4_hint(float *p, float4 v, uint64_t pol) {
   asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(p), "f"(v.x),
                "f"(v.y), "f"(v.z), "f"(v.w), "l"(pol)
