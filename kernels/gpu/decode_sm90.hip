@@ -338,11 +338,14 @@ __device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], cons
     }
   }
 }
-template <int F, bool FOLD, bool NARROW>
+/* KV_FIRST: every KV box is loaded as L2's first evictions (steps of few
+ * requests, pmla_launch_decode_sm90) */
+template <int F, bool FOLD, bool NARROW, bool KV_FIRST>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
   static_assert(!(FOLD && NARROW), "the NARROW epilogue does not fold");
+  static_assert(!(KV_FIRST && (FOLD || NARROW || FP8)), "KV_FIRST: default bf16 64-row tiles");
   /* E4M3 tiles (64 rows; fewer rows run decode_sm90_e4m3.hip) convert
    * from registers (REG8), DS_MLA tiles through the raw ring (RING) */
   constexpr bool REG8 = F == PMLA_KV_E4M3, RING = FP8 && !REG8;
@@ -485,8 +488,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
      * b=64 L=8192 h=128 to DRAM (33 MB written a step). Not for tiles of
      * fewer rows (near the copy bandwidth the hint cost more than it
      * kept), nor in the default mode, whose full batches lost more on the
-     * hinted loads than their few split items gained */
-    const bool via_slot = FOLD && pslot >= 0 && nrows > 32;
+     * hinted loads than their few split items gained (KV_FIRST: steps too
+     * small for those, below) */
+    const bool via_slot = KV_FIRST || (FOLD && pslot >= 0 && nrows > 32);
     constexpr int OR = NARROW ? 32 : 128;
     float o[OR];
 #pragma unroll
@@ -1032,14 +1036,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
  * boxes, 128B swizzle), valid when use_tma */
-template <int F, bool FOLD, bool NARROW>
+template <int F, bool FOLD, bool NARROW, bool KV_FIRST>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F, FOLD, NARROW>(p, scale_log2, &kv_tmap, use_tma);
+  body_pp<F, FOLD, NARROW, KV_FIRST>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -1078,11 +1082,11 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-template <int F, bool FOLD, bool NARROW = false>
+template <int F, bool FOLD, bool NARROW = false, bool KV_FIRST = false>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
-  hipError_t e =
-      pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW>, SMEM, &opted_in);
+  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST>,
+                                  SMEM, &opted_in);
   if (e != hipSuccess)
     return e;
   /* head tiles on x: a unit's tiles are neighbouring blocks, started
@@ -1095,7 +1099,7 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
    * memory, and 128 loader threads' copies keep more reads in flight than
    * one thread's nine TMA boxes (docs/performance.md) */
   const int use_tma = NARROW ? 0 : kv_tensor_map(&tmap, p);
-  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW>, grid, dim3(NT), SMEM, st, p,
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST>, grid, dim3(NT), SMEM, st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
@@ -1127,8 +1131,18 @@ hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStre
   case PMLA_KV_DS_MLA * 4 + 2:
     return launch_decode_wg<PMLA_KV_DS_MLA, true>(p, tiles, st);
   default:
-    return p.fold ? launch_decode_wg<PMLA_KV_BF16, true>(p, tiles, st)
-                  : launch_decode_wg<PMLA_KV_BF16, false>(p, tiles, st);
+    if (p.fold)
+      return launch_decode_wg<PMLA_KV_BF16, true>(p, tiles, st);
+    /* A step whose rows fill at most half its work-groups' tiles splits
+     * every request over two or more units (a lone or small batch of long
+     * requests): nearly every item writes a partial, whose lines the KV
+     * streams push out of L2 before the reduce reads them, so that step
+     * loads its KV as L2's first evictions (H200: b=4 L=32768 h=128 81 ->
+     * 79 us). Fuller steps keep the plain loads (a hinted box costs them
+     * 0.3-1%). */
+    if (rows > 32 && p.num_tokens * p.num_heads * 2 <= (int64_t)ROWS * tiles * p.num_units)
+      return launch_decode_wg<PMLA_KV_BF16, false, false, true>(p, tiles, st);
+    return launch_decode_wg<PMLA_KV_BF16, false>(p, tiles, st);
   }
 }
 
@@ -1137,8 +1151,8 @@ void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
 bool pmla_sm90_image_runs() {
   /* binaryVersion 90: the sm_90a image (the one with the body) runs here */
   cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, false>) !=
-      cudaSuccess) {
+  const void *k = (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, false, false>;
+  if (cudaFuncGetAttributes(&fa, k) != cudaSuccess) {
     cudaGetLastError(); /* no image for this device: no error left behind */
     return false;
   }
