@@ -118,10 +118,10 @@ __device__ __forceinline__ uint32_t off(int r, int c) {
   return (uint32_t)((c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 /* a whole 64-token block (nine 64-column boxes) into the stage at dst;
- * with first, its lines are the first L2 evicts (below) */
+ * with evict_first, its lines are the first L2 evicts (kv_first below) */
 __device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, int64_t slot,
-                                          uint32_t bar, bool first) {
-  if (first) {
+                                          uint32_t bar, bool evict_first) {
+  if (evict_first) {
     const uint64_t pol = l2_evict_first();
 #pragma unroll
     for (int c = 0; c < 9; c++)
@@ -480,17 +480,17 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-    /* a batch-invariant item of more than 32 rows whose result goes
-     * through a partial slot (a chunk kept, folded or left for the reduce)
-     * reads its KV as the first lines L2 evicts, so the slots' lines
-     * outlive the KV streams between their write and their read: with the
-     * KV at the default priority the H200 evicted the kept accumulators of
-     * b=64 L=8192 h=128 to DRAM (33 MB written a step). Not for tiles of
-     * fewer rows (near the copy bandwidth the hint cost more than it
-     * kept), nor in the default mode, whose full batches lost more on the
-     * hinted loads than their few split items gained (KV_FIRST: steps too
-     * small for those, below) */
-    const bool via_slot = KV_FIRST || (FOLD && pslot >= 0 && nrows > 32);
+    /* KV read as the first lines L2 evicts, so that the partial slots'
+     * lines outlive the KV streams between their write and their read:
+     * every item of a KV_FIRST step, and a batch-invariant item of more
+     * than 32 rows whose result goes through a slot (a chunk kept, folded
+     * or left for the reduce). With the KV at the default priority the
+     * H200 evicted the kept accumulators of b=64 L=8192 h=128 to DRAM (33
+     * MB written a step). Not for tiles of fewer rows (near the copy
+     * bandwidth the hint cost more than it kept), nor for the default
+     * mode's fuller steps, which lost more on the hinted loads than their
+     * few split items gained */
+    const bool kv_first = KV_FIRST || (FOLD && pslot >= 0 && nrows > 32);
     constexpr int OR = NARROW ? 32 : 128;
     float o[OR];
 #pragma unroll
@@ -551,7 +551,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
            * and the bits are written before this thread's arrival */
           if (t == 0) {
             mbar_expect_tx(bar, TILE);
-            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar, via_slot);
+            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar, kv_first);
           }
           if (lane == 0)
             ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
