@@ -105,6 +105,10 @@ constexpr int PITCH = PMLA_TILE_PITCH;
 constexpr size_t SMEM = 1024 /* alignment slack */ + 3 * (size_t)TILE +
                         sizeof(float) * 8 * ROWS + sizeof(int) * 2 * BN;
 static_assert(SMEM <= 232448, "shared memory per block (sm_90)");
+/* Tiles of fewer rows keep plain KV loads, never L2's first evictions
+ * (kv_first in body_pp, KV_FIRST steps in pmla_launch_decode_sm90): near
+ * the copy bandwidth the hint cost more than it kept. */
+constexpr int KV_FIRST_MIN_ROWS = 33;
 
 #ifdef PMLA_SM90_DEVICE
 using namespace pmla_mma;
@@ -486,11 +490,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
      * than 32 rows whose result goes through a slot (a chunk kept, folded
      * or left for the reduce). With the KV at the default priority the
      * H200 evicted the kept accumulators of b=64 L=8192 h=128 to DRAM (33
-     * MB written a step). Not for tiles of fewer rows (near the copy
-     * bandwidth the hint cost more than it kept), nor for the default
-     * mode's fuller steps, which lost more on the hinted loads than their
-     * few split items gained */
-    const bool kv_first = KV_FIRST || (FOLD && pslot >= 0 && nrows > 32);
+     * MB written a step). Not for tiles of fewer rows (KV_FIRST_MIN_ROWS),
+     * nor for the default mode's fuller steps, which lost more on the
+     * hinted loads than their few split items gained */
+    const bool kv_first = KV_FIRST || (FOLD && pslot >= 0 && nrows >= KV_FIRST_MIN_ROWS);
     constexpr int OR = NARROW ? 32 : 128;
     float o[OR];
 #pragma unroll
@@ -1140,7 +1143,8 @@ hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStre
      * loads its KV as L2's first evictions (H200: b=4 L=32768 h=128 81 ->
      * 79 us). Fuller steps keep the plain loads (a hinted box costs them
      * 0.3-1%). */
-    if (rows > 32 && p.num_tokens * p.num_heads * 2 <= (int64_t)ROWS * tiles * p.num_units)
+    if (rows >= KV_FIRST_MIN_ROWS &&
+        p.num_tokens * p.num_heads * 2 <= (int64_t)ROWS * tiles * p.num_units)
       return launch_decode_wg<PMLA_KV_BF16, false, false, true>(p, tiles, st);
     return launch_decode_wg<PMLA_KV_BF16, false>(p, tiles, st);
   }
