@@ -1071,7 +1071,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 /* The KV cache as a 2-D tensor map for body_pp's whole-page loads; 0 when
  * TMA does not apply (top-k gather, page size not a multiple of 64, a cache
- * the map cannot describe) */
+ * the map cannot describe). No L2 promotion: a box is 128 bytes of a
+ * 1152-byte row, and promoting it to 256 bytes cost the memory-bound tiles
+ * 4-5% of their time */
 int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_BF16 || p.map.topk ||
@@ -1083,7 +1085,7 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
   cuuint32_t box[2] = {64, (cuuint32_t)BN}, estride[2] = {1, 1};
   return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p.kv, dim, stride, box, estride,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 template <int F, bool FOLD, bool NARROW = false, bool KV_FIRST = false>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
