@@ -397,46 +397,51 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         const uint32_t aS = smem_u32(sS);
         mbar_wait(aFull + 8 * s, ph);
         /* S^T: the K rows converted into registers (exactly: every e4m3
-         * value is an f16 value), 36 wgmma m64nNCk16 f16 with B = Q; in
-         * parts of KP k-steps, each waited for before the next part's
-         * registers are written (one part where the registers allow) */
-        constexpr int KP = NC == 16 ? 36 : 18;
+         * value is an f16 value), 36 wgmma m64nNCk16 f16 with B = Q, in
+         * parts of PK k-steps: each part's wgmma are issued as soon as its
+         * registers are written, so the tensor cores run while the next
+         * part is converted; NB parts' registers live at once (all of them
+         * where the registers allow) */
+        constexpr int PK = 6, NP = 36 / PK, NB = NC == 16 ? NP : 72 / (4 * PK);
+        static_assert(PK % 2 == 0 && 36 % PK == 0, "k_frags converts k-steps in pairs");
         float sq[NC / 2];
 #pragma unroll
         for (int e = 0; e < NC / 2; e++)
           sq[e] = 0.f;
+        reg_fence<NC / 2>(sq);
+        uint32_t ka[NB][PK][4];
 #pragma unroll
-        for (int k0 = 0; k0 < 36; k0 += KP) {
-          uint32_t ka[KP][4];
+        for (int pt = 0; pt < NP; pt++) {
+          if (pt >= NB)
+            wg_wait<NB - 1>(); /* part pt - NB is done with its registers */
 #pragma unroll
-          for (int j = 0; j < KP / 2; j++) {
+          for (int j = 0; j < PK / 2; j++) {
             uint32_t two[2][4];
-            k_frags(two, aS, k0 + 2 * j, wi, lane);
+            k_frags(two, aS, pt * PK + 2 * j, wi, lane);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-              ka[2 * j][i] = two[0][i];
-              ka[2 * j + 1][i] = two[1][i];
+              ka[pt % NB][2 * j][i] = two[0][i];
+              ka[pt % NB][2 * j + 1][i] = two[1][i];
             }
           }
-          reg_fence<NC / 2>(sq);
           wg_fence();
 #pragma unroll
-          for (int kk = 0; kk < KP; kk++) {
-            const int ks = k0 + kk;
+          for (int kk = 0; kk < PK; kk++) {
+            const int ks = pt * PK + kk;
             const uint64_t db = desc_at(dQ, (ks >> 2) * QB + (ks & 3) * 32);
             if (NC == 16)
-              mma_n16_rs_f16(sq, ka[kk], db);
+              mma_n16_rs_f16(sq, ka[pt % NB][kk], db);
             else
-              mma_n32_rs_f16(sq, ka[kk], db);
+              mma_n32_rs_f16(sq, ka[pt % NB][kk], db);
           }
           wg_commit();
-          if (b == 0 && k0 == 0)
+          if (b == 0 && pt == 0)
 #pragma unroll
             for (int k = 0; k < NK; k++)
               sc[k] = scale_log2 * sQf[nar_col(lane, k)];
-          wg_wait0();
-          reg_fence<NC / 2>(sq);
         }
+        wg_wait0();
+        reg_fence<NC / 2>(sq);
         v_frags(a, aS, 0, wi, lane);
         /* scaled scores (log2 units), -inf where a token is invalid or
          * causally after the column's row; a block whose tokens are all
