@@ -85,10 +85,11 @@ __device__ __forceinline__ uint32_t koff(int r, int c, int blk) {
 }
 /* this warpgroup's V^T fragments of the stage at aS: a[m][kk] for dims
  * 256 g + 64 m .. (M tile m) and tokens 16 kk .. (k-step kk) */
+template <int M0 = 0, int M1 = 4>
 __device__ __forceinline__ void v_frags(uint32_t (&a)[4][4][4], uint32_t aS, int g, int wi,
                                         int lane) {
 #pragma unroll
-  for (int m = 0; m < 4; m++) {
+  for (int m = M0; m < M1; m++) {
     const int cb = 2 * g + (m >> 1), j = 4 * (m & 1) + wi;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -440,9 +441,13 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
             for (int k = 0; k < NK; k++)
               sc[k] = scale_log2 * sQf[nar_col(lane, k)];
         }
+        /* the first two M tiles of V^T into the registers of the parts
+         * already done, under the last parts' wgmma */
+        wg_wait<NC == 16 ? 3 : 1>();
+        v_frags<0, 2>(a, aS, 0, wi, lane);
         wg_wait0();
         reg_fence<NC / 2>(sq);
-        v_frags(a, aS, 0, wi, lane);
+        v_frags<2, 4>(a, aS, 0, wi, lane);
         /* scaled scores (log2 units), -inf where a token is invalid or
          * causally after the column's row; a block whose tokens are all
          * valid for every real column of this thread skips the mask */
