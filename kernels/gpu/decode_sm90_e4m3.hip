@@ -83,8 +83,9 @@ __device__ __forceinline__ int k_of(int p) { return 8 * ((p >> 1) & 1) + 2 * (p 
 __device__ __forceinline__ uint32_t koff(int r, int c, int blk) {
   return (uint32_t)((c >> 3) * blk + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
-/* this warpgroup's V^T fragments of the stage at aS: a[m][kk] for dims
- * 256 g + 64 m .. (M tile m) and tokens 16 kk .. (k-step kk) */
+/* this warpgroup's V^T fragments of M tiles M0 .. M1 - 1 of the stage at
+ * aS: a[m][kk] for dims 256 g + 64 m .. (M tile m) and tokens 16 kk ..
+ * (k-step kk) */
 template <int M0 = 0, int M1 = 4>
 __device__ __forceinline__ void v_frags(uint32_t (&a)[4][4][4], uint32_t aS, int g, int wi,
                                         int lane) {
