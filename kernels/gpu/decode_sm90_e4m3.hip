@@ -402,9 +402,9 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
          * value is an f16 value), 36 wgmma m64nNCk16 f16 with B = Q, in
          * parts of PK k-steps: each part's wgmma are issued as soon as its
          * registers are written, so the tensor cores run while the next
-         * part is converted; NB parts' registers live at once (all of them
-         * where the registers allow) */
-        constexpr int PK = 6, NP = 36 / PK, NB = NC == 16 ? NP : 72 / (4 * PK);
+         * part is converted; NB parts live at once in KA registers (all
+         * 36 k-steps at 16 columns, 18 at 32) */
+        constexpr int PK = 6, NP = 36 / PK, KA = NC == 16 ? 144 : 72, NB = KA / (4 * PK);
         static_assert(PK % 2 == 0 && 36 % PK == 0, "k_frags converts k-steps in pairs");
         float sq[NC / 2];
 #pragma unroll
@@ -442,9 +442,10 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
             for (int k = 0; k < NK; k++)
               sc[k] = scale_log2 * sQf[nar_col(lane, k)];
         }
-        /* the first two M tiles of V^T into the registers of the parts
-         * already done, under the last parts' wgmma */
-        wg_wait<NC == 16 ? 3 : 1>();
+        /* the first two M tiles of V^T (32 registers) into those of the
+         * parts already done (at most half of the live ones pending: 48 or
+         * more registers free), under the last parts' wgmma */
+        wg_wait<NB / 2>();
         v_frags<0, 2>(a, aS, 0, wi, lane);
         wg_wait0();
         reg_fence<NC / 2>(sq);

@@ -32,13 +32,11 @@ __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.alig
 __device__ __forceinline__ void wg_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wg_wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
 /* at most N committed groups still pending */
 template <int N> __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void wg_wait0() { wg_wait<0>(); }
 __device__ __forceinline__ void proxy_fence() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
