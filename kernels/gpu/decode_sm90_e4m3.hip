@@ -104,7 +104,7 @@ __device__ __forceinline__ void v_frags(uint32_t (&a)[4][4][4], uint32_t aS, int
         const uint32_t x = __byte_perm(R[i], 0, 0x3120);
         const int kk = 2 * h + (i >> 1), o = (i & 1) * 2;
         a[m][kk][o] = e4m3x2_to_f16x2(x);
-        a[m][kk][o + 1] = e4m3x2_to_f16x2(x >> 16);
+        a[m][kk][o + 1] = e4m3x2_hi_to_f16x2(x);
       }
     }
   }
@@ -198,8 +198,8 @@ __device__ __forceinline__ void k_frags(uint32_t (&a)[2][4], uint32_t aS, int ks
   for (int h = 0; h < 2; h++) {
     a[h][0] = e4m3x2_to_f16x2(R[2 * h]);
     a[h][1] = e4m3x2_to_f16x2(R[2 * h + 1]);
-    a[h][2] = e4m3x2_to_f16x2(R[2 * h] >> 16);
-    a[h][3] = e4m3x2_to_f16x2(R[2 * h + 1] >> 16);
+    a[h][2] = e4m3x2_hi_to_f16x2(R[2 * h]);
+    a[h][3] = e4m3x2_hi_to_f16x2(R[2 * h + 1]);
   }
 }
 } /* namespace e4n */

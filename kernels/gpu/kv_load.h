@@ -49,12 +49,21 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"((uint16_t)(v & 0xffffu)));
   return r;
 }
+/* the same for the high 16 bits of v, read as the register's upper half
+ * (no shift) */
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t v) {
+  uint32_t r;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n"
+      : "=r"(r)
+      : "r"(v));
+  return r;
+}
 #endif
 
 /* 4 e4m3 values (one word, the first value in the lowest byte) as floats */
 __device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float (&f)[4]) {
 #if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const uint32_t h[2] = {e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16)};
+  const uint32_t h[2] = {e4m3x2_to_f16x2(w), e4m3x2_hi_to_f16x2(w)};
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     asm("cvt.f32.f16 %0, %1;\n" : "=f"(f[2 * i]) : "h"((uint16_t)(h[i] & 0xffffu)));
@@ -101,7 +110,7 @@ __device__ __forceinline__ void e4m3x16_to_f16(const uint4 &raw, uint4 &lo, uint
   for (int i = 0; i < 4; i++) {
 #if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     o[2 * i] = e4m3x2_to_f16x2(w[i]);
-    o[2 * i + 1] = e4m3x2_to_f16x2(w[i] >> 16);
+    o[2 * i + 1] = e4m3x2_hi_to_f16x2(w[i]);
 #else
     float f[4]; /* each exactly an f16 value: the packing does not round */
     e4m3x4_to_f32(w[i], f);
