@@ -83,15 +83,15 @@ __device__ __forceinline__ int k_of(int p) { return 8 * ((p >> 1) & 1) + 2 * (p 
 __device__ __forceinline__ uint32_t koff(int r, int c, int blk) {
   return (uint32_t)((c >> 3) * blk + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
-/* V^T fragments of this warpgroup's M tiles M0 .. M1 - 1 of the stage at
- * aS: a[m][kk] for dims 64 (t0 + m) .. (M tile t0 + m of the eight) and
- * tokens 16 kk .. (k-step kk) */
-template <int M0, int M1, int MT>
-__device__ __forceinline__ void v_frags(uint32_t (&a)[MT][4][4], uint32_t aS, int t0, int wi,
+/* this warpgroup's V^T fragments of M tiles M0 .. M1 - 1 of the stage at
+ * aS: a[m][kk] for dims 256 g + 64 m .. (M tile m) and tokens 16 kk ..
+ * (k-step kk) */
+template <int M0 = 0, int M1 = 4>
+__device__ __forceinline__ void v_frags(uint32_t (&a)[4][4][4], uint32_t aS, int g, int wi,
                                         int lane) {
 #pragma unroll
   for (int m = M0; m < M1; m++) {
-    const int cb = (t0 + m) >> 1, j = 4 * ((t0 + m) & 1) + wi;
+    const int cb = 2 * g + (m >> 1), j = 4 * (m & 1) + wi;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const int t = 32 * h + lane;
@@ -109,14 +109,13 @@ __device__ __forceinline__ void v_frags(uint32_t (&a)[MT][4][4], uint32_t aS, in
     }
   }
 }
-/* O^T += V^T P^T for this warpgroup's MT M tiles, issued and committed */
-template <int NC, int MT>
-__device__ __forceinline__ void pv(float (&o)[MT * NC / 2], const uint32_t (&a)[MT][4][4],
-                                   uint32_t aP) {
+/* O^T += V^T P^T for this warpgroup's dims, issued and committed */
+template <int NC>
+__device__ __forceinline__ void pv(float (&o)[2 * NC], const uint32_t (&a)[4][4][4], uint32_t aP) {
   const uint64_t dp = desc(aP, 16, 1024);
   wg_fence();
 #pragma unroll
-  for (int m = 0; m < MT; m++)
+  for (int m = 0; m < 4; m++)
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
       if (NC == 16)
@@ -126,11 +125,10 @@ __device__ __forceinline__ void pv(float (&o)[MT * NC / 2], const uint32_t (&a)[
     }
   wg_commit();
 }
-/* the epilogue's staging of M tiles t0 .. t0 + MT - 1: column c of O^T is
- * row c of the item */
-template <bool PARTIAL, int NC, int MT>
-__device__ __forceinline__ void stage_o(char *sO, const float (&o)[MT * NC / 2], const float *sL,
-                                        int t0, int wi, int lane, int nrows, float out_scale) {
+/* the epilogue's staging: column c of O^T is row c of the item */
+template <bool PARTIAL, int NC>
+__device__ __forceinline__ void stage_o(char *sO, const float (&o)[2 * NC], const float *sL, int g,
+                                        int wi, int lane, int nrows, float out_scale) {
 #pragma unroll
   for (int k = 0; k < NC / 4; k++) {
     const int c = nar_col(lane, k);
@@ -139,9 +137,9 @@ __device__ __forceinline__ void stage_o(char *sO, const float (&o)[MT * NC / 2],
     const float l = sL[c], inv = pmla_sum_scale(out_scale, l);
     char *row = sO + c * Staged<PARTIAL>::STRIDE;
 #pragma unroll
-    for (int m = 0; m < MT; m++) {
+    for (int m = 0; m < 4; m++) {
       const int e = NC / 2 * m + 4 * (k >> 1) + (k & 1); /* dim d; e + 2: dim d + 1 */
-      const int d = 64 * (t0 + m) + 16 * wi + 2 * (lane >> 2);
+      const int d = 256 * g + 64 * m + 16 * wi + 2 * (lane >> 2);
       if (PARTIAL)
         *(float2 *)(row + d * 4) = make_float2(o[e] * inv, o[e + 2] * inv);
       else
@@ -211,13 +209,6 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
                                                  const CUtensorMap *kv_tmap, int use_tma) {
   using namespace e4n;
   constexpr int QT = Geo<NC>::QT, QB = Geo<NC>::QB, STG = Geo<NC>::STG, NK = NC / 4;
-  /* P V's eight M tiles of 64 dims: MT0 on warpgroup 0 (dims 0..), MT1 on
-   * warpgroup 1. At 16 columns warpgroup 1 takes them all: each m64n16k16
-   * costs a warpgroup about as long as one four times wider, so warpgroup
-   * 0's chain (S^T, the softmax) loses 16 wgmma a block, and warpgroup 1,
-   * which converts its V^T while warpgroup 0 runs S^T, has the room (and
-   * the registers: O^T is 64 of them) */
-  constexpr int MT1 = NC == 16 ? 8 : 4, MT0 = 8 - MT1, OW = MT1 * NC / 2;
   bool scale_ok;
   const float out_scale = kv_out_scale<PMLA_KV_E4M3>(p, scale_ok);
   scale_log2 *= out_scale;
@@ -267,16 +258,16 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
     }
     const int nrows = rows_item - row0 < NC ? rows_item - row0 : NC;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-    float o[OW];
+    float o[2 * NC];
 #pragma unroll
-    for (int e = 0; e < OW; e++)
+    for (int e = 0; e < 2 * NC; e++)
       o[e] = 0.f;
     const bool q_new = qb != q_rows[0] || qe != q_rows[1];
     q_rows[0] = qb;
     q_rows[1] = qe;
     auto stage_of = [&](int b) { return (gb + (uint32_t)b) % NS; };
     auto phase_of = [&](int b) { return ((gb + (uint32_t)b) / NS) & 1u; };
-    uint32_t a[MT1][4][4];
+    uint32_t a[4][4][4];
 
     if (g == 1) {
       /* ---------------- warpgroup 1: Q, loader, P V dims 256.. */
@@ -363,7 +354,7 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         const uint32_t s = stage_of(b), ph = phase_of(b);
         char *sS = sSt + s * STG;
         mbar_wait(aFull + 8 * s, ph);
-        v_frags<0, MT1>(a, smem_u32(sS), MT0, wi, lane);
+        v_frags(a, smem_u32(sS), 1, wi, lane);
         /* block b + 1 published while this block's work goes on */
         if (b + 1 < nblk)
           publish(b + 1);
@@ -373,10 +364,10 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         for (int k = 0; k < NK; k++)
           c[k] = sCorr[s * NC + nar_col(lane, k)];
         nar_scale_o<NC>(o, c);
-        reg_fence<OW>(o);
-        pv<NC, MT1>(o, a, smem_u32(sS + KB));
+        reg_fence<2 * NC>(o);
+        pv<NC>(o, a, smem_u32(sS + KB));
         wg_wait0();
-        reg_fence<OW>(o);
+        reg_fence<2 * NC>(o);
         mbar_arrive(aEmpty + 8 * s);
       }
       cp_wait<0>();
@@ -451,19 +442,14 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
             for (int k = 0; k < NK; k++)
               sc[k] = scale_log2 * sQf[nar_col(lane, k)];
         }
-        if constexpr (MT0 > 0) {
-          /* the first two M tiles of V^T (32 registers) into those of the
-           * parts already done (at most half of the live ones pending: 48
-           * or more registers free), under the last parts' wgmma */
-          wg_wait<NB / 2>();
-          v_frags<0, 2>(a, aS, 0, wi, lane);
-          wg_wait0();
-          reg_fence<NC / 2>(sq);
-          v_frags<2, 4>(a, aS, 0, wi, lane);
-        } else {
-          wg_wait0();
-          reg_fence<NC / 2>(sq);
-        }
+        /* the first two M tiles of V^T (32 registers) into those of the
+         * parts already done (at most half of the live ones pending: 48 or
+         * more registers free), under the last parts' wgmma */
+        wg_wait<NB / 2>();
+        v_frags<0, 2>(a, aS, 0, wi, lane);
+        wg_wait0();
+        reg_fence<NC / 2>(sq);
+        v_frags<2, 4>(a, aS, 0, wi, lane);
         /* scaled scores (log2 units), -inf where a token is invalid or
          * causally after the column's row; a block whose tokens are all
          * valid for every real column of this thread skips the mask */
@@ -555,18 +541,16 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
             sCorr[s * NC + nar_col(lane, k)] = corr[k];
         proxy_fence();
         mbar_arrive(aPready + 8 * s);
+        /* this warpgroup's P V reads every warp's P^T rows */
+        asm volatile("bar.sync 7, 128;\n" ::: "memory");
 #pragma unroll
         for (int k = 0; k < NK; k++)
           l_run[k] = l_run[k] * corr[k] + sum[k];
-        if constexpr (MT0 > 0) {
-          /* this warpgroup's P V reads every warp's P^T rows */
-          asm volatile("bar.sync 7, 128;\n" ::: "memory");
-          nar_scale_o<NC>(o, corr);
-          reg_fence<OW>(o);
-          pv<NC, MT0>(o, a, smem_u32(sP));
-          wg_wait0();
-          reg_fence<OW>(o);
-        }
+        nar_scale_o<NC>(o, corr);
+        reg_fence<2 * NC>(o);
+        pv<NC>(o, a, smem_u32(sP));
+        wg_wait0();
+        reg_fence<2 * NC>(o);
         mbar_arrive(aEmpty + 8 * s);
       }
       nar_row_stats<NC>(sMx, m_run, l_run, sM, sL, nblk, wi, lane);
@@ -575,12 +559,10 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
     gb += (uint32_t)nblk;
     __syncthreads();
 
-    if (g == 1 || MT0 > 0) {
-      if (pslot >= 0)
-        stage_o<true, NC, MT1>(sSt, o, sL, g * MT0, wi, lane, nrows, out_scale);
-      else
-        stage_o<false, NC, MT1>(sSt, o, sL, g * MT0, wi, lane, nrows, out_scale);
-    }
+    if (pslot >= 0)
+      stage_o<true, NC>(sSt, o, sL, g, wi, lane, nrows, out_scale);
+    else
+      stage_o<false, NC>(sSt, o, sL, g, wi, lane, nrows, out_scale);
     proxy_fence();
     __syncthreads();
     if (g == 1) {

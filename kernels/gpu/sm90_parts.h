@@ -133,7 +133,7 @@ __device__ __forceinline__ float col_sum(float v) {
 }
 /* O^T *= corr by column (c: the thread's NC / 4 columns); skipped when no
  * column of the warp moved */
-template <int NC, int N> __device__ __forceinline__ void nar_scale_o(float (&o)[N], const float *c) {
+template <int NC> __device__ __forceinline__ void nar_scale_o(float (&o)[2 * NC], const float *c) {
   bool moved = false;
 #pragma unroll
   for (int k = 0; k < NC / 4; k++)
@@ -141,7 +141,7 @@ template <int NC, int N> __device__ __forceinline__ void nar_scale_o(float (&o)[
   if (!__any_sync(0xffffffffu, moved))
     return;
 #pragma unroll
-  for (int e = 0; e < N; e++)
+  for (int e = 0; e < 2 * NC; e++)
     o[e] *= c[nar_k(e & (NC / 2 - 1))];
 }
 /* The end of an item for warpgroup 0 of a narrow tile: the columns' sums
