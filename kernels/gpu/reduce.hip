@@ -405,13 +405,17 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
 /* The same fold for many rows, one warp a row (the columns of four float4
  * a lane). Many warps share each scheduler, so the shuffles and branches
  * of a step cost little, and the ring above was slower here (H200,
- * batch-invariant b=32 L=16384 h=128: 302.7 -> 307.0 us). */
+ * batch-invariant b=32 L=16384 h=128: 302.7 -> 307.0 us). One piece in
+ * flight a warp (72 registers a thread; four took 128): alone the reduce
+ * is no faster so (ncu), but in the step, where its warps start beside the
+ * decode's last work-groups, it is (H200, side by side: b=24 L=16384 h=128
+ * 229.1 -> 222.7 us, b=32 L=16384 297.3 -> 295.2). */
 __device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
                                                 int p1, int lane) {
   constexpr int V4 = PMLA_V_DIM / 4 / WARP;
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
-  constexpr int D = 4; /* pieces in flight */
+  constexpr int D = 1; /* pieces in flight */
   static_assert(WARP % D == 0 && 2 * D <= WARP, "a round's loads stay within two batches");
   const int col4 = lane; /* this lane's first float4 column */
   /* this lane's first float4 of the row in slot 0, and a slot's stride */
