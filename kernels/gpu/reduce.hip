@@ -45,6 +45,15 @@ constexpr int64_t MANY_PIECES = 32;
  * b=8 L=8192 h=128 (1024) 76.3 -> 75.0, b=16 L=16384 h=64 (1024) 106.3 ->
  * 101.5. */
 constexpr int64_t FOLD_SPLIT_ROWS = 512;
+/* float4 of pieces in flight a lane (sum_pieces): 16 up to LOW_FLY_ROWS
+ * rows, 4 above, where the reduce's warps outnumber what 132 SMs hold at
+ * the 128 registers a thread that 16 take (56-64 at 4), and more of them
+ * start beside the decode's last work-groups. H200, side by side, 16 / 4:
+ * b=8 L=8192 h=128 (1024 rows) 54.5 -> 51.3 us, b=64 L=8192 h=16 (1024)
+ * 162.9 -> 159.2, b=128 L=2048..6144 h=128 271.5 -> 268.4; with 4 for
+ * every step b=4 L=32768 h=128 (512) 79.9 -> 80.9 and b=1 L=131072 h=128
+ * (128, grouped) 79.8 -> 81.3. */
+constexpr int64_t LOW_FLY_ROWS = 512;
 /* a fold's first slot not read before the wait (a map entry of that value
  * is read again, then flagged like any other out of range) */
 constexpr int NOT_READ = -2;
@@ -72,13 +81,14 @@ template <int PARTS> struct RowSum {
  * chain per 32 pieces), the running maximum rescales what is summed so far
  * when a later 32 raise it, and the warp then walks those pieces AHEAD at a
  * time, every lane loading its columns of all AHEAD rows before adding
- * them: 16 float4 in flight per lane whatever PARTS. Partials are read
+ * them: FLY float4 in flight per lane whatever PARTS. Partials are read
  * once, past L1. */
-template <int PARTS>
+template <int PARTS, int FLY>
 __device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int q0, int q1,
                                            int part, int lane, RowSum<PARTS> &rs) {
   constexpr int V4 = RowSum<PARTS>::V4;
-  constexpr int AHEAD = 16 / V4;
+  static_assert(FLY % V4 == 0, "whole rows in flight");
+  constexpr int AHEAD = FLY / V4;
   static_assert(WARP % AHEAD == 0, "a chunk's pieces j0 + a stay below WARP");
   const int col4 = lane + part * WARP * V4; /* this lane's first float4 */
   const int64_t rows_max = (int64_t)p.max_q_len * p.num_heads;
@@ -182,11 +192,11 @@ __device__ __forceinline__ void write_row(const pmla_gpu_problem &p, int i, int 
  * requests) take SPLIT warps a row, so a row's pieces are read in a
  * SPLIT-th of the steps; many rows take one (the extra index loads would
  * cost more than the shorter walk). */
-template <int PARTS>
+template <int PARTS, int FLY>
 __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int qb, int p0,
                                           int p1, int part, int lane) {
   RowSum<PARTS> rs;
-  sum_pieces<PARTS>(p, i, p0, p1, part, lane, rs);
+  sum_pieces<PARTS, FLY>(p, i, p0, p1, part, lane, rs);
   write_row<PARTS>(p, i, qb, part, lane, rs);
 }
 
@@ -201,7 +211,7 @@ __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, in
   __shared__ RowSum<PARTS> sh[G][WARP];
   const int n = p1 - p0;
   RowSum<PARTS> rs;
-  sum_pieces<PARTS>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, rs);
+  sum_pieces<PARTS, 16>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, rs);
   sh[w][lane] = rs;
   __syncthreads();
   if (w == 0) {
@@ -498,7 +508,7 @@ __device__ __forceinline__ Entry entry_at(const pmla_gpu_problem &p, int k) {
  * before the decode kernel began, so a warp reads its first entry before
  * waiting for the decode: under programmatic dependent launch that chain of
  * loads runs while the decode finishes. */
-template <int PARTS, bool FOLD, bool GROUPED>
+template <int PARTS, bool FOLD, bool GROUPED, int FLY>
 __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
   constexpr int G = GROUPED ? REDUCE_THREADS / WARP : 1; /* warps per pair */
   const int H = p.num_heads, mq = p.max_q_len;
@@ -541,11 +551,11 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     else if (GROUPED)
       reduce_row_grouped<PARTS, G>(p, i, e.qb, e.p0, e.p1, part, lane, w);
     else
-      reduce_row<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane);
+      reduce_row<PARTS, FLY>(p, i, e.qb, e.p0, e.p1, part, lane);
   }
 }
 
-template <int PARTS, bool FOLD, bool GROUPED = false>
+template <int PARTS, bool FOLD, bool GROUPED = false, int FLY = 16>
 hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
   /* entries < num_units where a split request spans a boundary between
    * units (the default planner, the batch-invariant line), and, but for
@@ -564,7 +574,7 @@ hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
     blocks = REDUCE_MAX_BLOCKS;
   if (blocks < 1)
     blocks = 1;
-  return pdl_launch(pmla_reduce_kernel<PARTS, FOLD, GROUPED>, dim3((unsigned)blocks),
+  return pdl_launch(pmla_reduce_kernel<PARTS, FOLD, GROUPED, FLY>, dim3((unsigned)blocks),
                     dim3(REDUCE_THREADS), 0, stream, p);
 }
 
@@ -577,7 +587,9 @@ hipError_t pmla_launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
                                    : launch_reduce<1, true>(p, stream);
   if (rows <= GROUPED_ROWS && (int64_t)p.num_units >= MANY_PIECES * p.num_tokens)
     return launch_reduce<SPLIT, false, true>(p, stream);
-  if (rows <= FEW_ROWS)
+  if (rows <= LOW_FLY_ROWS)
     return launch_reduce<SPLIT, false>(p, stream);
-  return launch_reduce<1, false>(p, stream);
+  if (rows <= FEW_ROWS)
+    return launch_reduce<SPLIT, false, false, 4>(p, stream);
+  return launch_reduce<1, false, false, 4>(p, stream);
 }
