@@ -419,7 +419,7 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
  * flight a warp (72 registers a thread; four took 128): alone the reduce
  * is no faster so (ncu), but in the step, where its warps start beside the
  * decode's last work-groups, it is (H200, side by side: b=24 L=16384 h=128
- * 229.1 -> 222.7 us, b=32 L=16384 297.3 -> 295.2). */
+ * 230.2 -> 224.6 us, b=32 L=16384 299.0 -> 297.3). */
 __device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
                                                 int p1, int lane) {
   constexpr int V4 = PMLA_V_DIM / 4 / WARP;
