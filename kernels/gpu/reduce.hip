@@ -45,15 +45,17 @@ constexpr int64_t MANY_PIECES = 32;
  * b=8 L=8192 h=128 (1024) 76.3 -> 75.0, b=16 L=16384 h=64 (1024) 106.3 ->
  * 101.5. */
 constexpr int64_t FOLD_SPLIT_ROWS = 512;
-/* float4 of pieces in flight a lane (sum_pieces): 16 up to LOW_FLY_ROWS
- * rows, 4 above, where the reduce's warps outnumber what 132 SMs hold at
- * the 128 registers a thread that 16 take (56-64 at 4), and more of them
- * start beside the decode's last work-groups. H200, side by side, 16 / 4:
+/* float4 of pieces in flight a lane (sum_pieces): FLY_DEEP up to
+ * LOW_FLY_ROWS rows and in the grouped reduce, FLY_SHALLOW above, where
+ * the reduce's warps outnumber what 132 SMs hold at the 128 registers a
+ * thread that 16 take (56-64 at 4), and more of them start beside the
+ * decode's last work-groups. H200, side by side, 16 / 4:
  * b=8 L=8192 h=128 (1024 rows) 54.5 -> 51.3 us, b=64 L=8192 h=16 (1024)
  * 162.9 -> 159.2, b=128 L=2048..6144 h=128 271.5 -> 268.4; with 4 for
  * every step b=4 L=32768 h=128 (512) 79.9 -> 80.9 and b=1 L=131072 h=128
  * (128, grouped) 79.8 -> 81.3. */
 constexpr int64_t LOW_FLY_ROWS = 512;
+constexpr int FLY_DEEP = 16, FLY_SHALLOW = 4;
 /* a fold's first slot not read before the wait (a map entry of that value
  * is read again, then flagged like any other out of range) */
 constexpr int NOT_READ = -2;
@@ -204,14 +206,14 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int
  * pieces: warp w sums the w-th G-th of them, and warp 0 merges the G sums
  * by their maxima, so a row's pieces are walked in a G-th of the steps (a
  * lone 131072-token request has 66 pieces a row). */
-template <int PARTS, int G>
+template <int PARTS, int G, int FLY>
 __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, int i, int qb,
                                                   int p0, int p1, int part, int lane, int w) {
   constexpr int V4 = RowSum<PARTS>::V4;
   __shared__ RowSum<PARTS> sh[G][WARP];
   const int n = p1 - p0;
   RowSum<PARTS> rs;
-  sum_pieces<PARTS, 16>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, rs);
+  sum_pieces<PARTS, FLY>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, rs);
   sh[w][lane] = rs;
   __syncthreads();
   if (w == 0) {
@@ -549,13 +551,13 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     else if (FOLD)
       reduce_row_fold<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane, pair == first ? pre : NOT_READ);
     else if (GROUPED)
-      reduce_row_grouped<PARTS, G>(p, i, e.qb, e.p0, e.p1, part, lane, w);
+      reduce_row_grouped<PARTS, G, FLY>(p, i, e.qb, e.p0, e.p1, part, lane, w);
     else
       reduce_row<PARTS, FLY>(p, i, e.qb, e.p0, e.p1, part, lane);
   }
 }
 
-template <int PARTS, bool FOLD, bool GROUPED = false, int FLY = 16>
+template <int PARTS, bool FOLD, bool GROUPED = false, int FLY = FLY_DEEP>
 hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
   /* entries < num_units where a split request spans a boundary between
    * units (the default planner, the batch-invariant line), and, but for
@@ -590,6 +592,6 @@ hipError_t pmla_launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
   if (rows <= LOW_FLY_ROWS)
     return launch_reduce<SPLIT, false>(p, stream);
   if (rows <= FEW_ROWS)
-    return launch_reduce<SPLIT, false, false, 4>(p, stream);
-  return launch_reduce<1, false, false, 4>(p, stream);
+    return launch_reduce<SPLIT, false, false, FLY_SHALLOW>(p, stream);
+  return launch_reduce<1, false, false, FLY_SHALLOW>(p, stream);
 }
