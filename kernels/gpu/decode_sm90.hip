@@ -65,7 +65,8 @@
  * before the next item's first block enters the stages. A batch-invariant
  * chunk that a later chunk of the work-group folds leaves O from registers
  * in the threads' own order instead (keep_o), and the folding chunk reads
- * it back into registers (fold_into_o).
+ * it back into registers (fold_into_o). Adjacent such chunks of one request
+ * run as one stream of blocks with that epilogue between them (RUNS).
  * The data hand-offs are mbarriers (release / acquire) rather than bar.arrive
  * + bar.sync, which racecheck does not see as ordering the sCorr read. A
  * side reaches a stage's barrier again only after a hand-off from the other
@@ -242,6 +243,17 @@ __device__ __forceinline__ float *kept_words(const pmla_gpu_problem &p, int64_t 
                                              int lane) {
   return p.partial_out + orow * PMLA_V_DIM + g * 256 + ((lane & 3) << 2);
 }
+/* Whether item b continues item a in one run of body_pp (RUNS): the same
+ * request, query rows and slot, b's chunk right after a's, a whole number
+ * of blocks that b folds. */
+__device__ __forceinline__ bool chained(const int32_t *a, const int32_t *b) {
+  const int32_t n = a[PMLA_WI_KV_END] - a[PMLA_WI_KV_BEGIN];
+  return a[PMLA_WI_REQUEST] == b[PMLA_WI_REQUEST] && a[PMLA_WI_Q_BEGIN] == b[PMLA_WI_Q_BEGIN] &&
+         a[PMLA_WI_Q_END] == b[PMLA_WI_Q_END] && a[PMLA_WI_PARTIAL] >= 0 &&
+         a[PMLA_WI_PARTIAL] == b[PMLA_WI_PARTIAL] && b[PMLA_WI_KV_BEGIN] == a[PMLA_WI_KV_END] &&
+         b[PMLA_WI_KV_END] > b[PMLA_WI_KV_BEGIN] && n > 0 && n % BN == 0 &&
+         (a[PMLA_WI_PIECE] & PMLA_WI_KEEP) && (b[PMLA_WI_PIECE] & PMLA_WI_FOLD);
+}
 /* this warpgroup's O, times inv[sl] by row, kept (above); evict_last: the
  * next chunk reads it back after its whole KV stream has passed L2 */
 __device__ __forceinline__ void keep_o(const pmla_gpu_problem &p, const float (&o)[128],
@@ -353,6 +365,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* E4M3 tiles (64 rows; fewer rows run decode_sm90_e4m3.hip) convert
    * from registers (REG8), DS_MLA tiles through the raw ring (RING) */
   constexpr bool REG8 = F == PMLA_KV_E4M3, RING = FP8 && !REG8;
+  /* bf16 batch-invariant tiles: a run of items that are one request's
+   * adjacent chunks, each kept for the next to fold (chained), is read as
+   * one stream of blocks. Its chunks pass one at a time through the body
+   * and the epilogue, which keeps or folds each as its own item would (same
+   * bits), while the next chunk's first block is already on its way into
+   * the other stage: no item end and start between them. */
+  constexpr bool RUNS = FOLD && F == PMLA_KV_BF16 && !NARROW;
   static_assert(!(REG8 && NARROW), "E4M3 runs 64-row tiles here");
   /* an E4M3 cache's tiles, Q and P are f16: one conversion per e4m3 pair,
    * unscaled e4m3 values exact; Q rescaled by rows to fit, its bf16 values
@@ -461,7 +480,23 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     const int32_t *w = item_at(it);
     const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
     const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
-    const int32_t kb = w[PMLA_WI_KV_BEGIN], ke = w[PMLA_WI_KV_END], len = w[PMLA_WI_KV_LEN];
+    const int32_t kb = w[PMLA_WI_KV_BEGIN], len = w[PMLA_WI_KV_LEN];
+    /* RUNS: the items chained to this one (every one but the last as long
+     * as the first) are read with it, and w becomes the last. run: the
+     * blocks of each chunk but the last, times 2, plus 1 when the first
+     * folds into an earlier item's accumulator; 0: one item */
+    int32_t run = 0;
+    if constexpr (RUNS) {
+      const int32_t n0 = w[PMLA_WI_KV_END] - kb, fold0 = (w[PMLA_WI_PIECE] & PMLA_WI_FOLD) != 0;
+      const int32_t *wl = w;
+      while (it + 1 < it_end && wl[PMLA_WI_KV_END] - wl[PMLA_WI_KV_BEGIN] == n0 &&
+             chained(wl, item_at(it + 1)))
+        wl = item_at(++it);
+      if (wl != w)
+        run = n0 / BN * 2 + fold0;
+      w = wl;
+    }
+    const int32_t ke = w[PMLA_WI_KV_END];
     const int qlen = qe - qb, rows_item = qlen * H;
     if (qlen <= 0 || row0 >= rows_item)
       continue;
@@ -495,536 +530,552 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
      * hinted loads than their few split items gained */
     const bool kv_first = KV_FIRST || (FOLD && pslot >= 0 && nrows >= KV_FIRST_MIN_ROWS);
     constexpr int OR = NARROW ? 32 : 128;
-    float o[OR];
-#pragma unroll
-    for (int e = 0; e < OR; e++)
-      o[e] = 0.f;
     /* consecutive items of one request (a batch-invariant request's chunks)
      * find its Q in shared memory already (F16: converted, unless the item
      * had no block to convert it with) */
     const bool q_new = qb != q_rows[0] || qe != q_rows[1];
     q_rows[0] = nblk == 0 ? -1 : qb; /* no block: Q is neither needed nor loaded */
     q_rows[1] = qe;
+    /* the loader's state, kept from one chunk of a run to the next */
+    int32_t raw_next = -1; /* bf16: the page entry of the next block to load */
+    uint32_t pending = 0;  /* cp.async: bit s, stage s awaits our arrival after cp_wait */
+    /* chunk ci of the run: blocks [b0, b1) (one item: all of them) */
+    for (int ci = 0, b0 = 0;; ci++) {
+      const int b1 = run > 1 && b0 + (run >> 1) < nblk ? b0 + (run >> 1) : nblk;
+      const bool last = b1 == nblk;
+      float o[OR];
+#pragma unroll
+      for (int e = 0; e < OR; e++)
+        o[e] = 0.f;
 
-    if (g == 1) {
-      /* ---------------- warpgroup 1: loader + PV columns 256.. */
-      const int t = tid - 128;
-      if (q_new && nblk > 0)
-        load_q(sQ, qb, qe, t);
-      const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
-      /* each loader warp gathers 16 tokens of a block; lane l (and l + 16)
-       * holds the page entry and slot of token 16 wi + (l & 15) */
-      const int ld_t = 16 * wi + (lane & 15);
-      auto raw_at = [&](int blk) -> int32_t {
-        int pos = kb + blk * BN + ld_t;
-        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
-      };
-      if (staged) {
-        /* the stages held the last item's O: its bulk copies have read it */
-        if (wi == 0)
-          bulk_wait_read();
-        asm volatile("bar.sync 4, 128;\n" ::: "memory");
-        staged = false;
-      }
-      int32_t raw_next = RING ? -1 : raw_at(0);
-      /* FP8: half-block h (32 rows of block h / 2), four threads a row: this
-       * thread's row rt, its page entry raw_h read a half ahead */
-      const int rt = t >> 2, rsub = t & 3;
-      int32_t raw_h = -1;
-      auto raw_of_half = [&](int h) -> int32_t {
-        const int pos = kb + h * (BN / 2) + rt;
-        return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
-      };
-      /* the slot of this thread's row of half h (-1: none; bad entries flagged) */
-      auto half_slot = [&](int h) -> int64_t {
-        const int pos = kb + h * (BN / 2) + rt;
-        return pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
-      };
-      /* bf16: issues block blk into stage st; returns whether the loader
-       * still has to arrive on the stage's barrier after its cp.async wait
-       * (cp.async blocks, and block 0 whose wait also covers Q) */
-      auto load_block = [&](int blk, int st) -> bool {
-        const int pos = kb + blk * BN + ld_t;
-        const uint32_t bar = aFull + 8 * st;
-#if PMLA_WG_TMA
-        const int64_t first =
-            !NARROW && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
-        if (first >= 0) {
-          /* the copy first; then every token is valid (one whole page),
-           * and the bits are written before this thread's arrival */
-          if (t == 0) {
-            mbar_expect_tx(bar, TILE);
-            tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar, kv_first);
-          }
-          if (lane == 0)
-            ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
-          if (blk != 0)
-            mbar_arrive(bar);
-          raw_next = raw_at(blk + 1);
-          return blk == 0;
-        }
-#endif
-        const int64_t slot =
-            pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
-        const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
-        if (lane == 0)
-          ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
-        const char *mine = slot >= 0 ? kvbase + slot * ROWB : kvbase;
-        char *dst = sKV + st * TILE;
-        /* one row at a time (four L2 lines a copy rather than 32 bytes of
-         * each of 16 rows) */
-        gather_rows<16, PMLA_TILE_CHUNKS, 1>(
-            mine, bits, lane, [&](int j, int c) { return dst + off(16 * wi + j, c); });
-        raw_next = raw_at(blk + 1);
-        return true;
-      };
-      /* this warpgroup's P V of block b, issued and committed */
-      auto pv = [&](int b) {
-        mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
-        wait_phase ^= 1u << (b & 1);
-        const uint32_t aK = smem_u32(stage(b));
-        if constexpr (NARROW) {
-          float c[4];
-#pragma unroll
-          for (int k = 0; k < 4; k++)
-            c[k] = sCorr[(b & 1) * ROWS + nar_col(lane, k)];
-          nar_scale_o<16>(o, c);
-          reg_fence<OR>(o);
-          nar_pv<F16>(o, aK, 1);
-        } else {
-          wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
-          reg_fence<128>(o);
-          wg_fence();
-#pragma unroll
-          for (int kk = 0; kk < BN / 16; kk++)
-            mma_n256_tb<F16>(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
-                             desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
-          wg_commit();
-        }
-      };
-      if constexpr (RING) {
-        /* half h into raw slot h % NH; its validity bits are byte
-         * 4 (h & 1) + wi of its block's word */
-        auto ring_issue = [&](int h) {
-          const int64_t slot = half_slot(h);
-          const bool v = slot >= 0;
-          const uint32_t bits = token_bits<4>(v);
-          if (lane == 0)
-            ((uint8_t *)(sVr + ((h >> 1) & 3)))[(h & 1) * 4 + wi] = (uint8_t)bits;
-          /* the warp's eight rows as stored, one at a time (lane 4 j holds
-           * row j's slot) */
-          const char *mine = v ? kvbase + slot * ROWB : kvbase;
-          char *dst = sRaw + h % NH * HALF + 8 * wi * ROWB;
-          gather_rows<8, ROWB / 16, 4>(mine, bits, lane,
-                                       [&](int j, int c) { return dst + j * ROWB + c * 16; });
-          raw_h = raw_of_half(h + 1);
+      if (g == 1) {
+        /* ---------------- warpgroup 1: loader + PV columns 256.. */
+        const int t = tid - 128;
+        if (b0 == 0 && q_new && nblk > 0)
+          load_q(sQ, qb, qe, t);
+        const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
+        /* each loader warp gathers 16 tokens of a block; lane l (and l + 16)
+         * holds the page entry and slot of token 16 wi + (l & 15) */
+        const int ld_t = 16 * wi + (lane & 15);
+        auto raw_at = [&](int blk) -> int32_t {
+          int pos = kb + blk * BN + ld_t;
+          return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
         };
-        /* one cp.async group per half (Q goes with half 0): block b's
-         * halves are complete with NH - 2 groups left pending */
-        const int halves = 2 * nblk;
-        if (halves > 0)
-          raw_h = raw_of_half(0);
-        for (int h = 0; h < NH; h++) {
-          if (h < halves)
-            ring_issue(h);
-          cp_commit();
+        if (staged) {
+          /* the stages held the last item's O: its bulk copies have read it */
+          if (wi == 0)
+            bulk_wait_read();
+          asm volatile("bar.sync 4, 128;\n" ::: "memory");
+          staged = false;
         }
-        for (int b = 0; b < nblk; b++) {
-          cp_wait<(NH >= 2 ? NH - 2 : 0)>();
-          ring_convert(b);
-          if (2 * b + NH < halves) {
-            const uint32_t G = conv_before + (uint32_t)b;
-            mbar_wait(aRawRead + 8 * (G & 1), (G >> 1) & 1);
+        if (b0 == 0 && !RING)
+          raw_next = raw_at(0);
+        /* FP8: half-block h (32 rows of block h / 2), four threads a row: this
+         * thread's row rt, its page entry raw_h read a half ahead */
+        const int rt = t >> 2, rsub = t & 3;
+        int32_t raw_h = -1;
+        auto raw_of_half = [&](int h) -> int32_t {
+          const int pos = kb + h * (BN / 2) + rt;
+          return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
+        };
+        /* the slot of this thread's row of half h (-1: none; bad entries flagged) */
+        auto half_slot = [&](int h) -> int64_t {
+          const int pos = kb + h * (BN / 2) + rt;
+          return pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
+        };
+        /* bf16: issues block blk into stage st; returns whether the loader
+         * still has to arrive on the stage's barrier after its cp.async wait
+         * (cp.async blocks, and block 0 whose wait also covers Q) */
+        auto load_block = [&](int blk, int st) -> bool {
+          const int pos = kb + blk * BN + ld_t;
+          const uint32_t bar = aFull + 8 * st;
+#if PMLA_WG_TMA
+          const int64_t first =
+              !NARROW && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+          if (first >= 0) {
+            /* the copy first; then every token is valid (one whole page),
+             * and the bits are written before this thread's arrival */
+            if (t == 0) {
+              mbar_expect_tx(bar, TILE);
+              tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar, kv_first);
+            }
+            if (lane == 0)
+              ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
+            if (blk != 0)
+              mbar_arrive(bar);
+            raw_next = raw_at(blk + 1);
+            return blk == 0;
           }
-          for (int h = 2 * b + NH; h < 2 * b + NH + 2; h++) {
+#endif
+          const int64_t slot =
+              pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
+          const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
+          if (lane == 0)
+            ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
+          const char *mine = slot >= 0 ? kvbase + slot * ROWB : kvbase;
+          char *dst = sKV + st * TILE;
+          /* one row at a time (four L2 lines a copy rather than 32 bytes of
+           * each of 16 rows) */
+          gather_rows<16, PMLA_TILE_CHUNKS, 1>(
+              mine, bits, lane, [&](int j, int c) { return dst + off(16 * wi + j, c); });
+          raw_next = raw_at(blk + 1);
+          return true;
+        };
+        /* this warpgroup's P V of block b, issued and committed */
+        auto pv = [&](int b) {
+          mbar_wait(aPready + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+          wait_phase ^= 1u << (b & 1);
+          const uint32_t aK = smem_u32(stage(b));
+          if constexpr (NARROW) {
+            float c[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+              c[k] = sCorr[(b & 1) * ROWS + nar_col(lane, k)];
+            nar_scale_o<16>(o, c);
+            reg_fence<OR>(o);
+            nar_pv<F16>(o, aK, 1);
+          } else {
+            wg_scale_o(o, sCorr[(b & 1) * ROWS + myrow[0]], sCorr[(b & 1) * ROWS + myrow[1]]);
+            reg_fence<128>(o);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+              mma_n256_tb<F16>(o, desc_at(desc(aK, 16, 1024), 8 * BLK + kk * 32),
+                               desc_at(desc(aK, BLK, 1024), 4 * BLK + kk * 16 * 128));
+            wg_commit();
+          }
+        };
+        if constexpr (RING) {
+          /* half h into raw slot h % NH; its validity bits are byte
+           * 4 (h & 1) + wi of its block's word */
+          auto ring_issue = [&](int h) {
+            const int64_t slot = half_slot(h);
+            const bool v = slot >= 0;
+            const uint32_t bits = token_bits<4>(v);
+            if (lane == 0)
+              ((uint8_t *)(sVr + ((h >> 1) & 3)))[(h & 1) * 4 + wi] = (uint8_t)bits;
+            /* the warp's eight rows as stored, one at a time (lane 4 j holds
+             * row j's slot) */
+            const char *mine = v ? kvbase + slot * ROWB : kvbase;
+            char *dst = sRaw + h % NH * HALF + 8 * wi * ROWB;
+            gather_rows<8, ROWB / 16, 4>(mine, bits, lane,
+                                         [&](int j, int c) { return dst + j * ROWB + c * 16; });
+            raw_h = raw_of_half(h + 1);
+          };
+          /* one cp.async group per half (Q goes with half 0): block b's
+           * halves are complete with NH - 2 groups left pending */
+          const int halves = 2 * nblk;
+          if (halves > 0)
+            raw_h = raw_of_half(0);
+          for (int h = 0; h < NH; h++) {
             if (h < halves)
               ring_issue(h);
             cp_commit();
           }
-          pv(b);
-          wg_wait0();
-          reg_fence<OR>(o);
-        }
-      } else if constexpr (REG8) {
-        /* half h of the item as stored, in registers: one half in flight
-         * at a time */
-        RowLoad<F, 4> rl;
-        bool rv = false;
-        if (nblk > 0)
-          raw_h = raw_of_half(0);
-        auto fetch = [&](int h) {
-          const int64_t slot = half_slot(h);
-          rv = slot >= 0;
-          rl.issue(rv ? kvbase + slot * ROWB : kvbase, rv, rsub);
-          raw_h = raw_of_half(h + 1);
-        };
-        /* the fetched half converted into its block's stage (h / 2) & 1; the
-         * first half of an item's new Q first waits for Q's copies and
-         * rewrites Q as f16 */
-        auto put = [&](int h) {
-          const int st = (h >> 1) & 1;
-          const uint32_t bits = token_bits<4>(rv);
-          if (lane == 0)
-            ((uint8_t *)(sVm + st))[(h & 1) * 4 + wi] = (uint8_t)bits;
-          if (h == 0 && q_new) {
+          for (int b = 0; b < nblk; b++) {
+            cp_wait<(NH >= 2 ? NH - 2 : 0)>();
+            ring_convert(b);
+            if (2 * b + NH < halves) {
+              const uint32_t G = conv_before + (uint32_t)b;
+              mbar_wait(aRawRead + 8 * (G & 1), (G >> 1) & 1);
+            }
+            for (int h = 2 * b + NH; h < 2 * b + NH + 2; h++) {
+              if (h < halves)
+                ring_issue(h);
+              cp_commit();
+            }
+            pv(b);
+            wg_wait0();
+            reg_fence<OR>(o);
+          }
+        } else if constexpr (REG8) {
+          /* half h of the item as stored, in registers: one half in flight
+           * at a time */
+          RowLoad<F, 4> rl;
+          bool rv = false;
+          if (nblk > 0)
+            raw_h = raw_of_half(0);
+          auto fetch = [&](int h) {
+            const int64_t slot = half_slot(h);
+            rv = slot >= 0;
+            rl.issue(rv ? kvbase + slot * ROWB : kvbase, rv, rsub);
+            raw_h = raw_of_half(h + 1);
+          };
+          /* the fetched half converted into its block's stage (h / 2) & 1; the
+           * first half of an item's new Q first waits for Q's copies and
+           * rewrites Q as f16 */
+          auto put = [&](int h) {
+            const int st = (h >> 1) & 1;
+            const uint32_t bits = token_bits<4>(rv);
+            if (lane == 0)
+              ((uint8_t *)(sVm + st))[(h & 1) * 4 + wi] = (uint8_t)bits;
+            if (h == 0 && q_new) {
+              cp_wait<0>();
+              asm volatile("bar.sync 4, 128;\n" ::: "memory"); /* all of Q landed */
+              const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
+              if ((t & 1) == 0)
+                sQf[t >> 1] = f;
+            }
+            const int row = (h & 1) * (BN / 2) + rt;
+            rl.template store<true>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); });
+          };
+          auto publish = [&](int blk) {
+            proxy_fence();
+            mbar_arrive(aFull + 8 * (blk & 1));
+          };
+          cp_commit(); /* Q's copies, if any: cp_wait covers committed groups only */
+          if (nblk > 0) {
+            fetch(0);
+            put(0);
+            fetch(1);
+            put(1);
+            publish(0);
+            if (nblk > 1)
+              fetch(2);
+          }
+          for (int b = 0; b < nblk; b++) {
+            if (b + 1 < nblk) {
+              /* stage (b + 1) & 1 held block b - 1: both its P V are done */
+              if (b >= 1)
+                nb_sync(EMPTY + ((b - 1) & 1));
+              put(2 * b + 2);
+              fetch(2 * b + 3);
+            }
+            pv(b);
+            if (b + 1 < nblk) {
+              put(2 * b + 3); /* under this P V */
+              publish(b + 1);
+              if (b + 2 < nblk)
+                fetch(2 * b + 4);
+            }
+            wg_wait0();
+            reg_fence<OR>(o);
+          }
+        } else {
+          /* block blk's cp.async data has landed: make it visible to wgmma
+           * and publish it */
+          auto publish = [&](int blk) {
             cp_wait<0>();
-            asm volatile("bar.sync 4, 128;\n" ::: "memory"); /* all of Q landed */
-            const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
-            if ((t & 1) == 0)
-              sQf[t >> 1] = f;
+            proxy_fence();
+            mbar_arrive(aFull + 8 * (blk & 1));
+            pending &= ~(1u << (blk & 1));
+          };
+          if (b0 == 0) {
+            if (nblk > 0 && load_block(0, 0))
+              pending = 1;
+            cp_commit();
           }
-          const int row = (h & 1) * (BN / 2) + rt;
-          rl.template store<true>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); });
-        };
-        auto publish = [&](int blk) {
-          proxy_fence();
-          mbar_arrive(aFull + 8 * (blk & 1));
-        };
-        cp_commit(); /* Q's copies, if any: cp_wait covers committed groups only */
-        if (nblk > 0) {
-          fetch(0);
-          put(0);
-          fetch(1);
-          put(1);
-          publish(0);
-          if (nblk > 1)
-            fetch(2);
+          for (int b = b0; b < b1; b++) {
+            if (pending & (1u << (b & 1)))
+              publish(b);
+            if (b + 1 < nblk) {
+              if (b >= 1)
+                nb_sync(EMPTY + ((b - 1) & 1));
+              if (load_block(b + 1, (b + 1) & 1))
+                pending |= 1u << ((b + 1) & 1);
+            }
+            cp_commit();
+            pv(b);
+            /* block b + 1 is published while this P V runs, not after it:
+             * its landing wait is off warpgroup 0's path */
+            if (pending & (1u << ((b + 1) & 1)))
+              publish(b + 1);
+            wg_wait0();
+            reg_fence<OR>(o);
+          }
         }
+        cp_wait<0>();
+        /* warpgroup 0's row sums, read in the epilogue: an acquire of their
+         * release, besides the block barrier (racecheck does not see the
+         * block barrier order these cross-warpgroup accesses) */
+        mbar_wait(aDone, done_phase);
+        done_phase ^= 1;
+      } else if constexpr (NARROW) {
+        /* ---------------- warpgroup 0, NARROW: S^T + softmax + O^T dims 0..255 */
+        int lim[4];     /* by column: tokens before it are attended */
+        float sc[4];    /* by column; F16: times Q's row factor */
+        float m_run[4], l_run[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          lim[k] = row_limit(row0 + nar_col(lane, k), rows_item, H, len, qlen, ke);
+          sc[k] = scale_log2;
+          m_run[k] = -INFINITY;
+          l_run[k] = 0.f;
+        }
+        const int t0 = 16 * wi + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
+        float s[8];
         for (int b = 0; b < nblk; b++) {
-          if (b + 1 < nblk) {
-            /* stage (b + 1) & 1 held block b - 1: both its P V are done */
-            if (b >= 1)
-              nb_sync(EMPTY + ((b - 1) & 1));
-            put(2 * b + 2);
-            fetch(2 * b + 3);
+          if (RING)
+            ring_convert(b);
+          else {
+            mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+            wait_phase ^= 1u << (b & 1);
           }
-          pv(b);
-          if (b + 1 < nblk) {
-            put(2 * b + 3); /* under this P V */
-            publish(b + 1);
-            if (b + 2 < nblk)
-              fetch(2 * b + 4);
+          char *sK = stage(b);
+          const uint32_t aK = smem_u32(sK);
+#pragma unroll
+          for (int e = 0; e < 8; e++)
+            s[e] = 0.f;
+          reg_fence<8>(s);
+          wg_fence();
+#pragma unroll
+          for (int ks = 0; ks < KSTEPS; ks++) {
+            const uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
+            mma_n16<F16>(s, desc_at(desc(aK, 16, 1024), ko), desc_at(dQ, ko));
           }
+          wg_commit();
+          if (F16 && b == 0) /* block 0 came with Q and its row factors */
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+              sc[k] = scale_log2 * sQf[nar_col(lane, k)];
           wg_wait0();
-          reg_fence<OR>(o);
-        }
-      } else {
-        uint32_t pending = 0; /* bit s: stage s awaits our arrival after cp_wait */
-        /* block blk's cp.async data has landed: make it visible to wgmma
-         * and publish it */
-        auto publish = [&](int blk) {
-          cp_wait<0>();
+          reg_fence<8>(s);
+          /* mask (raw scores; -inf where a token is invalid or causally after
+           * the column's row), then the column maxima over the block: within
+           * the warp by shuffles, across the four warps through sMx */
+          const int pos0 = kb + b * BN;
+          const uint64_t vm = RING ? sVr[b & 3] : sVm[b & 1];
+          float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+          for (int e = 0; e < 8; e++) {
+            const int k = nar_k(e), t = t0 + 8 * ((e >> 1) & 1);
+            if (!((vm & before64(lim[k], pos0)) >> t & 1))
+              s[e] = -INFINITY;
+            mx[k] = fmaxf(mx[k], s[e]);
+          }
+          float *mxb = sMx + (b & 1) * 64;
+#pragma unroll
+          for (int k = 0; k < 4; k++) {
+            mx[k] = col_max(mx[k]);
+            if (lane < 4)
+              mxb[wi * 16 + nar_col(lane, k)] = mx[k];
+          }
+          /* also: every warp's S^T has read the rope block P^T overwrites */
+          asm volatile("bar.sync 7, 128;\n" ::: "memory");
+          float muse[4], corr[4], sum[4];
+#pragma unroll
+          for (int k = 0; k < 4; k++) {
+            const int c = nar_col(lane, k);
+            const float bm = fmaxf(fmaxf(mxb[c], mxb[16 + c]), fmaxf(mxb[32 + c], mxb[48 + c]));
+            move_max(m_run[k], bm * sc[k], &muse[k], &corr[k]);
+            sum[k] = 0.f;
+            if (wi == 0 && lane < 4)
+              sCorr[(b & 1) * ROWS + c] = corr[k];
+          }
+          /* P^T: row c of the rope block holds column c's 64 probabilities */
+          char *sP = sK + 8 * BLK;
+#pragma unroll
+          for (int e = 0; e < 8; e++) {
+            const int k = nar_k(e), c = nar_col(lane, k), t = t0 + 8 * ((e >> 1) & 1);
+            const float pv = fast_exp2(fmaf(s[e], sc[k], -muse[k]));
+            sum[k] += pv;
+            const uint32_t pk = F16 ? pack_f16x2(pv, 0.f) : pack_bf16x2(pv, 0.f);
+            *(uint16_t *)(sP + c * 128 + (((t >> 3) ^ (c & 7)) << 4) + ((t & 7) << 1)) =
+                (uint16_t)(pk & 0xffffu);
+          }
           proxy_fence();
-          mbar_arrive(aFull + 8 * (blk & 1));
-          pending &= ~(1u << (blk & 1));
-        };
-        if (nblk > 0 && load_block(0, 0))
-          pending = 1;
-        cp_commit();
-        for (int b = 0; b < nblk; b++) {
-          if (pending & (1u << (b & 1)))
-            publish(b);
-          if (b + 1 < nblk) {
-            if (b >= 1)
-              nb_sync(EMPTY + ((b - 1) & 1));
-            if (load_block(b + 1, (b + 1) & 1))
-              pending |= 1u << ((b + 1) & 1);
-          }
-          cp_commit();
-          pv(b);
-          /* block b + 1 is published while this P V runs, not after it:
-           * its landing wait is off warpgroup 0's path */
-          if (pending & (1u << ((b + 1) & 1)))
-            publish(b + 1);
-          wg_wait0();
-          reg_fence<OR>(o);
-        }
-      }
-      cp_wait<0>();
-      /* warpgroup 0's row sums, read in the epilogue: an acquire of their
-       * release, besides the block barrier (racecheck does not see the
-       * block barrier order these cross-warpgroup accesses) */
-      mbar_wait(aDone, done_phase);
-      done_phase ^= 1;
-    } else if constexpr (NARROW) {
-      /* ---------------- warpgroup 0, NARROW: S^T + softmax + O^T dims 0..255 */
-      int lim[4];     /* by column: tokens before it are attended */
-      float sc[4];    /* by column; F16: times Q's row factor */
-      float m_run[4], l_run[4];
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        lim[k] = row_limit(row0 + nar_col(lane, k), rows_item, H, len, qlen, ke);
-        sc[k] = scale_log2;
-        m_run[k] = -INFINITY;
-        l_run[k] = 0.f;
-      }
-      const int t0 = 16 * wi + (lane >> 2); /* this thread's tokens: t0, t0 + 8 */
-      float s[8];
-      for (int b = 0; b < nblk; b++) {
-        if (RING)
-          ring_convert(b);
-        else {
-          mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
-          wait_phase ^= 1u << (b & 1);
-        }
-        char *sK = stage(b);
-        const uint32_t aK = smem_u32(sK);
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-          s[e] = 0.f;
-        reg_fence<8>(s);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks++) {
-          const uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
-          mma_n16<F16>(s, desc_at(desc(aK, 16, 1024), ko), desc_at(dQ, ko));
-        }
-        wg_commit();
-        if (F16 && b == 0) /* block 0 came with Q and its row factors */
+          mbar_arrive(aPready + 8 * (b & 1));
+          /* this warpgroup's P V reads every warp's P^T rows (B spans all 64
+           * tokens), not only its own */
+          asm volatile("bar.sync 7, 128;\n" ::: "memory");
 #pragma unroll
           for (int k = 0; k < 4; k++)
-            sc[k] = scale_log2 * sQf[nar_col(lane, k)];
-        wg_wait0();
-        reg_fence<8>(s);
-        /* mask (raw scores; -inf where a token is invalid or causally after
-         * the column's row), then the column maxima over the block: within
-         * the warp by shuffles, across the four warps through sMx */
-        const int pos0 = kb + b * BN;
-        const uint64_t vm = RING ? sVr[b & 3] : sVm[b & 1];
-        float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-          const int k = nar_k(e), t = t0 + 8 * ((e >> 1) & 1);
-          if (!((vm & before64(lim[k], pos0)) >> t & 1))
-            s[e] = -INFINITY;
-          mx[k] = fmaxf(mx[k], s[e]);
+            l_run[k] = l_run[k] * corr[k] + sum[k];
+          nar_scale_o<16>(o, corr);
+          reg_fence<32>(o);
+          nar_pv<F16>(o, aK, 0);
+          wg_wait0();
+          reg_fence<32>(o);
+          if (!RING && b + 2 < nblk)
+            nb_arrive(EMPTY + (b & 1));
         }
-        float *mxb = sMx + (b & 1) * 64;
+        nar_row_stats<16>(sMx, m_run, l_run, sM, sL, nblk, wi, lane);
+        mbar_arrive(aDone);
+      } else {
+        /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
+        int lim[2];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-          mx[k] = col_max(mx[k]);
-          if (lane < 4)
-            mxb[wi * 16 + nar_col(lane, k)] = mx[k];
-        }
-        /* also: every warp's S^T has read the rope block P^T overwrites */
-        asm volatile("bar.sync 7, 128;\n" ::: "memory");
-        float muse[4], corr[4], sum[4];
+        for (int s = 0; s < 2; s++)
+          lim[s] = row_limit(row0 + myrow[s], rows_item, H, len, qlen, ke);
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+        float sc[2] = {scale_log2, scale_log2}; /* by row; F16: times Q's row factor */
+        /* S(b) of block b: waits for the block, issues its 36 wgmma and
+         * commits them as one group (not waited for here) */
+        float s[32];
+        auto issue_qk = [&](int b) {
+          if (!RING) {
+            mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
+            wait_phase ^= 1u << (b & 1);
+          }
+          const uint32_t aK = smem_u32(stage(b));
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-          const int c = nar_col(lane, k);
-          const float bm = fmaxf(fmaxf(mxb[c], mxb[16 + c]), fmaxf(mxb[32 + c], mxb[48 + c]));
-          move_max(m_run[k], bm * sc[k], &muse[k], &corr[k]);
-          sum[k] = 0.f;
-          if (wi == 0 && lane < 4)
-            sCorr[(b & 1) * ROWS + c] = corr[k];
-        }
-        /* P^T: row c of the rope block holds column c's 64 probabilities */
-        char *sP = sK + 8 * BLK;
+          for (int e = 0; e < 32; e++)
+            s[e] = 0.f;
+          reg_fence<32>(s);
+          wg_fence();
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-          const int k = nar_k(e), c = nar_col(lane, k), t = t0 + 8 * ((e >> 1) & 1);
-          const float pv = fast_exp2(fmaf(s[e], sc[k], -muse[k]));
-          sum[k] += pv;
-          const uint32_t pk = F16 ? pack_f16x2(pv, 0.f) : pack_bf16x2(pv, 0.f);
-          *(uint16_t *)(sP + c * 128 + (((t >> 3) ^ (c & 7)) << 4) + ((t & 7) << 1)) =
-              (uint16_t)(pk & 0xffffu);
-        }
-        proxy_fence();
-        mbar_arrive(aPready + 8 * (b & 1));
-        /* this warpgroup's P V reads every warp's P^T rows (B spans all 64
-         * tokens), not only its own */
-        asm volatile("bar.sync 7, 128;\n" ::: "memory");
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-          l_run[k] = l_run[k] * corr[k] + sum[k];
-        nar_scale_o<16>(o, corr);
-        reg_fence<32>(o);
-        nar_pv<F16>(o, aK, 0);
-        wg_wait0();
-        reg_fence<32>(o);
-        if (!RING && b + 2 < nblk)
-          nb_arrive(EMPTY + (b & 1));
-      }
-      nar_row_stats<16>(sMx, m_run, l_run, sM, sL, nblk, wi, lane);
-      mbar_arrive(aDone);
-    } else {
-      /* ---------------- warpgroup 0: QK + softmax + PV columns 0..255 */
-      int lim[2];
-#pragma unroll
-      for (int s = 0; s < 2; s++)
-        lim[s] = row_limit(row0 + myrow[s], rows_item, H, len, qlen, ke);
-      float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-      float sc[2] = {scale_log2, scale_log2}; /* by row; F16: times Q's row factor */
-      /* S(b) of block b: waits for the block, issues its 36 wgmma and
-       * commits them as one group (not waited for here) */
-      float s[32];
-      auto issue_qk = [&](int b) {
-        if (!RING) {
-          mbar_wait(aFull + 8 * (b & 1), (wait_phase >> (b & 1)) & 1);
-          wait_phase ^= 1u << (b & 1);
-        }
-        const uint32_t aK = smem_u32(stage(b));
-#pragma unroll
-        for (int e = 0; e < 32; e++)
-          s[e] = 0.f;
-        reg_fence<32>(s);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks++) {
-          uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
-          mma_n64<F16>(s, desc_at(dQ, ko), desc_at(desc(aK, 16, 1024), ko));
-        }
-        wg_commit();
-      };
-      /* softmax of S(b), then this warpgroup's P V of block b, issued and
-       * committed (not waited for) */
-      auto softmax_pv = [&](int b) {
-        char *sK = stage(b);
-        const uint32_t aK = smem_u32(sK);
-        const int pos0 = kb + b * BN;
-        /* every warp's QK has read the rope block before P overwrites it */
-        asm volatile("bar.sync 7, 128;\n" ::: "memory");
+          for (int ks = 0; ks < KSTEPS; ks++) {
+            uint32_t ko = (ks >> 2) * BLK + (ks & 3) * 32;
+            mma_n64<F16>(s, desc_at(dQ, ko), desc_at(desc(aK, 16, 1024), ko));
+          }
+          wg_commit();
+        };
+        /* softmax of S(b), then this warpgroup's P V of block b, issued and
+         * committed (not waited for) */
+        auto softmax_pv = [&](int b) {
+          char *sK = stage(b);
+          const uint32_t aK = smem_u32(sK);
+          const int pos0 = kb + b * BN;
+          /* every warp's QK has read the rope block before P overwrites it */
+          asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
-        float mx[2];
-        wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
-        float muse[2], corr[2], sum[2] = {0.f, 0.f};
+          float mx[2];
+          wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
+          float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
-        for (int sl = 0; sl < 2; sl++) {
-          move_max(m_run[sl], mx[sl], &muse[sl], &corr[sl]);
-          if (row_leader(lane))
-            sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
+          for (int sl = 0; sl < 2; sl++) {
+            move_max(m_run[sl], mx[sl], &muse[sl], &corr[sl]);
+            if (row_leader(lane))
+              sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
+          }
+          /* P(b) as 16-bit pairs: this warpgroup's P V reads them from
+           * registers (pair e / 2 of S is A-fragment register e / 2 of its
+           * k-step e / 8), warpgroup 1 from the stage's rope block */
+          char *sP = sK + 8 * BLK;
+          uint32_t pr[16];
+#pragma unroll
+          for (int e = 0; e < 32; e += 2) {
+            int sl = (e >> 1) & 1, row = myrow[sl];
+            int col = (e >> 2) * 8 + ((lane & 3) << 1);
+            float p0 = fast_exp2(fmaf(s[e], sc[sl], -muse[sl]));
+            float p1 = fast_exp2(fmaf(s[e + 1], sc[sl], -muse[sl]));
+            sum[sl] += p0 + p1;
+            pr[e >> 1] = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
+            *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
+                pr[e >> 1];
+          }
+          proxy_fence();
+          mbar_arrive(aPready + 8 * (b & 1));
+#pragma unroll
+          for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
+            l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
+          wg_scale_o(o, corr[0], corr[1]);
+          reg_fence<128>(o);
+          wg_fence();
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; kk++)
+            mma_n256_rs<F16>(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
+          wg_commit();
+        };
+        /* this item's Q came by this warpgroup's copies: landed and visible
+         * to wgmma from every thread before the first Q K^T */
+        if (PREFETCH_Q && q_pref) {
+          cp_wait<0>();
+          proxy_fence();
+          asm volatile("bar.sync 7, 128;\n" ::: "memory");
+          q_pref = false;
         }
-        /* P(b) as 16-bit pairs: this warpgroup's P V reads them from
-         * registers (pair e / 2 of S is A-fragment register e / 2 of its
-         * k-step e / 8), warpgroup 1 from the stage's rope block */
-        char *sP = sK + 8 * BLK;
-        uint32_t pr[16];
+        /* bf16 and E4M3: the stage is released as soon as this warpgroup's
+         * P V is done, so the loader can refill it while S(b + 1) is
+         * computed; DS_MLA: the next block is converted once both P V are
+         * done (ring_convert) */
+        for (int b = b0; b < b1; b++) {
+          if (RING)
+            ring_convert(b);
+          issue_qk(b);
+          if (F16 && b == 0) /* block 0 came with Q and its row factors */
 #pragma unroll
-        for (int e = 0; e < 32; e += 2) {
-          int sl = (e >> 1) & 1, row = myrow[sl];
-          int col = (e >> 2) * 8 + ((lane & 3) << 1);
-          float p0 = fast_exp2(fmaf(s[e], sc[sl], -muse[sl]));
-          float p1 = fast_exp2(fmaf(s[e + 1], sc[sl], -muse[sl]));
-          sum[sl] += p0 + p1;
-          pr[e >> 1] = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
-          *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
-              pr[e >> 1];
+            for (int sl = 0; sl < 2; sl++)
+              sc[sl] = scale_log2 * sQf[myrow[sl]];
+          wg_wait0();
+          reg_fence<32>(s);
+          softmax_pv(b);
+          if (PREFETCH_Q && b == nblk - 1 && nq_b >= 0) {
+            /* every Q K^T of the item is done (waited above) */
+            load_q(sQ, nq_b, nq_e, t_q);
+            cp_commit(); /* cp_wait covers committed groups only */
+            q_pref = true;
+          }
+          wg_wait0();
+          reg_fence<128>(o);
+          if (!RING && b + 2 < nblk)
+            nb_arrive(EMPTY + (b & 1));
         }
-        proxy_fence();
-        mbar_arrive(aPready + 8 * (b & 1));
-#pragma unroll
-        for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
-          l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
-        wg_scale_o(o, corr[0], corr[1]);
-        reg_fence<128>(o);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-          mma_n256_rs<F16>(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
-        wg_commit();
-      };
-      /* this item's Q came by this warpgroup's copies: landed and visible
-       * to wgmma from every thread before the first Q K^T */
-      if (PREFETCH_Q && q_pref) {
-        cp_wait<0>();
-        proxy_fence();
-        asm volatile("bar.sync 7, 128;\n" ::: "memory");
-        q_pref = false;
-      }
-      /* bf16 and E4M3: the stage is released as soon as this warpgroup's
-       * P V is done, so the loader can refill it while S(b + 1) is
-       * computed; DS_MLA: the next block is converted once both P V are
-       * done (ring_convert) */
-      for (int b = 0; b < nblk; b++) {
-        if (RING)
-          ring_convert(b);
-        issue_qk(b);
-        if (F16 && b == 0) /* block 0 came with Q and its row factors */
-#pragma unroll
-          for (int sl = 0; sl < 2; sl++)
-            sc[sl] = scale_log2 * sQf[myrow[sl]];
-        wg_wait0();
-        reg_fence<32>(s);
-        softmax_pv(b);
-        if (PREFETCH_Q && b == nblk - 1 && nq_b >= 0) {
-          /* every Q K^T of the item is done (waited above) */
+        if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
           load_q(sQ, nq_b, nq_e, t_q);
           cp_commit(); /* cp_wait covers committed groups only */
           q_pref = true;
         }
-        wg_wait0();
-        reg_fence<128>(o);
-        if (!RING && b + 2 < nblk)
-          nb_arrive(EMPTY + (b & 1));
-      }
-      if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
-        load_q(sQ, nq_b, nq_e, t_q);
-        cp_commit(); /* cp_wait covers committed groups only */
-        q_pref = true;
-      }
 #pragma unroll
-      for (int sl = 0; sl < 2; sl++)
-        l_run[sl] = row_sum(l_run[sl]);
-      if (row_leader(lane)) {
+        for (int sl = 0; sl < 2; sl++)
+          l_run[sl] = row_sum(l_run[sl]);
+        if (row_leader(lane)) {
 #pragma unroll
-        for (int sl = 0; sl < 2; sl++) {
-          sM[myrow[sl]] = m_run[sl];
-          sL[myrow[sl]] = l_run[sl];
+          for (int sl = 0; sl < 2; sl++) {
+            sM[myrow[sl]] = m_run[sl];
+            sL[myrow[sl]] = l_run[sl];
+          }
+        }
+        mbar_arrive(aDone);
+      }
+      __syncthreads();
+      conv_before += RING ? (uint32_t)nblk : 0u;
+
+      /* the epilogue: O staged in the two stages, row for row, and sent by
+       * bulk copies (out is 16-byte aligned: gpu_decode refuses it
+       * otherwise); a folding item first folds the accumulator in */
+      /* a run's chunks before its last are kept; those after its first fold */
+      const int32_t piece = !FOLD ? 0
+                            : last ? w[PMLA_WI_PIECE]
+                                   : PMLA_WI_KEEP | (ci > 0 || (run & 1) ? PMLA_WI_FOLD : 0);
+      const bool fold = FOLD && pslot >= 0 && (piece & PMLA_WI_FOLD);
+      const bool keep = FOLD && pslot >= 0 && (piece & PMLA_WI_KEEP);
+      const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : pslot; /* -1: out */
+      const int64_t obase = (int64_t)pslot * p.max_q_len * H + row0;
+      const float one[2] = {1.f, 1.f};
+      if constexpr (NARROW) {
+        if (pslot >= 0)
+          nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
+        else
+          nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
+      } else if (fold) {
+        fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0);
+        __syncthreads(); /* every accumulator lse read before store_lse replaces it */
+        if (keep)
+          keep_o(p, o, one, g, lane, myrow, nrows, obase);
+        else if (dst >= 0)
+          stage_rows<true>(sKV, o, one, g, lane, myrow, nrows);
+        else
+          stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
+      } else if (keep) {
+        float inv[2];
+        row_factors(inv, sL, myrow, nrows, out_scale);
+        keep_o(p, o, inv, g, lane, myrow, nrows, obase);
+      } else if (pslot >= 0) {
+        stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
+      } else {
+        stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
+      }
+      if (!keep) {
+        proxy_fence();
+        /* a folding item's slot held kept words, written and read by these
+         * threads through the generic proxy; the bulk stores below may
+         * overwrite them */
+        if (fold)
+          proxy_fence_global();
+        __syncthreads();
+        if (g == 1) {
+          staged = true;
+          if (wi == 0)
+            send_staged(p, sKV, dst, qb, row0, nrows, lane);
         }
       }
-      mbar_arrive(aDone);
-    }
-    __syncthreads();
-    conv_before += RING ? (uint32_t)nblk : 0u;
-
-    /* the epilogue: O staged in the two stages, row for row, and sent by
-     * bulk copies (out is 16-byte aligned: gpu_decode refuses it
-     * otherwise); a folding item first folds the accumulator in */
-    const int32_t piece = FOLD ? w[PMLA_WI_PIECE] : 0;
-    const bool fold = FOLD && pslot >= 0 && (piece & PMLA_WI_FOLD);
-    const bool keep = FOLD && pslot >= 0 && (piece & PMLA_WI_KEEP);
-    const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : pslot; /* -1: out */
-    const int64_t obase = (int64_t)pslot * p.max_q_len * H + row0;
-    const float one[2] = {1.f, 1.f};
-    if constexpr (NARROW) {
-      if (pslot >= 0)
-        nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
-      else
-        nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
-    } else if (fold) {
-      fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0);
-      __syncthreads(); /* every accumulator lse read before store_lse replaces it */
-      if (keep)
-        keep_o(p, o, one, g, lane, myrow, nrows, obase);
-      else if (dst >= 0)
-        stage_rows<true>(sKV, o, one, g, lane, myrow, nrows);
-      else
-        stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
-    } else if (keep) {
-      float inv[2];
-      row_factors(inv, sL, myrow, nrows, out_scale);
-      keep_o(p, o, inv, g, lane, myrow, nrows, obase);
-    } else if (pslot >= 0) {
-      stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
-    } else {
-      stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
-    }
-    if (!keep) {
-      proxy_fence();
-      /* a folding item's slot held kept words, written and read by these
-       * threads through the generic proxy; the bulk stores below may
-       * overwrite them */
-      if (fold)
-        proxy_fence_global();
+      store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, piece);
       __syncthreads();
-      if (g == 1) {
-        staged = true;
-        if (wi == 0)
-          send_staged(p, sKV, dst, qb, row0, nrows, lane);
-      }
+      if (last)
+        break;
+      b0 = b1;
     }
-    store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, piece);
-    __syncthreads();
     if (PREFETCH_Q && nq_b >= 0) { /* sQ holds (or receives) the next item's Q */
       q_rows[0] = nq_b;
       q_rows[1] = nq_e;
