@@ -243,16 +243,42 @@ __device__ __forceinline__ float *kept_words(const pmla_gpu_problem &p, int64_t 
                                              int lane) {
   return p.partial_out + orow * PMLA_V_DIM + g * 256 + ((lane & 3) << 2);
 }
-/* Whether item b continues item a in one run of body_pp (RUNS): the same
- * request, query rows and slot, b's chunk right after a's, a whole number
- * of blocks that b folds. */
-__device__ __forceinline__ bool chained(const int32_t *a, const int32_t *b) {
+/* How item b continues item a in one run of body_pp (RUNS): the same
+ * request and query rows, b's chunk right after a's, which is a whole
+ * number of blocks, and either RUN_FOLD (a kept in a slot that b folds) or
+ * RUN_PIECES (both pieces for the reduce, in consecutive slots); 0: not. */
+enum { RUN_FOLD = 1, RUN_PIECES = 2 };
+__device__ __forceinline__ int chained(const int32_t *a, const int32_t *b) {
   const int32_t n = a[PMLA_WI_KV_END] - a[PMLA_WI_KV_BEGIN];
-  return a[PMLA_WI_REQUEST] == b[PMLA_WI_REQUEST] && a[PMLA_WI_Q_BEGIN] == b[PMLA_WI_Q_BEGIN] &&
-         a[PMLA_WI_Q_END] == b[PMLA_WI_Q_END] && a[PMLA_WI_PARTIAL] >= 0 &&
-         a[PMLA_WI_PARTIAL] == b[PMLA_WI_PARTIAL] && b[PMLA_WI_KV_BEGIN] == a[PMLA_WI_KV_END] &&
-         b[PMLA_WI_KV_END] > b[PMLA_WI_KV_BEGIN] && n > 0 && n % BN == 0 &&
-         (a[PMLA_WI_PIECE] & PMLA_WI_KEEP) && (b[PMLA_WI_PIECE] & PMLA_WI_FOLD);
+  const int32_t sa = a[PMLA_WI_PARTIAL], sb = b[PMLA_WI_PARTIAL];
+  const int32_t fa = a[PMLA_WI_PIECE] & ~PMLA_WI_CHUNK_MASK,
+                fb = b[PMLA_WI_PIECE] & ~PMLA_WI_CHUNK_MASK;
+  if (a[PMLA_WI_REQUEST] != b[PMLA_WI_REQUEST] || a[PMLA_WI_Q_BEGIN] != b[PMLA_WI_Q_BEGIN] ||
+      a[PMLA_WI_Q_END] != b[PMLA_WI_Q_END] || sa < 0 || b[PMLA_WI_KV_BEGIN] != a[PMLA_WI_KV_END] ||
+      b[PMLA_WI_KV_END] <= b[PMLA_WI_KV_BEGIN] || n <= 0 || n % BN != 0)
+    return 0;
+  if (sb == sa && (fa & PMLA_WI_KEEP) && (fb & PMLA_WI_FOLD))
+    return RUN_FOLD;
+  return fa == 0 && fb == 0 && sb == sa + 1 ? RUN_PIECES : 0;
+}
+/* this warpgroup's normalised O as rows of fp32 partial from registers:
+ * a run's piece before its last, whose stages hold the next chunk's first
+ * block (the values stage_o<true> would stage) */
+__device__ __forceinline__ void rows_o(const pmla_gpu_problem &p, const float (&o)[128],
+                                       const float *sL, int g, int lane, const int (&myrow)[2],
+                                       int nrows, int64_t obase, float out_scale) {
+  float inv[2];
+  row_factors(inv, sL, myrow, nrows, out_scale);
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++) {
+    if (myrow[sl] >= nrows)
+      continue;
+    float *row = p.partial_out + (obase + myrow[sl]) * PMLA_V_DIM + g * 256 + ((lane & 3) << 1);
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+      *(float2 *)(row + j * 8) =
+          make_float2(o[4 * j + 2 * sl] * inv[sl], o[4 * j + 2 * sl + 1] * inv[sl]);
+  }
 }
 /* this warpgroup's O, times inv[sl] by row, kept (above); evict_last: the
  * next chunk reads it back after its whole KV stream has passed L2 */
@@ -366,11 +392,12 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * from registers (REG8), DS_MLA tiles through the raw ring (RING) */
   constexpr bool REG8 = F == PMLA_KV_E4M3, RING = FP8 && !REG8;
   /* bf16 batch-invariant tiles: a run of items that are one request's
-   * adjacent chunks, each kept for the next to fold (chained), is read as
-   * one stream of blocks. Its chunks pass one at a time through the body
-   * and the epilogue, which keeps or folds each as its own item would (same
-   * bits), while the next chunk's first block is already on its way into
-   * the other stage: no item end and start between them. */
+   * adjacent chunks (chained: each kept for the next to fold, or each a
+   * piece for the reduce) is read as one stream of blocks. Its chunks pass
+   * one at a time through the body and the epilogue, which keeps, folds or
+   * writes each as its own item would (same bits), while the next chunk's
+   * first block is already on its way into the other stage: no item end
+   * and start between them. */
   constexpr bool RUNS = FOLD && F == PMLA_KV_BF16 && !NARROW;
   static_assert(!(REG8 && NARROW), "E4M3 runs 64-row tiles here");
   /* an E4M3 cache's tiles, Q and P are f16: one conversion per e4m3 pair,
@@ -481,19 +508,21 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     const int32_t r = w[PMLA_WI_REQUEST], pslot = w[PMLA_WI_PARTIAL];
     const int32_t qb = w[PMLA_WI_Q_BEGIN], qe = w[PMLA_WI_Q_END];
     const int32_t kb = w[PMLA_WI_KV_BEGIN], len = w[PMLA_WI_KV_LEN];
-    /* RUNS: the items chained to this one (every one but the last as long
-     * as the first) are read with it, and w becomes the last. run: the
-     * blocks of each chunk but the last, times 2, plus 1 when the first
-     * folds into an earlier item's accumulator; 0: one item */
+    /* RUNS: the items chained to this one in one way (every one but the
+     * last as long as the first) are read with it, and w becomes the last.
+     * run: the blocks of each chunk but the last, times 4, plus 1 when the
+     * first folds into an earlier item's accumulator, plus 2 for a run of
+     * pieces; 0: one item */
     int32_t run = 0;
     if constexpr (RUNS) {
       const int32_t n0 = w[PMLA_WI_KV_END] - kb, fold0 = (w[PMLA_WI_PIECE] & PMLA_WI_FOLD) != 0;
       const int32_t *wl = w;
-      while (it + 1 < it_end && wl[PMLA_WI_KV_END] - wl[PMLA_WI_KV_BEGIN] == n0 &&
-             chained(wl, item_at(it + 1)))
+      const int how = it + 1 < it_end ? chained(w, item_at(it + 1)) : 0;
+      while (how && it + 1 < it_end && wl[PMLA_WI_KV_END] - wl[PMLA_WI_KV_BEGIN] == n0 &&
+             chained(wl, item_at(it + 1)) == how)
         wl = item_at(++it);
       if (wl != w)
-        run = n0 / BN * 2 + fold0;
+        run = n0 / BN * 4 + (how == RUN_PIECES ? 2 : fold0);
       w = wl;
     }
     const int32_t ke = w[PMLA_WI_KV_END];
@@ -541,7 +570,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     uint32_t pending = 0;  /* cp.async: bit s, stage s awaits our arrival after cp_wait */
     /* chunk ci of the run: blocks [b0, b1) (one item: all of them) */
     for (int ci = 0, b0 = 0;; ci++) {
-      const int b1 = run > 1 && b0 + (run >> 1) < nblk ? b0 + (run >> 1) : nblk;
+      const int b1 = run > 3 && b0 + (run >> 2) < nblk ? b0 + (run >> 2) : nblk;
       const bool last = b1 == nblk;
       float o[OR];
 #pragma unroll
@@ -1024,17 +1053,22 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       /* the epilogue: O staged in the two stages, row for row, and sent by
        * bulk copies (out is 16-byte aligned: gpu_decode refuses it
        * otherwise); a folding item first folds the accumulator in */
-      /* a run's chunks before its last are kept; those after its first fold */
-      const int32_t piece = !FOLD ? 0
-                            : last ? w[PMLA_WI_PIECE]
-                                   : PMLA_WI_KEEP | (ci > 0 || (run & 1) ? PMLA_WI_FOLD : 0);
-      const bool fold = FOLD && pslot >= 0 && (piece & PMLA_WI_FOLD);
-      const bool keep = FOLD && pslot >= 0 && (piece & PMLA_WI_KEEP);
-      const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : pslot; /* -1: out */
-      const int64_t obase = (int64_t)pslot * p.max_q_len * H + row0;
+      /* a folding run's chunks before its last are kept, those after its
+       * first fold; a run of pieces writes each into its own slot, from
+       * registers but the last (the stages hold the next chunk's block) */
+      const int32_t cslot = run & 2 ? pslot + ci : pslot;
+      const int32_t piece = !FOLD    ? 0
+                            : last     ? w[PMLA_WI_PIECE]
+                            : run & 2  ? 0
+                                       : PMLA_WI_KEEP | (ci > 0 || (run & 1) ? PMLA_WI_FOLD : 0);
+      const bool rows_now = (run & 2) && !last;
+      const bool fold = FOLD && cslot >= 0 && (piece & PMLA_WI_FOLD);
+      const bool keep = FOLD && cslot >= 0 && (piece & PMLA_WI_KEEP);
+      const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : cslot; /* -1: out */
+      const int64_t obase = (int64_t)cslot * p.max_q_len * H + row0;
       const float one[2] = {1.f, 1.f};
       if constexpr (NARROW) {
-        if (pslot >= 0)
+        if (cslot >= 0)
           nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
         else
           nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
@@ -1051,12 +1085,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         float inv[2];
         row_factors(inv, sL, myrow, nrows, out_scale);
         keep_o(p, o, inv, g, lane, myrow, nrows, obase);
-      } else if (pslot >= 0) {
+      } else if (rows_now) {
+        rows_o(p, o, sL, g, lane, myrow, nrows, obase, out_scale);
+      } else if (cslot >= 0) {
         stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
       } else {
         stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
       }
-      if (!keep) {
+      if (!keep && !rows_now) {
         proxy_fence();
         /* a folding item's slot held kept words, written and read by these
          * threads through the generic proxy; the bulk stores below may
@@ -1070,7 +1106,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             send_staged(p, sKV, dst, qb, row0, nrows, lane);
         }
       }
-      store_lse<FOLD>(p, sM, sL, tid, nrows, pslot, qb, row0, piece);
+      store_lse<FOLD>(p, sM, sL, tid, nrows, cslot, qb, row0, piece);
       __syncthreads();
       if (last)
         break;
