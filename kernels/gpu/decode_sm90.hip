@@ -391,14 +391,16 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* E4M3 tiles (64 rows; fewer rows run decode_sm90_e4m3.hip) convert
    * from registers (REG8), DS_MLA tiles through the raw ring (RING) */
   constexpr bool REG8 = F == PMLA_KV_E4M3, RING = FP8 && !REG8;
-  /* bf16 batch-invariant tiles: a run of items that are one request's
-   * adjacent chunks (chained: each kept for the next to fold, or each a
-   * piece for the reduce) is read as one stream of blocks. Its chunks pass
-   * one at a time through the body and the epilogue, which keeps, folds or
-   * writes each as its own item would (same bits), while the next chunk's
-   * first block is already on its way into the other stage: no item end
-   * and start between them. */
-  constexpr bool RUNS = FOLD && F == PMLA_KV_BF16 && !NARROW;
+  /* bf16 64-row tiles: a run of items that are one request's adjacent
+   * chunks (chained: each kept for the next to fold, or each a piece for
+   * the reduce; batch-invariant schedules) is read as one stream of blocks.
+   * Its chunks pass one at a time through the body and the epilogue, which
+   * keeps, folds or writes each as its own item would (same bits), while
+   * the next chunk's first block is already on its way into the other
+   * stage: no item end and start between them. The default mode's kernel
+   * has the same body, though its schedules chain no items: compiled so,
+   * its steps ran 1-2.6% faster on the H200 (docs/performance.md). */
+  constexpr bool RUNS = F == PMLA_KV_BF16 && !NARROW;
   static_assert(!(REG8 && NARROW), "E4M3 runs 64-row tiles here");
   /* an E4M3 cache's tiles, Q and P are f16: one conversion per e4m3 pair,
    * unscaled e4m3 values exact; Q rescaled by rows to fit, its bf16 values
