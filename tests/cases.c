@@ -64,5 +64,11 @@ const sparse_case sparse_cases[] = {
      5, 0, 0, 1, 0},
     {"topk 256, heads 3", 3, 16, 256, 4, 5, 40, 500, 10, 0, 0, 0, 0, 0},
     {"topk 128, heads 126, page 64", 126, 64, 128, 7, 3, 10, 400, 5, 5, 0, 0, 0, 0},
+    /* capped at 2 pieces a token on 5 units: unit 2 holds both pieces of
+     * token 1, [0, 768) and the one a block longer [768, 1600), in
+     * consecutive slots (the GPU body must not read them as one run of
+     * equal chunks) */
+    {"topk 1600, cap 2, cu 5: one unit, two pieces of a token", 64, 64, 1600, 5, 3, 40, 300, 0, 0,
+     0, 0, 0, 0},
 };
 const int n_sparse_cases = (int)(sizeof sparse_cases / sizeof sparse_cases[0]);

@@ -393,13 +393,15 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   constexpr bool REG8 = F == PMLA_KV_E4M3, RING = FP8 && !REG8;
   /* bf16 64-row tiles: a run of items that are one request's adjacent
    * chunks (chained: each kept for the next to fold, or each a piece for
-   * the reduce; batch-invariant schedules) is read as one stream of blocks.
+   * the reduce: batch-invariant schedules, and the default mode's capped
+   * sparse steps where a unit holds two pieces of a token) is read as one
+   * stream of blocks.
    * Its chunks pass one at a time through the body and the epilogue, which
    * keeps, folds or writes each as its own item would (same bits), while
    * the next chunk's first block is already on its way into the other
-   * stage: no item end and start between them. The default mode's kernel
-   * has the same body, though its schedules chain no items: compiled so,
-   * its steps ran 1-2.6% faster on the H200 (docs/performance.md). */
+   * stage: no item end and start between them. Compiled with this body the
+   * default mode's kernel also ran its dense steps, which chain no items,
+   * 1-2.6% faster on the H200 (docs/performance.md). */
   constexpr bool RUNS = F == PMLA_KV_BF16 && !NARROW;
   static_assert(!(REG8 && NARROW), "E4M3 runs 64-row tiles here");
   /* an E4M3 cache's tiles, Q and P are f16: one conversion per e4m3 pair,
@@ -520,7 +522,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       const int32_t n0 = w[PMLA_WI_KV_END] - kb, fold0 = (w[PMLA_WI_PIECE] & PMLA_WI_FOLD) != 0;
       const int32_t *wl = w;
       const int how = it + 1 < it_end ? chained(w, item_at(it + 1)) : 0;
+      /* every item but the last exactly as long as the first, the last no
+       * longer: the passes below cut the run every n0 tokens (the default
+       * planner's capped sparse pieces differ by a block) */
       while (how && it + 1 < it_end && wl[PMLA_WI_KV_END] - wl[PMLA_WI_KV_BEGIN] == n0 &&
+             item_at(it + 1)[PMLA_WI_KV_END] - item_at(it + 1)[PMLA_WI_KV_BEGIN] <= n0 &&
              chained(wl, item_at(it + 1)) == how)
         wl = item_at(++it);
       if (wl != w)
