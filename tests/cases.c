@@ -70,5 +70,10 @@ const sparse_case sparse_cases[] = {
      * equal chunks) */
     {"topk 1600, cap 2, cu 5: one unit, two pieces of a token", 64, 64, 1600, 5, 3, 40, 300, 0, 0,
      0, 0, 0, 0},
+    /* the same with pieces of equal length ([0, 896), [896, 1792)), which
+     * the GPU body reads as one stream, the first piece's rows written
+     * from registers */
+    {"topk 1792, cap 2, cu 5: one unit, two equal pieces of a token", 64, 64, 1792, 5, 3, 40, 300,
+     0, 0, 0, 0, 0, 0},
 };
 const int n_sparse_cases = (int)(sizeof sparse_cases / sizeof sparse_cases[0]);
