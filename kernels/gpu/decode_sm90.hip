@@ -194,16 +194,17 @@ __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) 
     o[e] *= (e & 2) ? c1 : c0;
 }
 static_assert(ROWS * Staged<true>::STRIDE <= 2 * TILE, "staged O fits the two stages");
-/* this warpgroup's O times inv[sl] (by row) into the staged rows (Staged) */
-template <bool PARTIAL>
-__device__ __forceinline__ void stage_rows(char *sO, const float (&o)[128], const float (&inv)[2],
-                                           int g, int lane, const int (&myrow)[2], int nrows) {
+/* this warpgroup's O times inv[sl] (by row) into rows of fp32 (PARTIAL)
+ * or bf16, row rl of the tile starting at row_at(rl) */
+template <bool PARTIAL, typename RowAt>
+__device__ __forceinline__ void put_rows(RowAt row_at, const float (&o)[128], const float (&inv)[2],
+                                         int g, int lane, const int (&myrow)[2], int nrows) {
 #pragma unroll
   for (int sl = 0; sl < 2; sl++) {
     const int rl = myrow[sl];
     if (rl >= nrows)
       continue;
-    char *row = sO + rl * Staged<PARTIAL>::STRIDE;
+    char *row = row_at(rl);
 #pragma unroll
     for (int j = 0; j < 32; j++) {
       const int col = g * 256 + j * 8 + ((lane & 3) << 1);
@@ -214,6 +215,13 @@ __device__ __forceinline__ void stage_rows(char *sO, const float (&o)[128], cons
         *(uint32_t *)(row + col * 2) = pack_bf16x2(v0, v1);
     }
   }
+}
+/* put_rows into the staged rows (Staged) */
+template <bool PARTIAL>
+__device__ __forceinline__ void stage_rows(char *sO, const float (&o)[128], const float (&inv)[2],
+                                           int g, int lane, const int (&myrow)[2], int nrows) {
+  put_rows<PARTIAL>([&](int rl) { return sO + rl * Staged<PARTIAL>::STRIDE; }, o, inv, g, lane,
+                    myrow, nrows);
 }
 /* the factors that normalise this thread's two rows of O (0 past nrows) */
 __device__ __forceinline__ void row_factors(float (&inv)[2], const float *sL,
@@ -269,16 +277,8 @@ __device__ __forceinline__ void rows_o(const pmla_gpu_problem &p, const float (&
                                        int nrows, int64_t obase, float out_scale) {
   float inv[2];
   row_factors(inv, sL, myrow, nrows, out_scale);
-#pragma unroll
-  for (int sl = 0; sl < 2; sl++) {
-    if (myrow[sl] >= nrows)
-      continue;
-    float *row = p.partial_out + (obase + myrow[sl]) * PMLA_V_DIM + g * 256 + ((lane & 3) << 1);
-#pragma unroll
-    for (int j = 0; j < 32; j++)
-      *(float2 *)(row + j * 8) =
-          make_float2(o[4 * j + 2 * sl] * inv[sl], o[4 * j + 2 * sl + 1] * inv[sl]);
-  }
+  put_rows<true>([&](int rl) { return (char *)(p.partial_out + (obase + rl) * PMLA_V_DIM); }, o,
+                 inv, g, lane, myrow, nrows);
 }
 /* this warpgroup's O, times inv[sl] by row, kept (above); evict_last: the
  * next chunk reads it back after its whole KV stream has passed L2 */
