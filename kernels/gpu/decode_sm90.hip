@@ -388,11 +388,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   constexpr bool FP8 = F != PMLA_KV_BF16;
   static_assert(!(FOLD && NARROW), "the NARROW epilogue does not fold");
   static_assert(!(KV_FIRST && (FOLD || NARROW || FP8)), "KV_FIRST: default bf16 64-row tiles");
-  /* FP8 64-row tiles (E4M3 of fewer rows runs decode_sm90_e4m3.hip)
-   * convert from registers (REG8), DS_MLA NARROW tiles through the raw ring
-   * (RING) */
-  constexpr bool REG8 = F == PMLA_KV_E4M3 || (F == PMLA_KV_DS_MLA && !NARROW);
-  constexpr bool RING = FP8 && !REG8;
+  /* E4M3 tiles (64 rows; fewer rows run decode_sm90_e4m3.hip) convert
+   * from registers (REG8), DS_MLA tiles through the raw ring (RING) */
+  constexpr bool REG8 = F == PMLA_KV_E4M3, RING = FP8 && !REG8;
   /* bf16 64-row tiles: a run of items that are one request's adjacent
    * chunks (chained: each kept for the next to fold, or each a piece for
    * the reduce: batch-invariant schedules, and the default mode's capped
@@ -405,19 +403,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * default mode's kernel also ran its dense steps, which chain no items,
    * 1-2.6% faster on the H200 (docs/performance.md). */
   constexpr bool RUNS = F == PMLA_KV_BF16 && !NARROW;
-  static_assert(!(REG8 && NARROW), "FP8 NARROW tiles: the E4M3 body or the ring");
-  /* REG8 tiles, Q and P are f16: one conversion per e4m3 pair, unscaled
-   * e4m3 values exact; Q rescaled by rows to fit, its bf16 values kept
-   * exactly (q_row_to_f16); P <= 2^RESCALE_SLACK keeps 11 bits down to
+  static_assert(!(REG8 && NARROW), "E4M3 runs 64-row tiles here");
+  /* an E4M3 cache's tiles, Q and P are f16: one conversion per e4m3 pair,
+   * unscaled e4m3 values exact; Q rescaled by rows to fit, its bf16 values
+   * kept exactly (q_row_to_f16); P <= 2^RESCALE_SLACK keeps 11 bits down to
    * 2^-14 where bf16 keeps 8, fewer below, and 0 below 2^-25 (weights under
-   * the tolerance's absolute term). DS_MLA (DSE): each group of eight tokens
-   * has its values times 2^-E (ds_mla_exp, which counts the rope's
-   * magnitudes too, so its f16 rope cannot overflow); warpgroup 0 puts 2^E
-   * back: the scores' scale takes 2^E of the running exponent, a group
-   * below it has its scores and P scaled by 2^(E_group - E), O and P V
-   * count in units of 2^E, and the epilogue multiplies it in. */
-  constexpr bool F16 = REG8;
-  constexpr bool DSE = REG8 && F == PMLA_KV_DS_MLA;
+   * the tolerance's absolute term) */
+  constexpr bool F16 = F == PMLA_KV_E4M3;
   /* RING: the cache's rows as stored stream by cp.async into NH raw
    * half-blocks of 32 rows in the second 16-bit stage's room (DS_MLA's
    * 656-byte rows: 3), and both warpgroups convert each block into the
@@ -445,8 +437,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* RING: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
-  int8_t *sE = (int8_t *)(sMx + 128) + 16; /* DSE: [2][8] group exponents, by block parity */
-  float *sEo = (float *)(sE + 16);          /* DSE: the item's output factor 2^E */
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   if (tid == 0) {
@@ -759,20 +749,12 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             if (h == 0 && q_new) {
               cp_wait<0>();
               asm volatile("bar.sync 4, 128;\n" ::: "memory"); /* all of Q landed */
-              const float f =
-                  q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
+              const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
               if ((t & 1) == 0)
                 sQf[t >> 1] = f;
             }
             const int row = (h & 1) * (BN / 2) + rt;
-            int e = 0;
-            if constexpr (DSE) {
-              /* this warp's eight rows are group (h & 1) * 4 + wi of the block */
-              e = ds_mla_exp(__reduce_max_sync(0xffffffffu, rl.ds_mla_level(rsub)));
-              if (lane == 0)
-                sE[st * 8 + (h & 1) * 4 + wi] = (int8_t)e;
-            }
-            rl.template store<true>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); }, e);
+            rl.template store<true>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); });
           };
           auto publish = [&](int blk) {
             proxy_fence();
@@ -954,16 +936,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           lim[s] = row_limit(row0 + myrow[s], rows_item, H, len, qlen, ke);
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
         float sc[2] = {scale_log2, scale_log2}; /* by row; F16: times Q's row factor */
-        /* DSE: O and P V count in units of 2^e_run, the largest group
-         * exponent so far; the block's group exponents (ev, a byte each),
-         * whether all equal e_run (same), O's factor for the move (gcorr),
-         * and the block's scale factor 2^e_run (sce) */
-        int e_run = DS_MLA_EXP_MIN - 8;
-        uint64_t ev = 0;
-        float gcorr = 1.f, sce = 1.f;
-        bool same = true;
-        /* the factor 2^(E - e_run) of group k (elements 4k..4k+3) */
-        auto fg = [&](int k) { return pow2i((int)(int8_t)(uint8_t)(ev >> (8 * k)) - e_run); };
         /* S(b) of block b: waits for the block, issues its 36 wgmma and
          * commits them as one group (not waited for here) */
         float s[32];
@@ -985,22 +957,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           }
           wg_commit();
         };
-        /* DSE: block b's group exponents (written before its FULL arrival) */
-        auto group_exps = [&](int b) {
-          ev = *(const uint64_t *)(sE + 8 * (b & 1));
-          int emax = DS_MLA_EXP_MIN, emin = DS_MLA_EXP_MAX;
-#pragma unroll
-          for (int k = 0; k < 8; k++) {
-            const int e = (int)(int8_t)(uint8_t)(ev >> (8 * k));
-            emax = max(emax, e);
-            emin = min(emin, e);
-          }
-          const int e_new = max(e_run, emax);
-          same = emin == e_new;
-          gcorr = pow2i(e_run - e_new);
-          sce = pow2i(e_new);
-          e_run = e_new;
-        };
         /* softmax of S(b), then this warpgroup's P V of block b, issued and
          * committed (not waited for) */
         auto softmax_pv = [&](int b) {
@@ -1010,23 +966,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           /* every warp's QK has read the rope block before P overwrites it */
           asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
-          float scb[2] = {sc[0], sc[1]}, mx[2];
-          if constexpr (DSE) {
-            scb[0] *= sce;
-            scb[1] *= sce;
-            if (!same) /* raw scores, before the mask's -inf */
-#pragma unroll
-              for (int e = 0; e < 32; e++)
-                s[e] *= fg(e >> 2);
-          }
-          wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, scb, lane);
-          float muse[2], corr[2], corr_o[2], sum[2] = {0.f, 0.f};
+          float mx[2];
+          wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
+          float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
           for (int sl = 0; sl < 2; sl++) {
             move_max(m_run[sl], mx[sl], &muse[sl], &corr[sl]);
-            corr_o[sl] = DSE ? corr[sl] * gcorr : corr[sl];
             if (row_leader(lane))
-              sCorr[(b & 1) * ROWS + myrow[sl]] = corr_o[sl];
+              sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
           }
           /* P(b) as 16-bit pairs: this warpgroup's P V reads them from
            * registers (pair e / 2 of S is A-fragment register e / 2 of its
@@ -1037,13 +984,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           for (int e = 0; e < 32; e += 2) {
             int sl = (e >> 1) & 1, row = myrow[sl];
             int col = (e >> 2) * 8 + ((lane & 3) << 1);
-            float p0 = fast_exp2(fmaf(s[e], scb[sl], -muse[sl]));
-            float p1 = fast_exp2(fmaf(s[e + 1], scb[sl], -muse[sl]));
+            float p0 = fast_exp2(fmaf(s[e], sc[sl], -muse[sl]));
+            float p1 = fast_exp2(fmaf(s[e + 1], sc[sl], -muse[sl]));
             sum[sl] += p0 + p1;
-            if (DSE && !same) { /* P V in units of 2^e_run */
-              p0 *= fg(e >> 2);
-              p1 *= fg(e >> 2);
-            }
             pr[e >> 1] = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
             *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
                 pr[e >> 1];
@@ -1053,7 +996,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
           for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
             l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
-          wg_scale_o(o, corr_o[0], corr_o[1]);
+          wg_scale_o(o, corr[0], corr[1]);
           reg_fence<128>(o);
           wg_fence();
 #pragma unroll
@@ -1081,8 +1024,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
             for (int sl = 0; sl < 2; sl++)
               sc[sl] = scale_log2 * sQf[myrow[sl]];
-          if constexpr (DSE)
-            group_exps(b);
           wg_wait0();
           reg_fence<32>(s);
           softmax_pv(b);
@@ -1112,8 +1053,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             sL[myrow[sl]] = l_run[sl];
           }
         }
-        if (DSE && tid == 0)
-          *sEo = pow2i(max(e_run, (int)DS_MLA_EXP_MIN));
         mbar_arrive(aDone);
       }
       __syncthreads();
@@ -1136,14 +1075,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : cslot; /* -1: out */
       const int64_t obase = (int64_t)cslot * p.max_q_len * H + row0;
       const float one[2] = {1.f, 1.f};
-      const float oscale = DSE ? out_scale * *sEo : out_scale; /* DSE: O counts 2^e_run */
       if constexpr (NARROW) {
         if (cslot >= 0)
           nar_stage_o<true>(sKV, o, sL, g, wi, lane, nrows, out_scale);
         else
           nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
       } else if (fold) {
-        fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, oscale, dst < 0);
+        fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0);
         __syncthreads(); /* every accumulator lse read before store_lse replaces it */
         if (keep)
           keep_o(p, o, one, g, lane, myrow, nrows, obase);
@@ -1153,14 +1091,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
       } else if (keep) {
         float inv[2];
-        row_factors(inv, sL, myrow, nrows, oscale);
+        row_factors(inv, sL, myrow, nrows, out_scale);
         keep_o(p, o, inv, g, lane, myrow, nrows, obase);
       } else if (rows_now) {
-        rows_o(p, o, sL, g, lane, myrow, nrows, obase, oscale);
+        rows_o(p, o, sL, g, lane, myrow, nrows, obase, out_scale);
       } else if (cslot >= 0) {
-        stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, oscale);
+        stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
       } else {
-        stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, oscale);
+        stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
       }
       if (!keep && !rows_now) {
         proxy_fence();

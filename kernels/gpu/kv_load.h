@@ -122,51 +122,6 @@ __device__ __forceinline__ void e4m3x16_to_f16(const uint4 &raw, uint4 &lo, uint
   hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-/* 2^e as a float, exactly, for e in [-126, 127]; 0 below */
-__device__ __forceinline__ float pow2i(int e) {
-  return e < -126 ? 0.f : __uint_as_float((uint32_t)(127 + e) << 23);
-}
-/* a*b for two f16x2 / two bf16x2 words, each half rounded once */
-__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
-#if defined(PMLA_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t r;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-#else
-  /* the product of two f16 values is exact in fp32: one rounding */
-  auto f = [](uint32_t h) { /* f16 bits -> float (subnormals by the 2^112 rescale) */
-    const uint32_t a = h & 0x7fffu;
-    const float v = a >= 0x7c00u ? __uint_as_float(0x7f800000u | (a & 0x3ffu) << 13)
-                                 : __uint_as_float(a << 13) * 0x1p112f;
-    return __uint_as_float(__float_as_uint(v) | (h & 0x8000u) << 16);
-  };
-  return pmla_mma::pack_f16x2(f(a & 0xffffu) * f(b & 0xffffu), f(a >> 16) * f(b >> 16));
-#endif
-}
-
-/* DS_MLA rows as f16 tiles (the sm_90a body). The rows of a group (the
- * eight tokens one loader warp converts) share a power of two 2^e taken out
- * of every value: latent values become f16(e4m3 x f16(scale x 2^-e)), rope
- * values f16(rope x 2^-e), and the body puts 2^e back in the scores' scale
- * and in P. e is a multiple of 8 chosen from the group's
- * largest magnitude M so that M x 2^-e lies in [2^6, 2^15): below f16's
- * largest value, and with every e4m3 value of the group's largest tile
- * scale a normal f16 (so power-of-two scales convert exactly). Tiles of
- * the same group up to 2^10 below the largest keep their values exact, as
- * f16 subnormals; smaller ones round (graceful: their products are that
- * much smaller). DS_MLA_EXP_MIN / MAX bound e (all-zero and extreme rows). */
-enum { DS_MLA_EXP_MIN = -120, DS_MLA_EXP_MAX = 120 };
-/* The group exponent from L, the largest ds_mla_level of its rows. */
-__device__ __forceinline__ int ds_mla_exp(int level) {
-  const int e = ((level - 7) >> 3) * 8; /* arithmetic shift: floor */
-  return e < DS_MLA_EXP_MIN ? DS_MLA_EXP_MIN : e > DS_MLA_EXP_MAX ? DS_MLA_EXP_MAX : e;
-}
-
-/* a bf16 pair (bits, the first in the low half) times f as f16x2 */
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w, float f) {
-  return pmla_mma::pack_f16x2(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xffff0000u) * f);
-}
-
 /* One loader thread's share of one FP8 row. */
 template <int F, int TPT> struct RowLoad {
   static constexpr int N = KvFmt<F>::UNITS / TPT;
@@ -207,85 +162,33 @@ template <int F, int TPT> struct RowLoad {
       scales = valid ? ldg16(row + PMLA_DS_MLA_SCALES) : z;
   }
 
-  /* DS_MLA: an integer L with every magnitude of this thread's part of
-   * the row (its latent values through the row's scales, its rope pieces)
-   * below 2^(L + 1) (ds_mla_exp); an invalid, zero row gives -118 */
-  __device__ __forceinline__ int ds_mla_level(int sub) const {
-    static_assert(F == PMLA_KV_DS_MLA, "DS_MLA rows only");
-    const uint32_t sc[4] = {scales.x, scales.y, scales.z, scales.w};
-    uint32_t es = 0, er = 0;
-#pragma unroll
-    for (int t = 0; t < 4; t++) /* 448 x s < 2^9 s < 2^(field - 117) */
-      es = max(es, (sc[t] & 0x7fffffffu) >> 23);
-#pragma unroll
-    for (int k = 0; k < N; k++)
-      if (sub + k * TPT >= KvFmt<F>::LATENT_UNITS) {
-        const uint32_t w[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) { /* |bf16| < 2^(field - 126) */
-          const uint32_t a = w[i] & 0x7fff7fffu;
-          er = max(er, max(a & 0xffffu, a >> 16) >> 7);
-        }
-      }
-    const int ls = (int)es - 118, lr = (int)er - 127;
-    return ls > lr ? ls : lr;
-  }
-
   /* chunk(c): the shared-memory address of 16-bit chunk c (0..71) of the
-   * row. bf16 tiles: DS_MLA latent values times their tile scale rounded
-   * once, rope copied. F16 tiles: E4M3 exactly (e == 0); DS_MLA as
-   * described at ds_mla_exp, e the group's exponent. */
+   * row; F16: an E4M3 row as f16 rather than bf16 */
   template <bool F16 = false, typename Chunk>
-  __device__ __forceinline__ void store(int sub, Chunk chunk, int e = 0) const {
-    uint32_t sh[4] = {0, 0, 0, 0}; /* F16 DS_MLA: the tile scales times 2^-e */
-    float fr = 1.f;                /* and the rope's factor 2^-e */
-    if (F16 && F == PMLA_KV_DS_MLA) {
-      const float f = pow2i(-e);
-      fr = f;
-      const uint32_t sc[4] = {scales.x, scales.y, scales.z, scales.w};
-#pragma unroll
-      for (int t = 0; t < 4; t++) {
-        const float v = __uint_as_float(sc[t]) * f;
-        sh[t] = pmla_mma::pack_f16x2(v, v);
-      }
-    }
+  __device__ __forceinline__ void store(int sub, Chunk chunk) const {
+    static_assert(!F16 || F == PMLA_KV_E4M3, "f16 tiles hold unscaled e4m3 only");
 #pragma unroll
     for (int k = 0; k < N; k++) {
       const int u = sub + k * TPT;
       if (u < KvFmt<F>::LATENT_UNITS) {
-        uint4 lo, hi;
-        if (F16) {
-          e4m3x16_to_f16(raw[k], lo, hi);
-          if (F == PMLA_KV_DS_MLA) {
-            const int t = u >> 3; /* selects: sub is not a constant */
-            const uint32_t m = t == 0 ? sh[0] : t == 1 ? sh[1] : t == 2 ? sh[2] : sh[3];
-            lo = make_uint4(mul_f16x2(lo.x, m), mul_f16x2(lo.y, m), mul_f16x2(lo.z, m),
-                            mul_f16x2(lo.w, m));
-            hi = make_uint4(mul_f16x2(hi.x, m), mul_f16x2(hi.y, m), mul_f16x2(hi.z, m),
-                            mul_f16x2(hi.w, m));
-          }
-        } else {
-          float s = 1.f;
-          if (F == PMLA_KV_DS_MLA) {
-            const uint32_t t = u >> 3;
-            s = __uint_as_float(t == 0 ? scales.x : t == 1 ? scales.y : t == 2 ? scales.z
-                                                                               : scales.w);
-          }
-          e4m3x16_to_bf16(raw[k], s, lo, hi);
+        float s = 1.f;
+        if (F == PMLA_KV_DS_MLA) {
+          const uint32_t t = u >> 3;
+          s = __uint_as_float(t == 0 ? scales.x : t == 1 ? scales.y : t == 2 ? scales.z
+                                                                             : scales.w);
         }
+        uint4 lo, hi;
+        if (F16)
+          e4m3x16_to_f16(raw[k], lo, hi);
+        else
+          e4m3x16_to_bf16(raw[k], s, lo, hi);
         *(uint4 *)chunk(2 * u) = lo;
         *(uint4 *)chunk(2 * u + 1) = hi;
-      } else if (F16) {
-        const uint4 r = raw[k];
-        *(uint4 *)chunk(64 + (u - 32)) =
-            make_uint4(bf16x2_to_f16x2(r.x, fr), bf16x2_to_f16x2(r.y, fr),
-                       bf16x2_to_f16x2(r.z, fr), bf16x2_to_f16x2(r.w, fr));
       } else {
         *(uint4 *)chunk(64 + (u - 32)) = raw[k];
       }
     }
   }
-
 };
 
 /* amax with the magnitudes of 8 bf16 (bits) folded in */
@@ -311,8 +214,12 @@ template <int TPR> __device__ __forceinline__ int q_row_f16_exp(uint32_t amax) {
   const int e = 14 - ((int)(amax >> 7) - 127); /* |value| < 2^(exponent + 1) */
   return e < -114 ? -114 : e > 64 ? 64 : e;
 }
+/* a bf16 pair (bits, the first in the low half) times f as f16x2 */
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w, float f) {
+  return pmla_mma::pack_f16x2(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xffff0000u) * f);
+}
 
-/* An FP8 item's Q row, landed as bf16, rewritten in place as f16 for the
+/* An E4M3 item's Q row, landed as bf16, rewritten in place as f16 for the
  * f16 tiles: times 2^e, e chosen from the row's largest magnitude so that
  * it lands in [2^14, 2^15) (below f16's maximum, and every value down to
  * 2^-28 of it stays normal, where bf16's 8 mantissa bits fit f16's 11
