@@ -385,13 +385,12 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         l_run[k] = 0.f;
       }
       const int t0 = 16 * wi + (lane >> 2);
-      /* the least limit over this thread's real columns (padding columns'
-       * scores never reach a stored row) */
+      /* the least limit over this thread's columns (padding columns
+       * attend the whole range: row_limit) */
       int lim_min = INT32_MAX;
 #pragma unroll
       for (int k = 0; k < NK; k++)
-        if (row0 + nar_col(lane, k) < rows_item)
-          lim_min = min(lim_min, lim[k]);
+        lim_min = min(lim_min, lim[k]);
       const uint64_t dQ = desc(smem_u32(sQ), 16, 1024);
       for (int b = 0; b < nblk; b++) {
         const uint32_t s = stage_of(b), ph = phase_of(b);

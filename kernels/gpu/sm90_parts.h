@@ -91,10 +91,14 @@ __device__ __forceinline__ uint64_t before64(int lim, int pos0) {
 }
 /* the last KV position + 1 that row i of an item attends: causal (query
  * token i / H of qlen, the request's KV length len) and within the item's
- * KV range; INT32_MIN for a padding row past the item's rows */
+ * KV range. A padding row past the item's rows (its Q is zero, its
+ * results never stored) attends the whole range, so that it leaves the
+ * softmax's unmasked path to every block whose tokens are all valid for
+ * the real rows: head counts that are not a multiple of the tile's rows
+ * then cost what full tiles do. */
 __device__ __forceinline__ int row_limit(int i, int rows_item, int H, int len, int qlen, int ke) {
   const int causal = len - qlen + 1 + i / H;
-  return i < rows_item ? (causal < ke ? causal : ke) : INT32_MIN;
+  return i < rows_item && causal < ke ? causal : ke;
 }
 /* A row's running maximum m (scaled, log2 units) after a block whose
  * maximum is mx; *muse: the maximum P is taken against (0 for a row still
