@@ -83,15 +83,11 @@ template <int PARTS> struct RowSum {
  * chain per 32 pieces), the running maximum rescales what is summed so far
  * when a later 32 raise it, and the warp then walks those pieces AHEAD at a
  * time, every lane loading its columns of all AHEAD rows before adding
- * them: FLY float4 in flight per lane whatever PARTS. The first AHEAD rows
- * of each 32 are read together with their lse (a row's address needs only
- * its slot), so a split request's few pieces cost one round trip to L2
- * after the wait for the decode, not two; a row whose weight is 0 is added
- * as zeros, as when it was not read. pre: the map entry of piece q0 + lane
- * read before that wait, or NOT_READ. Partials are read once, past L1. */
+ * them: FLY float4 in flight per lane whatever PARTS. Partials are read
+ * once, past L1. */
 template <int PARTS, int FLY>
 __device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int q0, int q1,
-                                           int part, int lane, RowSum<PARTS> &rs, int pre) {
+                                           int part, int lane, RowSum<PARTS> &rs) {
   constexpr int V4 = RowSum<PARTS>::V4;
   static_assert(FLY % V4 == 0, "whole rows in flight");
   constexpr int AHEAD = FLY / V4;
@@ -110,25 +106,12 @@ __device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int
     const int q = c0 + lane;
     int64_t row = 0; /* this lane's piece: its partial row, lse and weight */
     float l = -INFINITY;
-    bool has = false;
     if (q < q1) {
-      const int s = c0 == q0 && pre != NOT_READ ? pre : p.reduce_partial_map[q];
+      const int s = p.reduce_partial_map[q];
       if (s >= 0 && s < max_slots) {
         row = (int64_t)s * rows_max + i;
         l = ld_past_l1(p.partial_lse + row);
-        has = true;
       }
-    }
-    /* the first AHEAD rows, in flight with the lse */
-    float4 x[AHEAD][V4];
-#pragma unroll
-    for (int a = 0; a < AHEAD; a++) {
-      const bool h = lane_value(has ? 1 : 0, a) != 0;
-      const int64_t at = lane_value(row, a);
-      const float4 *src = (const float4 *)(p.partial_out + at * PMLA_V_DIM);
-#pragma unroll
-      for (int v = 0; v < V4; v++)
-        x[a][v] = h ? ld_past_l1(src + col4 + v * WARP) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (l != l) { /* recorded, then summed as empty */
       nan = true;
@@ -154,16 +137,10 @@ __device__ __forceinline__ void sum_pieces(const pmla_gpu_problem &p, int i, int
     const int n = q1 - c0 < WARP ? q1 - c0 : WARP;
     for (int j0 = 0; j0 < n; j0 += AHEAD) {
       float w[AHEAD];
+      float4 x[AHEAD][V4];
 #pragma unroll
       for (int a = 0; a < AHEAD; a++) {
         w[a] = lane_value(wgt, j0 + a); /* lanes >= n hold weight 0 */
-        if (j0 == 0) {
-#pragma unroll
-          for (int v = 0; v < V4; v++)
-            if (w[a] == 0.f)
-              x[a][v] = make_float4(0.f, 0.f, 0.f, 0.f);
-          continue;
-        }
         const int64_t at = lane_value(row, j0 + a);
         const float4 *src = (const float4 *)(p.partial_out + at * PMLA_V_DIM);
 #pragma unroll
@@ -219,9 +196,9 @@ __device__ __forceinline__ void write_row(const pmla_gpu_problem &p, int i, int 
  * cost more than the shorter walk). */
 template <int PARTS, int FLY>
 __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int qb, int p0,
-                                          int p1, int part, int lane, int pre) {
+                                          int p1, int part, int lane) {
   RowSum<PARTS> rs;
-  sum_pieces<PARTS, FLY>(p, i, p0, p1, part, lane, rs, pre);
+  sum_pieces<PARTS, FLY>(p, i, p0, p1, part, lane, rs);
   write_row<PARTS>(p, i, qb, part, lane, rs);
 }
 
@@ -231,13 +208,12 @@ __device__ __forceinline__ void reduce_row(const pmla_gpu_problem &p, int i, int
  * lone 131072-token request has 66 pieces a row). */
 template <int PARTS, int G, int FLY>
 __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, int i, int qb,
-                                                  int p0, int p1, int part, int lane, int w,
-                                                  int pre) {
+                                                  int p0, int p1, int part, int lane, int w) {
   constexpr int V4 = RowSum<PARTS>::V4;
   __shared__ RowSum<PARTS> sh[G][WARP];
   const int n = p1 - p0;
   RowSum<PARTS> rs;
-  sum_pieces<PARTS, FLY>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, rs, pre);
+  sum_pieces<PARTS, FLY>(p, i, p0 + n * w / G, p0 + n * (w + 1) / G, part, lane, rs);
   sh[w][lane] = rs;
   __syncthreads();
   if (w == 0) {
@@ -552,12 +528,10 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
   if (first >= npairs)
     return;
   const Entry e0 = entry_at(p, (int)(first / PARTS / rows_max));
-  /* the first pieces' slots (schedule data) before the wait too: this
-   * warp's first 32 of its first row (GROUPED: of its share of them) */
+  /* a fold's first pieces' slots (schedule data) before the wait too */
   int pre = NOT_READ;
-  const int pre0 = GROUPED ? e0.p0 + (e0.p1 - e0.p0) * w / G : e0.p0;
-  if ((PARTS > 1 || !FOLD) && pre0 + lane < e0.p1)
-    pre = ld_past_l1(p.reduce_partial_map + pre0 + lane);
+  if (FOLD && PARTS > 1 && e0.p0 + lane < e0.p1)
+    pre = ld_past_l1(p.reduce_partial_map + e0.p0 + lane);
   pdl_wait();
   pdl_trigger();
   int32_t *errw = p.work_meta_data + PMLA_META_ERROR;
@@ -577,10 +551,9 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     else if (FOLD)
       reduce_row_fold<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane, pair == first ? pre : NOT_READ);
     else if (GROUPED)
-      reduce_row_grouped<PARTS, G, FLY>(p, i, e.qb, e.p0, e.p1, part, lane, w,
-                                        pair == first ? pre : NOT_READ);
+      reduce_row_grouped<PARTS, G, FLY>(p, i, e.qb, e.p0, e.p1, part, lane, w);
     else
-      reduce_row<PARTS, FLY>(p, i, e.qb, e.p0, e.p1, part, lane, pair == first ? pre : NOT_READ);
+      reduce_row<PARTS, FLY>(p, i, e.qb, e.p0, e.p1, part, lane);
   }
 }
 
