@@ -143,14 +143,21 @@ __device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, 
  * + (e & 1) of the block. */
 
 /* masks S in place (raw scores; -inf where a token is invalid or causally
- * after the row) and returns the row maxima scaled to base 2 */
+ * after the row) and returns the row maxima scaled to base 2. A block of
+ * valid tokens that both rows attend whole skips the per-token masks with
+ * one test (their shifts and selects sat on warpgroup 0's chain every
+ * block) */
 __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
                                             const int (&lim)[2], const float (&sc)[2], int lane) {
   uint64_t rm[2];
-#pragma unroll
-  for (int sl = 0; sl < 2; sl++)
-    rm[sl] = (vm & before64(lim[sl], pos0)) >> ((lane & 3) << 1);
   const uint64_t mine = 0x0303030303030303ull; /* this thread's columns */
+  if (!(vm == ~0ull && pos0 + 64 <= min(lim[0], lim[1]))) {
+#pragma unroll
+    for (int sl = 0; sl < 2; sl++)
+      rm[sl] = (vm & before64(lim[sl], pos0)) >> ((lane & 3) << 1);
+  } else {
+    rm[0] = rm[1] = mine;
+  }
   if ((rm[0] & rm[1] & mine) != mine) {
 #pragma unroll
     for (int e = 0; e < 32; e++) {
@@ -959,7 +966,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         };
         /* softmax of S(b), then this warpgroup's P V of block b, issued and
          * committed (not waited for) */
-        auto softmax_pv = [&](int b) {
+        auto softmax_pv = [&](int b, uint64_t vm) {
           char *sK = stage(b);
           const uint32_t aK = smem_u32(sK);
           const int pos0 = kb + b * BN;
@@ -967,7 +974,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
           float mx[2];
-          wg_mask_max(s, mx, RING ? sVr[b & 3] : sVm[b & 1], pos0, lim, sc, lane);
+          wg_mask_max(s, mx, vm, pos0, lim, sc, lane);
           float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
           for (int sl = 0; sl < 2; sl++) {
@@ -1024,9 +1031,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
             for (int sl = 0; sl < 2; sl++)
               sc[sl] = scale_log2 * sQf[myrow[sl]];
+          /* the block's token bits, read under its Q K^T */
+          const uint64_t vm = RING ? sVr[b & 3] : sVm[b & 1];
           wg_wait0();
           reg_fence<32>(s);
-          softmax_pv(b);
+          softmax_pv(b, vm);
           if (PREFETCH_Q && b == nblk - 1 && nq_b >= 0) {
             /* every Q K^T of the item is done (waited above) */
             load_q(sQ, nq_b, nq_e, t_q);
