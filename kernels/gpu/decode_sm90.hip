@@ -143,12 +143,12 @@ __device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, 
  * + (e & 1) of the block. */
 
 /* masks S in place (raw scores; -inf where a token is invalid or causally
- * after the row) and returns the maxima of this thread's values of its two
- * rows (raw; row_max gives the rows'). A block of valid tokens that both
- * rows attend whole skips the per-token masks with one test (their shifts
- * and selects sat on warpgroup 0's chain every block) */
+ * after the row) and returns the row maxima scaled to base 2. A block of
+ * valid tokens that both rows attend whole skips the per-token masks with
+ * one test (their shifts and selects sat on warpgroup 0's chain every
+ * block) */
 __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
-                                            const int (&lim)[2], int lane) {
+                                            const int (&lim)[2], const float (&sc)[2], int lane) {
   uint64_t rm[2];
   const uint64_t mine = 0x0303030303030303ull; /* this thread's columns */
   if (!(vm == ~0ull && pos0 + 64 <= min(lim[0], lim[1]))) {
@@ -187,6 +187,9 @@ __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint
   }
   mx[0] = t[0][0];
   mx[1] = t[1][0];
+#pragma unroll
+  for (int sl = 0; sl < 2; sl++)
+    mx[sl] = row_max(mx[sl]) * sc[sl];
 }
 /* O *= corr by row; skipped when no row of the warp changed its maximum,
  * which after the first blocks is the common case */
@@ -971,27 +974,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
           float mx[2];
-          wg_mask_max(s, mx, vm, pos0, lim, lane);
-          /* Whether every row of the warp keeps its running maximum (after
-           * the first blocks, the common case) follows from each thread's
-           * own values: move_max keeps a row's exactly when it keeps it for
-           * each of them, the scaling being monotonic. Then the row maxima's
-           * shuffles and move_max are skipped; the values are those
-           * move_max gives (muse = m_run, corr = 1), bit for bit. */
-          bool stay = true;
-#pragma unroll
-          for (int sl = 0; sl < 2; sl++)
-            stay = stay && fmaxf(m_run[sl], mx[sl] * sc[sl]) - m_run[sl] <= RESCALE_SLACK;
-          const bool kept = __all_sync(0xffffffffu, stay);
+          wg_mask_max(s, mx, vm, pos0, lim, sc, lane);
           float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
           for (int sl = 0; sl < 2; sl++) {
-            if (kept) {
-              muse[sl] = m_run[sl];
-              corr[sl] = 1.f;
-            } else {
-              move_max(m_run[sl], row_max(mx[sl]) * sc[sl], &muse[sl], &corr[sl]);
-            }
+            move_max(m_run[sl], mx[sl], &muse[sl], &corr[sl]);
             if (row_leader(lane))
               sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
           }
@@ -1016,8 +1003,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #pragma unroll
           for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
             l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
-          if (!kept)
-            wg_scale_o(o, corr[0], corr[1]);
+          wg_scale_o(o, corr[0], corr[1]);
           reg_fence<128>(o);
           wg_fence();
 #pragma unroll
