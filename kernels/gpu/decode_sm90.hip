@@ -998,8 +998,17 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
                 pr[e >> 1];
           }
-          proxy_fence();
-          mbar_arrive(aPready + 8 * (b & 1));
+          /* P's stores made visible to warpgroup 1's P V: after this
+           * warpgroup's own P V is queued (it reads P from registers, so the
+           * tensor cores need not wait for the fence), but for DS_MLA, whose
+           * next block both warpgroups convert once both P V are done, before
+           * it (either order measured, docs/performance.md) */
+          auto publish_p = [&] {
+            proxy_fence();
+            mbar_arrive(aPready + 8 * (b & 1));
+          };
+          if (RING)
+            publish_p();
 #pragma unroll
           for (int sl = 0; sl < 2; sl++) /* this lane's share: summed once, at the end */
             l_run[sl] = l_run[sl] * corr[sl] + sum[sl];
@@ -1010,6 +1019,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           for (int kk = 0; kk < BN / 16; kk++)
             mma_n256_rs<F16>(o, pr + 4 * kk, desc_at(desc(aK, BLK, 1024), kk * 16 * 128));
           wg_commit();
+          if (!RING)
+            publish_p();
         };
         /* this item's Q came by this warpgroup's copies: landed and visible
          * to wgmma from every thread before the first Q K^T */
