@@ -970,6 +970,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           char *sK = stage(b);
           const uint32_t aK = smem_u32(sK);
           const int pos0 = kb + b * BN;
+          /* every warp's QK has read the rope block before P overwrites it */
+          asm volatile("bar.sync 7, 128;\n" ::: "memory");
+
           float mx[2];
           wg_mask_max(s, mx, vm, pos0, lim, sc, lane);
           float muse[2], corr[2], sum[2] = {0.f, 0.f};
@@ -986,20 +989,12 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           uint32_t pr[16];
 #pragma unroll
           for (int e = 0; e < 32; e += 2) {
-            int sl = (e >> 1) & 1;
+            int sl = (e >> 1) & 1, row = myrow[sl];
+            int col = (e >> 2) * 8 + ((lane & 3) << 1);
             float p0 = fast_exp2(fmaf(s[e], sc[sl], -muse[sl]));
             float p1 = fast_exp2(fmaf(s[e + 1], sc[sl], -muse[sl]));
             sum[sl] += p0 + p1;
             pr[e >> 1] = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
-          }
-          /* every warp's QK has read the rope block before P overwrites it:
-           * waited for only here, so each warp's softmax starts as soon as
-           * its own Q K^T is done */
-          asm volatile("bar.sync 7, 128;\n" ::: "memory");
-#pragma unroll
-          for (int e = 0; e < 32; e += 2) {
-            int sl = (e >> 1) & 1, row = myrow[sl];
-            int col = (e >> 2) * 8 + ((lane & 3) << 1);
             *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
                 pr[e >> 1];
           }
