@@ -122,18 +122,20 @@ constexpr int KSTEPS = PMLA_QK_DIM / 16;
 __device__ __forceinline__ uint32_t off(int r, int c) {
   return (uint32_t)((c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
-/* a whole 64-token block (nine 64-column boxes) into the stage at dst;
- * with evict_first, its lines are the first L2 evicts (kv_first below) */
+/* boxes [C0, C1) of a whole 64-token block (nine 64-column boxes) into the
+ * stage at dst; with evict_first, its lines are the first L2 evicts
+ * (kv_first below) */
+template <int C0 = 0, int C1 = 9>
 __device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, int64_t slot,
                                           uint32_t bar, bool evict_first) {
   if (evict_first) {
     const uint64_t pol = l2_evict_first();
 #pragma unroll
-    for (int c = 0; c < 9; c++)
+    for (int c = C0; c < C1; c++)
       tma_box_hint(dst + c * BLK, map, c * 64, (int)slot, bar, pol);
   } else {
 #pragma unroll
-    for (int c = 0; c < 9; c++)
+    for (int c = C0; c < C1; c++)
       tma_box(dst + c * BLK, map, c * 64, (int)slot, bar);
   }
 }
@@ -583,6 +585,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     /* the loader's state, kept from one chunk of a run to the next */
     int32_t raw_next = -1; /* bf16: the page entry of the next block to load */
     uint32_t pending = 0;  /* cp.async: bit s, stage s awaits our arrival after cp_wait */
+    /* bf16 by TMA: the block whose boxes 0-3 are issued, 4-8 not yet (-1:
+     * none), and its first slot */
+    int32_t half_blk = -1;
+    int64_t half_first = -1;
     /* chunk ci of the run: blocks [b0, b1) (one item: all of them) */
     for (int ci = 0, b0 = 0;; ci++) {
       const int b1 = run > 3 && b0 + (run >> 2) < nblk ? b0 + (run >> 2) : nblk;
@@ -813,10 +819,28 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             if (pending & (1u << (b & 1)))
               publish(b);
             if (b + 1 < nblk) {
-              if (b >= 1)
-                nb_sync(EMPTY + ((b - 1) & 1));
-              if (load_block(b + 1, (b + 1) & 1))
-                pending |= 1u << ((b + 1) & 1);
+#if PMLA_WG_TMA
+              if (half_blk == b + 1) {
+                /* the rest of a whole-page block whose first boxes went
+                 * in under the last P V: this warpgroup's P V of the stage's
+                 * block before is done */
+                const uint32_t bar = aFull + 8 * ((b + 1) & 1);
+                if (t == 0)
+                  tma_block<4, 9>(smem_u32(sKV + ((b + 1) & 1) * TILE), kv_tmap, half_first, bar,
+                                  kv_first);
+                if (lane == 0)
+                  ((uint16_t *)sVm)[((b + 1) & 1) * 4 + wi] = 0xffffu;
+                mbar_arrive(bar);
+                raw_next = raw_at(b + 2);
+                half_blk = -1;
+              } else
+#endif
+              {
+                if (b >= 1)
+                  nb_sync(EMPTY + ((b - 1) & 1));
+                if (load_block(b + 1, (b + 1) & 1))
+                  pending |= 1u << ((b + 1) & 1);
+              }
             }
             cp_commit();
             pv(b);
@@ -824,6 +848,26 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
              * its landing wait is off warpgroup 0's path */
             if (pending & (1u << ((b + 1) & 1)))
               publish(b + 1);
+#if PMLA_WG_TMA
+            /* A whole-page block b + 2 goes into this block's stage in two
+             * parts: boxes 0-3 (V's columns of warpgroup 0's P V) as soon as
+             * warpgroup 0's P V of block b is done, while this warpgroup's
+             * own, queued behind it, still reads boxes 4-8; those follow at
+             * the next block's top */
+            if (!NARROW && use_tma && b + 2 < nblk) {
+              const int64_t first = whole_page_slot(p.map, raw_next, kb + (b + 2) * BN, ke);
+              if (first >= 0) {
+                nb_sync(EMPTY + (b & 1));
+                if (t == 0) {
+                  const uint32_t bar = aFull + 8 * (b & 1);
+                  mbar_expect_tx(bar, TILE);
+                  tma_block<0, 4>(smem_u32(sKV + (b & 1) * TILE), kv_tmap, first, bar, kv_first);
+                }
+                half_blk = b + 2;
+                half_first = first;
+              }
+            }
+#endif
             wg_wait0();
             reg_fence<OR>(o);
           }
