@@ -25,7 +25,9 @@
  *       from registers (warpgroup 0) or the rope block (warpgroup 1)
  * Warpgroup 1 also loads: on 64-row tiles a block that is one whole valid
  * page-aligned run of 64 slots (page sizes that are multiples of 64) as
- * nine TMA boxes from one thread, issued before the per-token bookkeeping;
+ * nine TMA boxes from one thread, issued before the per-token bookkeeping
+ * (from block 2 on in two parts: boxes 0-3 once warpgroup 0's P V of the
+ * stage's last block is done, 4-8 once the loader's own is);
  * any other block (partial, invalid slots, page sizes 1 / 16, top-k
  * gathers, every block of a NARROW tile) by cp.async with zero fill, a
  * warp's 32 lanes over one row at a time, published while the loader's own
