@@ -84,6 +84,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
 
 #include "config.h"
 #include "hip_compat.h"
@@ -159,15 +160,13 @@ __device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint
 #pragma unroll
     for (int sl = 0; sl < 2; sl++)
       rm[sl] = (vm & before64(lim[sl], pos0)) >> ((lane & 3) << 1);
-  } else {
-    rm[0] = rm[1] = mine;
-  }
-  if ((rm[0] & rm[1] & mine) != mine) {
+    if ((rm[0] & rm[1] & mine) != mine) {
 #pragma unroll
-    for (int e = 0; e < 32; e++) {
-      const int sl = (e >> 1) & 1;
-      if (!((rm[sl] >> ((e >> 2) * 8 + (e & 1))) & 1))
-        s[e] = -INFINITY;
+      for (int e = 0; e < 32; e++) {
+        const int sl = (e >> 1) & 1;
+        if (!((rm[sl] >> ((e >> 2) * 8 + (e & 1))) & 1))
+          s[e] = -INFINITY;
+      }
     }
   }
   /* each row's 16 values as a tree of maxima: four dependent steps where
@@ -392,8 +391,10 @@ __device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], cons
   }
 }
 /* KV_FIRST: every KV box is loaded as L2's first evictions (steps of few
- * requests, pmla_launch_decode_sm90) */
-template <int F, bool FOLD, bool NARROW, bool KV_FIRST>
+ * requests, pmla_launch_decode_sm90). GATHER: top-k steps, whose blocks are
+ * never whole pages, compiled without the whole-page path (with it, the
+ * loop's schedule cost them 2% on the H200) */
+template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
@@ -635,29 +636,38 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           const int pos = kb + h * (BN / 2) + rt;
           return pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
         };
+#if PMLA_WG_TMA
+        /* boxes [C0, 9) of whole-page block blk (its first slot: first) into
+         * stage st by TMA, the bytes of all nine expected with the first box;
+         * then every token is valid (one whole page), and the bits are
+         * written before this thread's arrival */
+        auto page_boxes = [&](auto c0, int blk, int st, int64_t first) -> bool {
+          constexpr int C0 = decltype(c0)::value;
+          const uint32_t bar = aFull + 8 * st;
+          if (t == 0) {
+            if constexpr (C0 == 0)
+              mbar_expect_tx(bar, TILE);
+            tma_block<C0, 9>(smem_u32(sKV + st * TILE), kv_tmap, first, bar, kv_first);
+          }
+          if (lane == 0)
+            ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
+          if (blk != 0)
+            mbar_arrive(bar);
+          raw_next = raw_at(blk + 1);
+          return blk == 0;
+        };
+#endif
         /* bf16: issues block blk into stage st; returns whether the loader
          * still has to arrive on the stage's barrier after its cp.async wait
          * (cp.async blocks, and block 0 whose wait also covers Q) */
         auto load_block = [&](int blk, int st) -> bool {
           const int pos = kb + blk * BN + ld_t;
-          const uint32_t bar = aFull + 8 * st;
 #if PMLA_WG_TMA
           const int64_t first =
-              !NARROW && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
-          if (first >= 0) {
-            /* the copy first; then every token is valid (one whole page),
-             * and the bits are written before this thread's arrival */
-            if (t == 0) {
-              mbar_expect_tx(bar, TILE);
-              tma_block(smem_u32(sKV + st * TILE), kv_tmap, first, bar, kv_first);
-            }
-            if (lane == 0)
-              ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
-            if (blk != 0)
-              mbar_arrive(bar);
-            raw_next = raw_at(blk + 1);
-            return blk == 0;
-          }
+              !NARROW && !GATHER && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke)
+                                            : -1;
+          if (first >= 0)
+            return page_boxes(std::integral_constant<int, 0>(), blk, st, first);
 #endif
           const int64_t slot =
               pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
@@ -826,14 +836,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                 /* the rest of a whole-page block whose first boxes went
                  * in under the last P V: this warpgroup's P V of the stage's
                  * block before is done */
-                const uint32_t bar = aFull + 8 * ((b + 1) & 1);
-                if (t == 0)
-                  tma_block<4, 9>(smem_u32(sKV + ((b + 1) & 1) * TILE), kv_tmap, half_first, bar,
-                                  kv_first);
-                if (lane == 0)
-                  ((uint16_t *)sVm)[((b + 1) & 1) * 4 + wi] = 0xffffu;
-                mbar_arrive(bar);
-                raw_next = raw_at(b + 2);
+                page_boxes(std::integral_constant<int, 4>(), b + 1, (b + 1) & 1, half_first);
                 half_blk = -1;
               } else
 #endif
@@ -856,7 +859,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
              * warpgroup 0's P V of block b is done, while this warpgroup's
              * own, queued behind it, still reads boxes 4-8; those follow at
              * the next block's top */
-            if (!NARROW && use_tma && b + 2 < nblk) {
+            if (!NARROW && !GATHER && use_tma && b + 2 < nblk) {
               const int64_t first = whole_page_slot(p.map, raw_next, kb + (b + 2) * BN, ke);
               if (first >= 0) {
                 nb_sync(EMPTY + (b & 1));
@@ -1200,14 +1203,14 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
  * boxes, 128B swizzle), valid when use_tma */
-template <int F, bool FOLD, bool NARROW, bool KV_FIRST>
+template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER = false>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F, FOLD, NARROW, KV_FIRST>(p, scale_log2, &kv_tmap, use_tma);
+  body_pp<F, FOLD, NARROW, KV_FIRST, GATHER>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -1248,11 +1251,11 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-template <int F, bool FOLD, bool NARROW = false, bool KV_FIRST = false>
+template <int F, bool FOLD, bool NARROW = false, bool KV_FIRST = false, bool GATHER = false>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
-  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST>,
-                                  SMEM, &opted_in);
+  hipError_t e = pmla_opt_in_smem(
+      (const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER>, SMEM, &opted_in);
   if (e != hipSuccess)
     return e;
   /* head tiles on x: a unit's tiles are neighbouring blocks, started
@@ -1264,8 +1267,9 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
   /* NARROW tiles gather every block with cp.async: their steps are bound by
    * memory, and 128 loader threads' copies keep more reads in flight than
    * one thread's nine TMA boxes (docs/performance.md) */
-  const int use_tma = NARROW ? 0 : kv_tensor_map(&tmap, p);
-  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST>, grid, dim3(NT), SMEM, st, p,
+  const int use_tma = NARROW || GATHER ? 0 : kv_tensor_map(&tmap, p);
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER>, grid, dim3(NT),
+                    SMEM, st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
@@ -1309,6 +1313,9 @@ hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStre
     if (rows >= KV_FIRST_MIN_ROWS &&
         p.num_tokens * p.num_heads * 2 <= (int64_t)ROWS * tiles * p.num_units)
       return launch_decode_wg<PMLA_KV_BF16, false, false, true>(p, tiles, st);
+    /* top-k steps gather every block: a form without the whole-page path */
+    if (p.map.topk)
+      return launch_decode_wg<PMLA_KV_BF16, false, false, false, true>(p, tiles, st);
     return launch_decode_wg<PMLA_KV_BF16, false>(p, tiles, st);
   }
 }
