@@ -204,6 +204,7 @@ __device__ __forceinline__ void wg_scale_o(float (&o)[128], float c0, float c1) 
     o[e] *= (e & 2) ? c1 : c0;
 }
 static_assert(ROWS * Staged<true>::STRIDE <= 2 * TILE, "staged O fits the two stages");
+static_assert(ROWS * Staged<false>::STRIDE <= TILE, "staged bf16 O fits one stage");
 /* this warpgroup's O times inv[sl] (by row) into rows of fp32 (PARTIAL)
  * or bf16, row rl of the tile starting at row_at(rl) */
 template <bool PARTIAL, typename RowAt>
@@ -512,6 +513,13 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const int t_q = tid & 127;
   int32_t q_rows[2] = {-1, -1}; /* the rows of Q in sQ */
   bool staged = false; /* warpgroup 1: the last item's O may still be leaving the stages */
+  /* default-mode bf16 64-row tiles: an item followed by another that this
+   * tile serves leaves stage 0 to that item's block 0, copied (when it is
+   * a whole page) under the epilogue instead of after it: the epilogue
+   * stages bf16 rows in stage 1 only and writes a partial's fp32 rows from
+   * registers */
+  constexpr bool B0_NEXT = F == PMLA_KV_BF16 && !NARROW && !FOLD && !GATHER;
+  bool b0_pre = false; /* warpgroup 1: this item's block 0 is in stage 0 and published */
   /* bf16 64-row tiles: the next item's Q, when it has other rows, is copied
    * into sQ by warpgroup 0 once the item's last Q K^T is done, under the
    * last block and the epilogue, instead of at the next item's start */
@@ -568,6 +576,15 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
+    /* B0_NEXT: the next item is served here and finds its Q in sQ (the
+     * same rows, or warpgroup 0's copy): its block 0 may come early */
+    bool b0_next = false;
+    if (B0_NEXT && use_tma && nblk > 0 && it + 1 < it_end) {
+      const int32_t *wn = item_at(it + 1);
+      const int32_t b2 = wn[PMLA_WI_Q_BEGIN], e2 = wn[PMLA_WI_Q_END];
+      b0_next = e2 - b2 > 0 && row0 < (e2 - b2) * H && b2 >= 0 && e2 <= p.num_tokens &&
+                e2 - b2 <= p.max_q_len && wn[PMLA_WI_KV_END] > wn[PMLA_WI_KV_BEGIN];
+    }
     /* KV read as the first lines L2 evicts, so that the partial slots'
      * lines outlive the KV streams between their write and their read:
      * every item of a KV_FIRST step, and a batch-invariant item of more
@@ -823,8 +840,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             pending &= ~(1u << (blk & 1));
           };
           if (b0 == 0) {
-            if (nblk > 0 && load_block(0, 0))
+            if (b0_pre) /* block 0 came under the last item's epilogue */
+              raw_next = raw_at(1);
+            else if (nblk > 0 && load_block(0, 0))
               pending = 1;
+            b0_pre = false;
             cp_commit();
           }
           for (int b = b0; b < b1; b++) {
@@ -1126,6 +1146,27 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       }
       __syncthreads();
       conv_before += RING ? (uint32_t)nblk : 0u;
+#if PMLA_WG_TMA
+      /* every P V of the item is done: the next item's block 0 into stage 0 */
+      if (B0_NEXT && b0_next && last && g == 1) {
+        const int32_t *wn = item_at(it + 1);
+        const int32_t r2 = wn[PMLA_WI_REQUEST], kb2 = wn[PMLA_WI_KV_BEGIN];
+        const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
+        const int64_t first =
+            whole_page_slot(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
+        if (first >= 0) {
+          const int t = tid - 128;
+          if (t == 0) {
+            mbar_expect_tx(aFull, TILE);
+            tma_block(smem_u32(sKV), kv_tmap, first, aFull, KV_FIRST);
+          }
+          if (lane == 0)
+            ((uint16_t *)sVm)[wi] = 0xffffu;
+          mbar_arrive(aFull);
+          b0_pre = true;
+        }
+      }
+#endif
 
       /* the epilogue: O staged in the two stages, row for row, and sent by
        * bulk copies (out is 16-byte aligned: gpu_decode refuses it
@@ -1138,7 +1179,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                             : last     ? w[PMLA_WI_PIECE]
                             : run & 2  ? 0
                                        : PMLA_WI_KEEP | (ci > 0 || (run & 1) ? PMLA_WI_FOLD : 0);
-      const bool rows_now = (run & 2) && !last;
+      /* B0_NEXT: stage 0 may hold the next item's block 0 */
+      const bool b0_kept = B0_NEXT && b0_next && last;
+      const bool rows_now = ((run & 2) && !last) || (b0_kept && cslot >= 0);
+      char *const sO = b0_kept ? sKV + TILE : sKV;
       const bool fold = FOLD && cslot >= 0 && (piece & PMLA_WI_FOLD);
       const bool keep = FOLD && cslot >= 0 && (piece & PMLA_WI_KEEP);
       const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : cslot; /* -1: out */
@@ -1167,7 +1211,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       } else if (cslot >= 0) {
         stage_o<true>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
       } else {
-        stage_o<false>(sKV, o, sL, g, lane, myrow, nrows, out_scale);
+        stage_o<false>(sO, o, sL, g, lane, myrow, nrows, out_scale);
       }
       if (!keep && !rows_now) {
         proxy_fence();
@@ -1180,7 +1224,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         if (g == 1) {
           staged = true;
           if (wi == 0)
-            send_staged(p, sKV, dst, qb, row0, nrows, lane);
+            send_staged(p, sO, dst, qb, row0, nrows, lane);
         }
       }
       store_lse<FOLD>(p, sM, sL, tid, nrows, cslot, qb, row0, piece);
