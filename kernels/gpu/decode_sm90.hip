@@ -602,27 +602,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     const bool q_new = qb != q_rows[0] || qe != q_rows[1];
     q_rows[0] = nblk == 0 ? -1 : qb; /* no block: Q is neither needed nor loaded */
     q_rows[1] = qe;
-    /* B0_NEXT, warpgroup 1: the next item's block 0 into stage 0, once
-     * every P V of this item that read stage 0 is done (when it is a whole page) */
-    auto next_b0 = [&]() {
-#if PMLA_WG_TMA
-      const int32_t *wn = item_at(it + 1);
-      const int32_t r2 = wn[PMLA_WI_REQUEST], kb2 = wn[PMLA_WI_KV_BEGIN];
-      const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
-      const int64_t first =
-          whole_page_slot(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
-      if (first >= 0) {
-        if (tid == 128) {
-          mbar_expect_tx(aFull, TILE);
-          tma_block(smem_u32(sKV), kv_tmap, first, aFull, KV_FIRST);
-        }
-        if (lane == 0)
-          ((uint16_t *)sVm)[wi] = 0xffffu;
-        mbar_arrive(aFull);
-        b0_pre = true;
-      }
-#endif
-    };
     /* the loader's state, kept from one chunk of a run to the next */
     int32_t raw_next = -1; /* bf16: the page entry of the next block to load */
     uint32_t pending = 0;  /* cp.async: bit s, stage s awaits our arrival after cp_wait */
@@ -887,10 +866,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                 if (load_block(b + 1, (b + 1) & 1))
                   pending |= 1u << ((b + 1) & 1);
               }
-            } else if (B0_NEXT && b0_next && !(nblk & 1)) {
-              /* an even count: stage 0 held block nblk - 2, whose P V are done */
-              nb_sync(EMPTY);
-              next_b0();
             }
             cp_commit();
             pv(b);
@@ -1149,7 +1124,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           }
           wg_wait0();
           reg_fence<128>(o);
-          if (!RING && (b + 2 < nblk || (B0_NEXT && b0_next && b + 2 == nblk && !(nblk & 1))))
+          if (!RING && b + 2 < nblk)
             nb_arrive(EMPTY + (b & 1));
         }
         if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
@@ -1172,9 +1147,25 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       __syncthreads();
       conv_before += RING ? (uint32_t)nblk : 0u;
 #if PMLA_WG_TMA
-      /* an odd count: the last block held stage 0 until now */
-      if (B0_NEXT && b0_next && last && g == 1 && (nblk & 1))
-        next_b0();
+      /* every P V of the item is done: the next item's block 0 into stage 0 */
+      if (B0_NEXT && b0_next && last && g == 1) {
+        const int32_t *wn = item_at(it + 1);
+        const int32_t r2 = wn[PMLA_WI_REQUEST], kb2 = wn[PMLA_WI_KV_BEGIN];
+        const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
+        const int64_t first =
+            whole_page_slot(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
+        if (first >= 0) {
+          const int t = tid - 128;
+          if (t == 0) {
+            mbar_expect_tx(aFull, TILE);
+            tma_block(smem_u32(sKV), kv_tmap, first, aFull, KV_FIRST);
+          }
+          if (lane == 0)
+            ((uint16_t *)sVm)[wi] = 0xffffu;
+          mbar_arrive(aFull);
+          b0_pre = true;
+        }
+      }
 #endif
 
       /* the epilogue: O staged in the two stages, row for row, and sent by
