@@ -64,7 +64,10 @@
  * An item's epilogue (bf16 out or an fp32 partial) stages the normalised O
  * in the two stages, row for row as in global memory, and one loader warp
  * sends the rows with bulk copies; the loader waits for them to be read
- * before the next item's first block enters the stages. A batch-invariant
+ * before the next item's first block enters the stages. In the default
+ * mode an item followed by another that its tile serves leaves stage 0 to
+ * that item's block 0, copied before the epilogue (B0_NEXT): it stages bf16
+ * rows in stage 1 alone and writes fp32 rows from registers. A batch-invariant
  * chunk that a later chunk of the work-group folds leaves O from registers
  * in the threads' own order instead (keep_o), and the folding chunk reads
  * it back into registers (fold_into_o). Adjacent such chunks of one request
@@ -282,7 +285,8 @@ __device__ __forceinline__ int chained(const int32_t *a, const int32_t *b) {
 }
 /* this warpgroup's normalised O as rows of fp32 partial from registers:
  * a run's piece before its last, whose stages hold the next chunk's first
- * block (the values stage_o<true> would stage) */
+ * block, or a piece whose stage 0 holds the next item's (B0_NEXT); the
+ * values stage_o<true> would stage */
 __device__ __forceinline__ void rows_o(const pmla_gpu_problem &p, const float (&o)[128],
                                        const float *sL, int g, int lane, const int (&myrow)[2],
                                        int nrows, int64_t obase, float out_scale) {
