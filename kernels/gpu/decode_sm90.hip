@@ -456,6 +456,25 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aRawRead = smem_u32(sMx + 128);
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+#if PMLA_WG_TMA
+  /* warpgroup 1: boxes [C0, 9) of a whole-page KV block (its first slot:
+   * first) into stage st by TMA, the bytes of all nine expected with box
+   * 0; every token is then valid (one whole page), and the bits are written
+   * before this thread's arrival (when it arrives) */
+  auto page_boxes = [&](auto c0, int st, int64_t first, bool evict_first, bool arrive) {
+    constexpr int C0 = decltype(c0)::value;
+    const uint32_t bar = aFull + 8 * st;
+    if (tid == 128) {
+      if constexpr (C0 == 0)
+        mbar_expect_tx(bar, TILE);
+      tma_block<C0, 9>(smem_u32(sKV + st * TILE), kv_tmap, first, bar, evict_first);
+    }
+    if (lane == 0)
+      ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
+    if (arrive)
+      mbar_arrive(bar);
+  };
+#endif
   if (tid == 0) {
     mbar_init(aFull, 128);
     mbar_init(aFull + 8, 128);
@@ -658,22 +677,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           return pos < ke ? kv_slot(p.map, raw_h, pos, errw, rsub == 0 && blockIdx.x == 0) : -1;
         };
 #if PMLA_WG_TMA
-        /* boxes [C0, 9) of whole-page block blk (its first slot: first) into
-         * stage st by TMA, the bytes of all nine expected with the first box;
-         * then every token is valid (one whole page), and the bits are
-         * written before this thread's arrival */
-        auto page_boxes = [&](auto c0, int blk, int st, int64_t first) -> bool {
-          constexpr int C0 = decltype(c0)::value;
-          const uint32_t bar = aFull + 8 * st;
-          if (t == 0) {
-            if constexpr (C0 == 0)
-              mbar_expect_tx(bar, TILE);
-            tma_block<C0, 9>(smem_u32(sKV + st * TILE), kv_tmap, first, bar, kv_first);
-          }
-          if (lane == 0)
-            ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
-          if (blk != 0)
-            mbar_arrive(bar);
+        /* boxes [C0, 9) of whole-page block blk (its first slot: first)
+         * into stage st (page_boxes); block 0's arrival waits for Q */
+        auto page_block = [&](auto c0, int blk, int st, int64_t first) -> bool {
+          page_boxes(c0, st, first, kv_first, blk != 0);
           raw_next = raw_at(blk + 1);
           return blk == 0;
         };
@@ -688,7 +695,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
               !NARROW && !GATHER && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke)
                                             : -1;
           if (first >= 0)
-            return page_boxes(std::integral_constant<int, 0>(), blk, st, first);
+            return page_block(std::integral_constant<int, 0>(), blk, st, first);
 #endif
           const int64_t slot =
               pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
@@ -860,7 +867,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                 /* the rest of a whole-page block whose first boxes went
                  * in under the last P V: this warpgroup's P V of the stage's
                  * block before is done */
-                page_boxes(std::integral_constant<int, 4>(), b + 1, (b + 1) & 1, half_first);
+                page_block(std::integral_constant<int, 4>(), b + 1, (b + 1) & 1, half_first);
                 half_blk = -1;
               } else
 #endif
@@ -1159,14 +1166,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         const int64_t first =
             whole_page_slot(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
         if (first >= 0) {
-          const int t = tid - 128;
-          if (t == 0) {
-            mbar_expect_tx(aFull, TILE);
-            tma_block(smem_u32(sKV), kv_tmap, first, aFull, KV_FIRST);
-          }
-          if (lane == 0)
-            ((uint16_t *)sVm)[wi] = 0xffffu;
-          mbar_arrive(aFull);
+          page_boxes(std::integral_constant<int, 0>(), 0, first, KV_FIRST, true);
           b0_pre = true;
         }
       }
