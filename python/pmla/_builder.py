@@ -159,15 +159,18 @@ class Builder:
     def _fail(self, st, call):
         raise make_error(st, self._be.error_message(self._h), call)
 
-    def _tensors(self, call, pairs, bf16=()):
+    def _tensors(self, call, pairs, required):
         prev = self._step or {}
         out = {}
         for name, obj in pairs:
             if obj is None:
+                if name in required:
+                    raise InvalidArgument("%s: %s is None; a tensor is required" % (call, name),
+                                          call="build_sparse" if call == "plan_sparse"
+                                          else "build_decode")
                 continue
             t = prev.get(name)
-            out[name] = t if same(t, obj) else as_tensor(obj, "%s: %s" % (call, name),
-                                                         bf16=name in bf16)
+            out[name] = t if same(t, obj) else as_tensor(obj, "%s: %s" % (call, name))
         return out
 
     @staticmethod
@@ -226,7 +229,8 @@ class Builder:
         ts = self._tensors("plan", (("qo_indptr", qo_indptr), ("block_table", block_table),
                                     ("kv_lens", kv_lens), ("kv_indptr", kv_indptr),
                                     ("kv_indices", kv_indices),
-                                    ("kv_last_page_len", kv_last_page_len)))
+                                    ("kv_last_page_len", kv_last_page_len)),
+                           ("qo_indptr",))
         b = self._batch
         b.kv_layout = _abi.KV_BLOCK_TABLE if bt else _abi.KV_CSR
         for name in ("qo_indptr", "block_table", "kv_lens", "kv_indptr", "kv_indices",
@@ -250,7 +254,7 @@ class Builder:
                 not -2**63 <= max_seq_len < 2**63:
             raise InvalidArgument("plan_sparse: max_seq_len = %r; accepted: an int >= 0"
                                   % (max_seq_len,), call="build_sparse")
-        ts = self._tensors("plan_sparse", (("topk_indices", topk_indices),))
+        ts = self._tensors("plan_sparse", (("topk_indices", topk_indices),), ("topk_indices",))
         s = self._sparse
         s.flags = 0 if split_cap else _abi.SPARSE_NO_SPLIT_CAP
         s.topk_indices = ts["topk_indices"].addr
@@ -263,6 +267,9 @@ class Builder:
 
     # ---- run
     def _prepare(self, q, kv_cache, out, lse, kv_scale, want_lse):
+        """The run's tensors and argument struct. Everything is checked
+        before self._args changes, so a refused run leaves it pointing at
+        the tensors of the cached run (self._rc), which keeps them alive."""
         c = _RunCache()
         c.q, c.kv, c.out, c.lse, c.kv_scale, c.want_lse = q, kv_cache, out, lse, kv_scale, \
             want_lse
@@ -273,10 +280,14 @@ class Builder:
         for name, obj in (("q", q), ("kv_cache", kv_cache), ("out", out), ("lse", lse),
                           ("kv_scale", kv_scale)):
             if obj is None:
+                if name in ("q", "kv_cache"):
+                    raise InvalidArgument("run: %s is None; a tensor is required" % name,
+                                          call="decode")
                 continue
             t = prev.get(name)
             bf16 = name in ("q", "out") or (name == "kv_cache" and bf16_kv)
-            ts[name] = t if same(t, obj) else as_tensor(obj, "run: " + name, bf16=bf16)
+            ts[name] = t if same(t, obj) else as_tensor(obj, "run: " + name, bf16=bf16,
+                                                        writable=name in ("out", "lse"))
         c.tensors = ts
         tq = ts["q"]
         c.alloc_out = c.alloc_lse = None
@@ -289,17 +300,6 @@ class Builder:
                 c.alloc_out = _Out(tq, (T, H, _abi.KV_LORA_RANK), _abi.kDLBfloat, 16)
             if lse is None and want_lse:
                 c.alloc_lse = _Out(tq, (T, H), _abi.kDLFloat, 32)
-        a = self._args
-        a.q = tq.addr
-        a.kv_cache = ts["kv_cache"].addr
-        a.kv_scale = ts["kv_scale"].addr if kv_scale is not None else None
-        a.out = ctypes.addressof(c.alloc_out.dl) if c.alloc_out else ts["out"].addr
-        if lse is not None:
-            a.lse = ts["lse"].addr
-        elif c.alloc_lse is not None:
-            a.lse = ctypes.addressof(c.alloc_lse.dl)
-        else:
-            a.lse = None
         # the default stream, read on every run: torch's / CuPy's current one
         c.stream_fn = None
         c.stream_arg = None
@@ -314,6 +314,17 @@ class Builder:
                 cp = sys.modules["cupy"]
                 c.stream_fn = lambda _d: cp.cuda.get_current_stream().ptr
                 c.stream_arg = 0
+        a = self._args
+        a.q = tq.addr
+        a.kv_cache = ts["kv_cache"].addr
+        a.kv_scale = ts["kv_scale"].addr if kv_scale is not None else None
+        a.out = ctypes.addressof(c.alloc_out.dl) if c.alloc_out else ts["out"].addr
+        if lse is not None:
+            a.lse = ts["lse"].addr
+        elif c.alloc_lse is not None:
+            a.lse = ctypes.addressof(c.alloc_lse.dl)
+        else:
+            a.lse = None
         self._rc = c
         return c
 
@@ -333,8 +344,7 @@ class Builder:
         c = self._rc
         if c is None or c.q is not q or c.kv is not kv_cache or c.out is not out or \
                 c.lse is not lse or c.kv_scale is not kv_scale or c.want_lse is not return_lse \
-                or not all(t.ptr_check is None or t.ptr_check[0]() == t.ptr_check[1]
-                           for t in c.tensors.values()):
+                or not all(t.check is None or t.check() == t.sig for t in c.tensors.values()):
             if self._h is None:
                 raise BadState("the builder is closed", call="decode")
             c = self._prepare(q, kv_cache, out, lse, kv_scale, return_lse)

@@ -3,6 +3,7 @@
 interface, or a (nested) list of ints. Each becomes a ``Tensor``: a DLTensor
 owned by Python plus the objects that keep its memory alive."""
 import ctypes
+import operator
 import sys
 
 from . import _abi
@@ -15,6 +16,16 @@ _capsule_get_name.argtypes = [ctypes.py_object]
 _capsule_get_pointer = _api.PyCapsule_GetPointer
 _capsule_get_pointer.restype = ctypes.c_void_p
 _capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_set_name = _api.PyCapsule_SetName
+_capsule_set_name.restype = ctypes.c_int
+_capsule_set_name.argtypes = [ctypes.py_object, ctypes.c_void_p]
+# The names a consumed capsule takes (DLPack's protocol). PyCapsule_SetName
+# keeps the pointer, so the buffers live as long as the module.
+_USED_NAME = {b"dltensor": ctypes.create_string_buffer(b"used_dltensor"),
+              b"dltensor_versioned": ctypes.create_string_buffer(b"used_dltensor_versioned")}
+# the producer's deleter, called with the GIL held (numpy's takes it itself)
+_DELETER = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+_DL_READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY in DLManagedTensorVersioned.flags
 
 _DTYPE_NAMES = {(_abi.kDLInt, 32): "int32", (_abi.kDLInt, 64): "int64",
                 (_abi.kDLUInt, 16): "uint16", (_abi.kDLFloat, 32): "float32",
@@ -41,9 +52,12 @@ def is_capsule(obj):
 
 class Tensor:
     """A DLTensor (``dl``, at address ``addr``) describing ``obj``; ``owner``
-    keeps the exporter's memory and shape arrays alive."""
+    keeps the exporter's memory and shape arrays alive. ``check()`` reads
+    obj's data pointer, shape, strides and dtype again: while it returns
+    ``sig`` the DLTensor still describes obj (None for a capsule, which
+    cannot change, and a list, which is never reused)."""
 
-    __slots__ = ("obj", "owner", "dl", "addr", "shape", "lib", "ptr_check")
+    __slots__ = ("obj", "owner", "dl", "addr", "shape", "lib", "check", "sig")
 
     @property
     def device_type(self):
@@ -72,37 +86,83 @@ def _finish(t, obj, owner, dl, lib, bf16):
     t.addr = ctypes.addressof(dl)
     t.shape = tuple(dl.shape[i] for i in range(dl.ndim)) if dl.ndim > 0 else ()
     t.lib = lib
-    t.ptr_check = None
-    if lib == "torch":
-        ptr = getattr(obj, "data_ptr", None)
-        if ptr is not None:
-            t.ptr_check = (ptr, ptr())
+    t.check = _layout_reader(obj, lib)
+    t.sig = t.check() if t.check is not None else None
     return t
 
 
-def _from_capsule(capsule, name):
+def _layout_reader(obj, lib):
+    """A function reading what an in-place change of obj could move (a torch
+    tensor's set_, resize_ or transpose_; a numpy array's resize, shape,
+    strides or dtype), or None where nothing can (a capsule, a list, which
+    is never reused)."""
+    if lib == "torch" and hasattr(obj, "data_ptr"):
+        return lambda: (obj.data_ptr(), obj.shape, obj.stride(), obj.dtype, obj.device)
+    if lib == "numpy" and hasattr(obj, "__array_interface__"):
+        return lambda: (obj.__array_interface__["data"][0], obj.shape, obj.strides, obj.dtype)
+    if lib == "cupy" and hasattr(obj, "data"):
+        return lambda: (obj.data.ptr, obj.shape, obj.strides, obj.dtype)
+    return None
+
+
+class _Managed:
+    """A consumed DLPack capsule's managed tensor: its deleter runs when
+    the last Tensor holding it goes."""
+
+    __slots__ = ("addr", "deleter")
+
+    def __init__(self, addr, deleter):
+        self.addr = addr
+        self.deleter = _DELETER(deleter) if deleter else None
+
+    def __del__(self):
+        if self.deleter is not None and sys is not None and not sys.is_finalizing():
+            self.deleter(self.addr)
+
+
+def _from_capsule(capsule, name, writable=False):
+    """Consumes a DLPack capsule as the protocol asks (renamed "used_...", so
+    no other consumer takes it): returns its DLTensor and the owner whose
+    collection calls the producer's deleter."""
     cname = _capsule_get_name(capsule)
     if cname == b"dltensor":
-        addr = _capsule_get_pointer(capsule, b"dltensor")
+        managed = _capsule_get_pointer(capsule, b"dltensor")
+        # DLManagedTensor: dl_tensor, manager_ctx, deleter
+        addr, deleter_at = managed, ctypes.sizeof(_abi.DLTensor) + 8
     elif cname == b"dltensor_versioned":
-        addr = _capsule_get_pointer(capsule, b"dltensor_versioned")
-        addr = addr + _abi.DL_VERSIONED_TENSOR_OFFSET if addr else addr
+        managed = _capsule_get_pointer(capsule, b"dltensor_versioned")
+        # DLManagedTensorVersioned: version {major, minor}, manager_ctx,
+        # deleter, flags, dl_tensor
+        addr, deleter_at = managed + _abi.DL_VERSIONED_TENSOR_OFFSET if managed else 0, 16
+        if managed:
+            major = ctypes.c_uint32.from_address(managed).value
+            if major != 1:
+                raise InvalidArgument("%s: a DLPack capsule of version %d; accepted: DLPack 1.x"
+                                      % (name, major))
+            flags = ctypes.c_uint64.from_address(managed + 24).value
+            if writable and flags & _DL_READ_ONLY:
+                raise InvalidArgument("%s: a read-only DLPack tensor; accepted: a writable one"
+                                      % name)
     else:
         raise InvalidArgument(
             "%s: a capsule named %r; accepted: an unconsumed DLPack capsule ('dltensor' or "
             "'dltensor_versioned'); a capsule can be used once" % (name, cname))
-    if not addr:
+    if not managed:
         raise InvalidArgument("%s: the DLPack capsule holds no tensor" % name)
     dl = _abi.DLTensor()
-    # The capsule keeps ownership: its destructor calls the producer's
-    # deleter once the capsule (held in Tensor.owner) is collected. The copy
-    # points at the producer's shape/strides, valid as long as the capsule.
+    # The copy points at the producer's shape/strides, valid until the
+    # deleter runs.
     ctypes.memmove(ctypes.addressof(dl), addr, ctypes.sizeof(dl))
-    return dl
+    deleter = ctypes.c_void_p.from_address(managed + deleter_at).value
+    if _capsule_set_name(capsule, ctypes.addressof(_USED_NAME[cname])) != 0:
+        raise InvalidArgument("%s: the DLPack capsule could not be marked used" % name)
+    return dl, _Managed(managed, deleter)
 
 
-def _from_array_interface(obj, name):
+def _from_array_interface(obj, name, writable=False):
     ai = obj.__array_interface__
+    if writable and ai.get("data") and ai["data"][1]:
+        raise InvalidArgument("%s: a read-only array; accepted: a writable one" % name)
     typestr = ai["typestr"]
     if typestr[0] not in "<|=" or typestr[1:] not in _TYPESTR:
         raise InvalidArgument("%s: array type %r; accepted: little-endian int32, uint16 "
@@ -127,6 +187,9 @@ def _from_array_interface(obj, name):
     return dl, (obj, shape_arr, strides_arr)
 
 
+_INT32 = (-2 ** 31, 2 ** 31 - 1)
+
+
 def _from_list(obj, name):
     shape, rows = [len(obj)], obj
     flat = []
@@ -139,9 +202,14 @@ def _from_list(obj, name):
     else:
         flat = list(rows)
     try:
-        data = (ctypes.c_int32 * max(len(flat), 1))(*flat)
+        flat = [operator.index(v) for v in flat]
     except TypeError:
         raise InvalidArgument("%s: a list that is not all ints" % name) from None
+    bad = next((i for i, v in enumerate(flat) if not _INT32[0] <= v <= _INT32[1]), None)
+    if bad is not None:
+        raise InvalidArgument("%s: element %d is %d; accepted: int32 values (%d..%d)"
+                              % (name, bad, flat[bad], _INT32[0], _INT32[1]))
+    data = (ctypes.c_int32 * max(len(flat), 1))(*flat)
     shape_arr = (ctypes.c_int64 * len(shape))(*shape)
     dl = _abi.DLTensor()
     dl.data = ctypes.addressof(data)
@@ -152,14 +220,16 @@ def _from_list(obj, name):
     return dl, (data, shape_arr)
 
 
-def as_tensor(obj, name, bf16=False):
-    """Converts obj to a Tensor. bf16: a uint16 tensor is taken as bf16 bits."""
+def as_tensor(obj, name, bf16=False, writable=False):
+    """Converts obj to a Tensor. bf16: a uint16 tensor is taken as bf16 bits.
+    writable: the plugin writes it (a read-only array is refused)."""
     if obj is None:
         raise InvalidArgument("%s is None; a tensor is required" % name)
     t = Tensor()
     lib = library_of(obj)
     if is_capsule(obj):
-        return _finish(t, obj, obj, _from_capsule(obj, name), None, bf16)
+        dl, owner = _from_capsule(obj, name, writable)
+        return _finish(t, obj, owner, dl, None, bf16)
     export = getattr(obj, "__dlpack__", None)
     if export is not None:
         src = obj
@@ -181,11 +251,13 @@ def as_tensor(obj, name, bf16=False):
                 raise InvalidArgument("%s: %s cannot be exported through DLPack: %s"
                                       % (name, type(obj).__name__, e)) from None
         else:
-            return _finish(t, obj, (capsule, src), _from_capsule(capsule, name), lib, bf16)
-        dl, owner = _from_array_interface(src, name)  # e.g. a read-only numpy array
+            dl, owner = _from_capsule(capsule, name, writable)
+            return _finish(t, obj, owner, dl, lib, bf16)
+        # e.g. a read-only numpy array, which numpy does not export
+        dl, owner = _from_array_interface(src, name, writable)
         return _finish(t, obj, owner, dl, lib, bf16)
     if hasattr(obj, "__array_interface__"):
-        dl, owner = _from_array_interface(obj, name)
+        dl, owner = _from_array_interface(obj, name, writable)
         return _finish(t, obj, owner, dl, lib, bf16)
     if isinstance(obj, (list, tuple)):
         dl, owner = _from_list(obj, name)
@@ -196,10 +268,11 @@ def as_tensor(obj, name, bf16=False):
 
 
 def same(t, obj):
-    """t was made from obj and still describes it (a torch tensor can be given
-    new storage in place: its data pointer is compared)."""
-    return t is not None and t.obj is obj and (t.ptr_check is None or
-                                               t.ptr_check[0]() == t.ptr_check[1])
+    """t was made from obj and still describes it: a tensor's data pointer,
+    shape, strides and dtype are read again (each can change in place); a
+    list is read again every time (its contents can)."""
+    return t is not None and t.obj is obj and not isinstance(obj, (list, tuple)) and \
+        (t.check is None or t.check() == t.sig)
 
 
 def stream_handle(stream, name="stream"):

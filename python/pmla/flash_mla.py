@@ -165,7 +165,9 @@ def _next_pow2(n):
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                            tile_scheduler_metadata, num_splits=None, softmax_scale=None,
-                           causal=False, is_fp8_kvcache=False, indices=None):
+                           causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None,
+                           extra_k_cache=None, extra_indices_in_kvcache=None,
+                           topk_length=None, extra_topk_length=None):
     """FlashMLA's flash_mla_with_kvcache.
 
     q [b, s_q, h_q, 576] bf16; k_cache [num_blocks, page_block_size, 1, 576]
@@ -175,7 +177,13 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     request of length L sees positions [0, L - s_q + 1 + j); otherwise each
     row sees all L. Returns out [b, s_q, h_q, 512] (q's dtype) and lse
     [b, h_q, s_q] fp32; a row with nothing to attend gives out 0 and lse
-    +inf."""
+    +inf. Sparse steps also take topk_length int32 [b] (request i reads only
+    indices[i, :, :topk_length[i]]) and attn_sink fp32 [h_q] (out scaled by
+    exp(lse) / (exp(lse) + exp(attn_sink)), lse unchanged; applied here to
+    the bf16 out, so it is rounded once more than in FlashMLA). A second
+    cache (extra_k_cache, extra_indices_in_kvcache, extra_topk_length) is
+    not served. q, block_table, cache_seqlens and indices may be strided
+    (copied when they are); k_cache must be contiguous."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         raise TypeError("pmla.flash_mla: q must be a torch.Tensor (got %s)" % type(q).__name__)
@@ -183,6 +191,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     if not isinstance(meta, MLAMetadata):
         raise TypeError("pmla.flash_mla: tile_scheduler_metadata must come from "
                         "pmla.flash_mla.get_mla_metadata (got %s)" % type(meta).__name__)
+    if extra_k_cache is not None or extra_indices_in_kvcache is not None or \
+            extra_topk_length is not None:
+        raise _not_served("a second KV cache (extra_k_cache, extra_indices_in_kvcache, "
+                          "extra_topk_length)")
+    if indices is None and (attn_sink is not None or topk_length is not None):
+        raise ValueError("pmla.flash_mla: attn_sink and topk_length are for sparse attention "
+                         "(with indices); FlashMLA's dense decode takes neither")
+    if indices is not None and causal:
+        raise ValueError("pmla.flash_mla: causal must be False with indices (sparse "
+                         "attention), as in FlashMLA")
     if is_fp8_kvcache and indices is None:
         raise _not_served("a dense fp8 KV cache (is_fp8_kvcache=True without indices)")
     if head_dim_v != _abi.KV_LORA_RANK:
@@ -211,6 +229,12 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
         raise _not_served("KV cache dtype %s" % k_cache.dtype)
     else:
         kv_dtype = "bf16"
+    if not k_cache.is_contiguous():
+        # a copy of the whole cache on every call would cost more than the
+        # attention; pmla reads pages of one contiguous tensor
+        raise _not_served("a k_cache that is not contiguous (strides %s, where pmla reads "
+                          "one contiguous [num_blocks, page_block_size, 1, %d] tensor)"
+                          % (tuple(k_cache.stride()), k_cache.shape[3]))
     b, s_q, h_q, _ = (int(x) for x in q.shape)
     page = int(k_cache.shape[1])
     scale = float(softmax_scale) if softmax_scale is not None else _abi.HEAD_DIM ** -0.5
@@ -243,29 +267,58 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     builder = meta._builder(key)
 
     plan = meta._plan
-    inputs = (block_table, cache_seqlens, indices)
+    inputs = (block_table, cache_seqlens, indices, topk_length)
     if plan is None or plan[0] is not builder or plan[1] != mode or \
             any(x is not y for x, y in zip(plan[2], inputs)) or plan[3] != (b, s_q) or \
             builder._step is None:
-        _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, b, s_q,
-              page)
+        _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices,
+              topk_length, b, s_q, page)
         meta._plan = (builder, mode, inputs, (b, s_q))
 
     q2 = q.reshape(tokens, h_q, _abi.HEAD_DIM)
+    if not q2.is_contiguous():
+        q2 = q2.contiguous()
     if is_fp8_kvcache and k_cache.dtype != torch.uint8:
         k_cache = k_cache.view(torch.uint8)
     out, lse = builder.run(q2, k_cache)
+    if attn_sink is not None:
+        out = _sink(torch, out, lse, attn_sink, h_q)
     out = out.view(b, s_q, h_q, _abi.KV_LORA_RANK)
     lse = lse.view(b, s_q, h_q).transpose(1, 2).contiguous()
     lse.masked_fill_(lse == -math.inf, math.inf)  # FlashMLA: +inf for an empty row
     return out, lse
 
 
-def _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, b, s_q, page):
+def _sink(torch, out, lse, attn_sink, h_q):
+    """out [tokens, h_q, 512] times exp(lse) / (exp(lse) + exp(sink)) per
+    head; lse [tokens, h_q] natural log, -inf for an empty row (out 0)."""
+    if tuple(attn_sink.shape) != (h_q,) or attn_sink.dtype != torch.float32:
+        raise ValueError("pmla.flash_mla: attn_sink has shape %s and dtype %s; expected "
+                         "[%d] float32" % (tuple(attn_sink.shape), attn_sink.dtype, h_q))
+    w = torch.sigmoid(lse - attn_sink.to(lse.device))
+    w = torch.where(torch.isneginf(lse), torch.zeros_like(w), w)  # not NaN for -inf - -inf
+    return (out.float() * w.unsqueeze(-1)).to(out.dtype)
+
+
+def _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, topk_length,
+          b, s_q, page):
     torch = sys.modules["torch"]
     dev = q.device
+    if block_table is not None and not block_table.is_contiguous():
+        block_table = block_table.contiguous()
+    if cache_seqlens is not None and not cache_seqlens.is_contiguous():
+        cache_seqlens = cache_seqlens.contiguous()
     if mode == "sparse":
+        if topk_length is not None:  # positions past a request's length read nothing
+            if tuple(topk_length.shape) != (b,):
+                raise ValueError("pmla.flash_mla: topk_length has shape %s; expected [%d]"
+                                 % (tuple(topk_length.shape), b))
+            past = torch.arange(indices.shape[2], device=indices.device) >= \
+                topk_length.to(indices.device).view(b, 1, 1)
+            indices = indices.masked_fill(past, -1)
         topk = indices.reshape(b * s_q, indices.shape[2])
+        if not topk.is_contiguous():
+            topk = topk.contiguous()
         if cache_seqlens is not None and not cache_seqlens.is_cuda and cache_seqlens.numel():
             max_seq_len = int(cache_seqlens.max())
         else:  # an upper bound without a device sync (it only sets the split cap)

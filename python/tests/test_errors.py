@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Every non-OK status raises its pmla.Error subclass carrying last_error's
 message; Python-side argument errors raise InvalidArgument."""
+import gc
 import unittest
 
 from _support import cuda_available, need_numpy, need_torch, np, pmla, torch
@@ -201,6 +202,101 @@ class TestStepErrors(unittest.TestCase):
         with self.assertRaises(pmla.InvalidArgument) as cm:
             cpu().plan(cap, block_table=[[0]], kv_lens=[1])
         self.assertIn("used once", cm.exception.message)
+
+
+@need_numpy
+class TestRefusedRunsChangeNothing(unittest.TestCase):
+    """A refused plan or run raises InvalidArgument and leaves the builder
+    as it was: the next run reads the tensors it read before."""
+
+    def setUp(self):
+        rng = np.random.default_rng(3)
+        self.b = cpu(page_size=16)
+        self.b.plan([0, 1], block_table=[[0]], kv_lens=[9])
+        self.q = rng.integers(0x3c00, 0x3f00, size=(1, 16, 576)).astype(np.uint16)
+        self.kv = rng.integers(0xbc00, 0xbf00, size=(1, 16, 576)).astype(np.uint16)
+        self.out, self.lse = self.b.run(self.q, self.kv)
+
+    def test_required_tensors(self):
+        for args, name in (((None, self.kv), "q"), ((np.zeros_like(self.q), None), "kv_cache")):
+            with self.assertRaises(pmla.InvalidArgument) as cm:
+                self.b.run(*args)
+            self.assertIn("run: %s is None" % name, cm.exception.message)
+        out, lse = self.b.run(self.q, self.kv)  # the run before, not the refused q
+        self.assertTrue(np.array_equal(out, self.out) and np.array_equal(lse, self.lse))
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.plan(None, block_table=[[0]], kv_lens=[1])
+        self.assertIn("plan: qo_indptr is None", cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            cpu(topk=4).plan_sparse(None, 1)
+        self.assertIn("plan_sparse: topk_indices is None", cm.exception.message)
+
+    def test_read_only_outputs(self):
+        for name in ("out", "lse"):
+            dst = np.full(self.out.shape if name == "out" else self.lse.shape, 7,
+                          np.uint16 if name == "out" else np.float32)
+            dst.setflags(write=False)
+            with self.assertRaises(pmla.InvalidArgument, msg=name) as cm:
+                self.b.run(self.q, self.kv, **{name: dst})
+            self.assertIn("run: %s: a read-only array" % name, cm.exception.message)
+            self.assertTrue((dst == 7).all())
+        frozen = bytes(16 * 512 * 2)
+        with self.assertRaises(pmla.InvalidArgument):
+            self.b.run(self.q, self.kv, out=np.frombuffer(frozen, np.uint16).reshape(1, 16, 512))
+        self.assertEqual(frozen, bytes(16 * 512 * 2))
+        q, kv = self.q.copy(), self.kv.copy()  # read-only inputs are fine
+        q.setflags(write=False)
+        kv.setflags(write=False)
+        out, _ = self.b.run(q, kv)
+        self.assertTrue(np.array_equal(out, self.out))
+
+    def test_lists_are_read_every_time(self):
+        lens, table = [9], [[0]]
+        kv = np.concatenate([self.kv, self.kv[:, ::-1]])
+        self.b.plan([0, 1], block_table=table, kv_lens=lens)
+        first, _ = self.b.run(self.q, kv)
+        lens[0], table[0][0] = 14, 1  # changed in place, planned again
+        self.b.plan([0, 1], block_table=table, kv_lens=lens)
+        changed, _ = self.b.run(self.q, kv)
+        self.b.plan([0, 1], block_table=[[1]], kv_lens=[14])
+        fresh, _ = self.b.run(self.q, kv)
+        self.assertTrue(np.array_equal(changed, fresh))
+        self.assertFalse(np.array_equal(changed, first))
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.plan([0, 1], block_table=[[0, 1 + 2 ** 32]], kv_lens=[9])
+        self.assertIn("block_table: element 1 is 4294967297", cm.exception.message)
+
+    def test_layout_changed_in_place(self):
+        q = self.q.copy()
+        self.b.run(q, self.kv)
+        q.shape = (16, 1, 576)  # same memory, another shape: read again, and refused
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.run(q, self.kv)
+        self.assertIn("args->q: shape", cm.exception.message)
+
+    @need_torch
+    def test_torch_layout_changed_in_place(self):
+        q = torch.from_numpy(self.q.view(np.int16).copy()).view(torch.bfloat16)
+        kv = torch.from_numpy(self.kv.view(np.int16).copy()).view(torch.bfloat16)
+        out = torch.empty(1, 16, 512, dtype=torch.bfloat16)
+        self.b.run(q, kv, out=out)
+        q.transpose_(0, 1)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.run(q, kv, out=out)
+        self.assertIn("args->q", cm.exception.message)
+
+    @need_torch
+    def test_capsule_is_consumed(self):
+        import torch.utils.dlpack as tdl
+        lens = torch.tensor([9], dtype=torch.int32)
+        cap = tdl.to_dlpack(lens)
+        self.b.plan([0, 1], block_table=[[0]], kv_lens=cap)
+        with self.assertRaises(Exception):  # used: no second consumer takes it
+            tdl.from_dlpack(cap)
+        del lens, cap
+        gc.collect()
+        out, _ = self.b.run(self.q, self.kv)  # pmla still holds the lengths' memory
+        self.assertTrue(np.array_equal(out, self.out))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,52 @@ class TestFlashMLA(unittest.TestCase):
         ref_out, ref_lse = flash_ref(bits_f64(q_bits), kv64, None, None, page, False, idx)
         assert_close(self, torch_f64(out), torch_f64(lse), ref_out, ref_lse, "sparse fp8")
 
+    def test_sparse_topk_length_and_attn_sink(self):
+        # FlashMLA's newest arguments: request i reads indices[i, :, :topk_length[i]],
+        # and attn_sink scales out by exp(lse) / (exp(lse) + exp(sink)) per head
+        c = Case(14, [40, 40, 40], 2)
+        topk = 16
+        slots = c.k_cache.shape[0] * c.page
+        idx = c.rng.integers(0, slots, size=(c.b, c.s_q, topk)).astype(np.int32)
+        lengths = np.array([16, 5, 0], np.int32)
+        sink = torch.from_numpy(c.rng.normal(size=c.h).astype(np.float32))
+        sink[0], sink[1] = float("inf"), float("-inf")
+        meta, _ = fm.get_mla_metadata()
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, None, None, 512, meta, None,
+                                             indices=torch.from_numpy(idx),
+                                             topk_length=torch.from_numpy(lengths),
+                                             attn_sink=sink)
+        cut = idx.copy()
+        cut[np.broadcast_to(np.arange(topk)[None, None, :] >= lengths[:, None, None],
+                            cut.shape)] = -1
+        ref_out, ref_lse = c.ref(False, cut)
+        s64 = sink.double().numpy()
+        with np.errstate(over="ignore", invalid="ignore"):
+            w = np.where(np.isposinf(ref_lse), 0.0, 1.0 / (1.0 + np.exp(s64[None, :, None] -
+                                                                         ref_lse)))
+        ref_out = ref_out * w.transpose(0, 2, 1)[..., None]
+        assert_close(self, torch_f64(out), torch_f64(lse), ref_out, ref_lse, "sink, lengths")
+        self.assertTrue(bool((out[:, :, 0] == 0).all()))  # sink +inf: out 0
+        self.assertTrue(bool((out[2] == 0).all()) and bool(torch.isposinf(lse[2]).all()))
+
+    def test_strided_inputs(self):
+        # FlashMLA takes q and block_table with only their last dimension
+        # contiguous; pmla copies those, and refuses a strided cache
+        c = Case(15, [30, 9], 2)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.s_q * c.h, 1)
+        wide_q = torch.zeros(c.b, c.s_q, 2 * c.h, D, dtype=torch.bfloat16)
+        wide_q[:, :, ::2] = c.q
+        wide_t = torch.zeros(c.b, 2 * c.block_table.shape[1], dtype=torch.int32)
+        wide_t[:, ::2] = c.block_table
+        out, lse = fm.flash_mla_with_kvcache(wide_q[:, :, ::2], c.k_cache, wide_t[:, ::2],
+                                             c.cache_seqlens, 512, meta, splits, causal=True)
+        self.check(c, out, lse, True, what="strided q and block_table")
+        wide_k = torch.zeros(c.k_cache.shape[0], c.page, 1, 2 * D, dtype=torch.bfloat16)
+        wide_k[..., :D] = c.k_cache
+        with self.assertRaisesRegex(NotImplementedError, "not contiguous"):
+            fm.flash_mla_with_kvcache(c.q, wide_k[..., :D], c.block_table, c.cache_seqlens, 512,
+                                      meta, splits, causal=True)
+
     def test_one_plan_per_step_many_layers(self):
         c = Case(9, [17, 33], 1)
         meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
@@ -224,6 +270,19 @@ class TestFlashMLA(unittest.TestCase):
             call(q=c.q.expand(-1, 9, -1, -1).contiguous(), causal=True)
         with self.assertRaises(TypeError):
             fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, seq, 512, object())
+        idx = torch.zeros(c.b, c.s_q, 8, dtype=torch.int32)
+        with self.assertRaisesRegex(NotImplementedError, "second KV cache"):
+            call(indices=idx, extra_k_cache=c.k_cache, extra_indices_in_kvcache=idx)
+        with self.assertRaisesRegex(ValueError, "causal must be False"):
+            call(indices=idx, causal=True)
+        with self.assertRaisesRegex(ValueError, "sparse attention"):
+            call(attn_sink=torch.zeros(c.h))
+        with self.assertRaisesRegex(ValueError, "attn_sink has shape"):
+            call(indices=idx, attn_sink=torch.zeros(c.h + 1))
+        # FlashMLA's own sparse tests pass every argument, the unused as None
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, None, None, 512, meta, None, None,
+                                             False, False, idx, None, None, None, None, None)
+        self.assertEqual(tuple(out.shape), (c.b, c.s_q, c.h, DV))
 
 
 if __name__ == "__main__":
