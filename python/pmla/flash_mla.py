@@ -218,7 +218,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     if k_cache.shape[2] != 1:
         raise _not_served("num_heads_k = %d" % k_cache.shape[2])
     if is_fp8_kvcache:  # DeepSeek V3.2's 656-byte rows, as bytes
-        if k_cache.shape[3] != _DS_MLA_BYTES or k_cache.element_size() != 1:
+        if k_cache.shape[3] != _DS_MLA_BYTES or k_cache.dtype not in (
+                torch.uint8, torch.int8, getattr(torch, "float8_e4m3fn", torch.uint8)):
             raise _not_served("an fp8 KV cache of %s x %d (pmla serves DeepSeek V3.2's "
                               "layout: %d bytes per token)" % (k_cache.dtype, k_cache.shape[3],
                                                                _DS_MLA_BYTES))

@@ -273,6 +273,10 @@ class TestFlashMLA(unittest.TestCase):
         idx = torch.zeros(c.b, c.s_q, 8, dtype=torch.int32)
         with self.assertRaisesRegex(NotImplementedError, "second KV cache"):
             call(indices=idx, extra_k_cache=c.k_cache, extra_indices_in_kvcache=idx)
+        if hasattr(torch, "float8_e5m2"):  # one byte a value, but not e4m3
+            with self.assertRaisesRegex(NotImplementedError, "fp8 KV cache"):
+                call(k=torch.zeros(2, 16, 1, 656, dtype=torch.float8_e5m2), indices=idx,
+                     is_fp8_kvcache=True)
         with self.assertRaisesRegex(ValueError, "causal must be False"):
             call(indices=idx, causal=True)
         with self.assertRaisesRegex(ValueError, "sparse attention"):
