@@ -72,6 +72,11 @@ extern "C" {
  * to their row tile, the host pads nothing). */
 #define PMLA_MAX_HEADS 128u
 
+/* The most KV tokens of one dense request (2^30): a longer kv_lens entry,
+ * or CSR pages holding more, is refused by pmla-cpu at build_decode and
+ * flagged PMLA_DEVERR_KV_LEN (the request attends nothing) by the GPU. */
+#define PMLA_MAX_KV_LEN (1u << 30)
+
 /* The one symbol a plugin exports; its type is pmla_entry_fn. */
 #define PMLA_ENTRY_SYMBOL "pmla_plugin_entry"
 
@@ -124,7 +129,7 @@ typedef enum pmla_kv_layout {
 /* Bits of the device error word (see check_device_error). Kernels that meet
  * bad device-side input skip it (never fault) and OR a bit in. */
 enum pmla_device_error_bits {
-  PMLA_DEVERR_KV_LEN = 1u << 0,      /* negative, or beyond the pages given */
+  PMLA_DEVERR_KV_LEN = 1u << 0,      /* negative, beyond the pages given, > PMLA_MAX_KV_LEN */
   PMLA_DEVERR_PAGE_INDEX = 1u << 1,  /* page index outside the KV cache */
   PMLA_DEVERR_SLOT_INDEX = 1u << 2,  /* sparse slot outside the KV cache */
   PMLA_DEVERR_QO_INDPTR = 1u << 3,   /* qo_indptr not monotone / rows > max_q_len */

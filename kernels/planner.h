@@ -96,7 +96,7 @@ typedef struct pmla_plan_input {
   int32_t max_q_len;
   const int32_t *qo_indptr; /* [R+1] or NULL: request r is row r */
   const int32_t *kv_lens;   /* [R] */
-  int32_t max_kv_len;       /* block table capacity: pages * page_size */
+  int32_t max_kv_len;       /* block table: min(pages * page_size, PMLA_PLAN_MAX_KV_LEN) */
   const int32_t *kv_indptr; /* [R+1] */
   const int32_t *kv_last_page_len;
   int32_t page_size;
@@ -116,6 +116,10 @@ typedef struct pmla_plan_output {
   int32_t *reduce_final_map;   /* [R] */
   int32_t *reduce_partial_map; /* [max_partials] */
 } pmla_plan_output;
+
+/* The most KV tokens of one request (pmla.h's PMLA_MAX_KV_LEN): positions,
+ * block counts and rounded-up lengths then stay well inside int32. */
+#define PMLA_PLAN_MAX_KV_LEN (1 << 30)
 
 /* Validated KV length of request r; bad input ORs a bit into *err and
  * counts as length 0, so later stages never read outside what was given. */
@@ -144,7 +148,7 @@ PMLA_HD static inline int32_t pmla_plan_kv_len(const pmla_plan_input *in, int32_
       return 0;
     }
     int64_t len = (int64_t)(pages - 1) * in->page_size + last;
-    if (len > INT32_MAX) {
+    if (len > PMLA_PLAN_MAX_KV_LEN) {
       *err |= PMLA_PLAN_ERR_KV_LEN;
       return 0;
     }

@@ -104,12 +104,12 @@ static pmla_status validate_dense_step(pmla_builder *b) {
                        r, r + 1, (long long)q0, (long long)q1, (long long)(q1 - q0),
                        b->cfg.max_q_len);
     if (s->kv_layout == PMLA_KV_BLOCK_TABLE) {
-      int64_t cap = (int64_t)s->block_table_stride * P;
+      const int32_t cap = pmla_max_kv_len(b);
       if (s->kv_lens[r] < 0 || s->kv_lens[r] > cap)
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                         "build_decode: kv_lens[%d] = %d; accepted: 0..%lld (block_table width "
-                         "%d pages of %d tokens)",
-                         r, s->kv_lens[r], (long long)cap, s->block_table_stride, P);
+                         "build_decode: kv_lens[%d] = %d; accepted: 0..%d (block_table width "
+                         "%d pages of %d tokens, at most PMLA_MAX_KV_LEN = %u)",
+                         r, s->kv_lens[r], cap, s->block_table_stride, P, PMLA_MAX_KV_LEN);
     } else {
       const int64_t p0 = s->kv_indptr[r], p1 = s->kv_indptr[r + 1];
       if (p0 < 0 || p1 < p0 || p1 > s->num_page_indices)
@@ -123,10 +123,12 @@ static pmla_status validate_dense_step(pmla_builder *b) {
                          "build_decode: kv_last_page_len[%d] = %d; accepted: 1..%d (page_size) "
                          "for a request with pages",
                          r, last, P);
-      if ((p1 - p0 - 1) * P + last > INT32_MAX)
+      const int64_t len = (p1 - p0 - 1) * P + last;
+      if (len > PMLA_MAX_KV_LEN)
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                         "build_decode: request %d has %lld pages; accepted: < 2^31 tokens", r,
-                         (long long)(p1 - p0));
+                         "build_decode: request %d has %lld pages (%lld tokens); accepted: at "
+                         "most PMLA_MAX_KV_LEN = %u tokens",
+                         r, (long long)(p1 - p0), (long long)len, PMLA_MAX_KV_LEN);
     }
   }
   return PMLA_OK;
@@ -140,7 +142,14 @@ static pmla_status cpu_plan(pmla_builder *b, int32_t cap, void *stream, const ch
   if (s->topk_stride == 0) {
     if ((st = validate_dense_step(b)))
       return st;
-    s->num_tokens = s->qo_indptr[s->num_requests];
+    const int64_t T = s->qo_indptr[s->num_requests],
+                  room = (int64_t)b->cfg.max_batch * b->cfg.max_q_len;
+    if (T > room) /* rows before qo_indptr[0] count: q holds them */
+      return pmla_fail(b, PMLA_ERR_CAPACITY,
+                       "build_decode: qo_indptr[%d] = %lld query tokens; accepted: <= "
+                       "max_batch * max_q_len = %lld",
+                       s->num_requests, (long long)T, (long long)room);
+    s->num_tokens = (int32_t)T;
   }
   pmla_plan_input in;
   pmla_plan_output o;

@@ -4,12 +4,20 @@
 #include "backends.h"
 #include "builder.h"
 
+#define NO_GPU                                                                 \
+  "backend pmla: no GPU support built (configure --with-hip=nvidia or --with-hip=amd); use " \
+  "pmla-cpu"
+
+/* No builder of this backend exists, so every call answers on the calling
+ * thread (last_error(NULL)) and writes none of its outputs. */
+static pmla_status no_gpu(const char *call) {
+  return pmla_fail(NULL, PMLA_ERR_NO_DEVICE, "%s: " NO_GPU, call);
+}
+
 static pmla_status no_gpu_init(const pmla_builder_config *config, pmla_builder **out) {
   (void)config;
   (void)out;
-  return pmla_fail(NULL, PMLA_ERR_NO_DEVICE,
-                   "init_builder: backend pmla: no GPU support built (configure "
-                   "--with-hip=nvidia or --with-hip=amd); use pmla-cpu");
+  return no_gpu("init_builder");
 }
 
 static void no_gpu_destroy(pmla_builder *b) { (void)b; }
@@ -17,32 +25,31 @@ static void no_gpu_destroy(pmla_builder *b) { (void)b; }
 static pmla_status no_gpu_query(const pmla_builder *b, pmla_builder_info *info) {
   (void)b;
   (void)info;
-  return PMLA_ERR_NO_DEVICE;
+  return no_gpu("query_builder");
 }
 
 static pmla_status no_gpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
   (void)b;
   (void)batch;
-  return PMLA_ERR_NO_DEVICE;
+  return no_gpu("build_decode");
 }
 
 static pmla_status no_gpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
   (void)b;
   (void)batch;
-  return PMLA_ERR_NO_DEVICE;
+  return no_gpu("build_sparse");
 }
 
 static pmla_status no_gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   (void)b;
   (void)args;
-  return PMLA_ERR_NO_DEVICE;
+  return no_gpu("decode");
 }
 
 static pmla_status no_gpu_check(pmla_builder *b, uint32_t *flags) {
   (void)b;
-  if (flags)
-    *flags = 0;
-  return PMLA_ERR_NO_DEVICE;
+  (void)flags;
+  return no_gpu("check_device_error");
 }
 
 static pmla_status no_gpu_copy(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
@@ -50,7 +57,7 @@ static pmla_status no_gpu_copy(pmla_builder *b, pmla_buffer which, void *dst, ui
   (void)which;
   (void)dst;
   (void)bytes;
-  return PMLA_ERR_NO_DEVICE;
+  return no_gpu("copy_buffer");
 }
 
 const pmla_backend pmla_gpu_backend = {

@@ -205,10 +205,17 @@ void pmla_step_plan_input(const pmla_builder *b, int32_t split_cap, pmla_plan_in
   }
   in->qo_indptr = s->qo_indptr;
   in->kv_lens = s->kv_lens;
-  in->max_kv_len = s->block_table_stride * (int32_t)b->cfg.page_size;
+  in->max_kv_len = pmla_max_kv_len(b);
   in->kv_indptr = s->kv_indptr;
   in->kv_last_page_len = s->kv_last_page_len;
   in->num_page_indices = (int32_t)s->num_page_indices;
+}
+
+_Static_assert(PMLA_MAX_KV_LEN == PMLA_PLAN_MAX_KV_LEN, "the ABI's and the planner's KV cap");
+
+int32_t pmla_max_kv_len(const pmla_builder *b) {
+  const int64_t width = (int64_t)b->step.block_table_stride * b->cfg.page_size;
+  return width < PMLA_PLAN_MAX_KV_LEN ? (int32_t)width : PMLA_PLAN_MAX_KV_LEN;
 }
 
 void pmla_plan_buffers(pmla_builder *b, pmla_plan_output *o) {
@@ -327,8 +334,8 @@ pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor 
   }
   if (t->ndim != ndim || !t->shape) {
     shape_str(shape, ndim, want, sizeof want);
-    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: ndim = %d; accepted: %d, shape %s", name,
-                     t->ndim, ndim, want);
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: ndim = %d%s; accepted: %d, shape %s",
+                     name, t->ndim, t->shape ? "" : ", shape NULL", ndim, want);
   }
   for (int i = 0; i < ndim; i++) {
     if (t->shape[i] < 0 || (shape[i] >= 0 && t->shape[i] != shape[i])) {
@@ -379,8 +386,10 @@ pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor 
     }
   }
   if (!t->data && elems > 0)
-    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: data is NULL for %lld elements", name,
-                     (long long)elems);
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "%s: data is NULL for %lld elements; accepted: NULL only for an empty "
+                     "tensor",
+                     name, (long long)elems);
   if (device_type && (t->device.device_type != (DLDeviceType)device_type ||
                       t->device.device_id != device_id))
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,

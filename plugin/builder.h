@@ -134,6 +134,9 @@ struct pmla_plan_input;
 struct pmla_plan_output;
 struct pmla_kv_map;
 void pmla_step_plan_input(const pmla_builder *b, int32_t split_cap, struct pmla_plan_input *in);
+/* The longest KV length a block-table request of the step may have: the
+ * table's width in tokens, at most PMLA_MAX_KV_LEN. */
+int32_t pmla_max_kv_len(const pmla_builder *b);
 /* The builder's six schedule buffers as planner output. */
 void pmla_plan_buffers(pmla_builder *b, struct pmla_plan_output *out);
 /* How the step's positions map to slots of a cache of num_slots rows. */

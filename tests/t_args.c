@@ -280,6 +280,7 @@ static const batch_mut batch_muts[] = {
     {"kv_last_page_len NULL", 1, PMLA_ERR_INVALID_ARGUMENT},
     {"kv_last_page_len length != batch", 1, PMLA_ERR_INVALID_ARGUMENT},
     {"kv_indices on the wrong device type", 1, PMLA_ERR_INVALID_ARGUMENT},
+    {"kv_lens shape NULL", 0, PMLA_ERR_INVALID_ARGUMENT},
 };
 #define N_BATCH_MUTS ((int)(sizeof batch_muts / sizeof batch_muts[0]))
 
@@ -319,6 +320,7 @@ START_TEST(test_build_decode_rejects_malformed_index_tensors) {
   case 22: b.kv_last_page_len = NULL; break;
   case 23: last.shape = len2; break;
   case 24: kvi.device.device_type = other_device(); break;
+  case 25: lens.shape = NULL; break;
   }
   if (b.qo_indptr)
     b.qo_indptr = &qo;
@@ -333,6 +335,9 @@ START_TEST(test_build_decode_rejects_malformed_index_tensors) {
   if (b.kv_last_page_len)
     b.kv_last_page_len = &last;
   expect_status(g_be->build_decode(f.b, &b), m->want, &f, m->what);
+  if (_i == 25)
+    ck_assert_msg(strstr(g_be->last_error(f.b), "batch->kv_lens: ndim = 1, shape NULL"),
+                  "message '%s' does not say the shape is NULL", g_be->last_error(f.b));
   fx_teardown(&f);
 }
 END_TEST
@@ -943,6 +948,120 @@ START_TEST(test_int32_and_fp32_tensors_one_element_in_are_accepted) {
 }
 END_TEST
 
+/* A request of more than PMLA_MAX_KV_LEN tokens (block table or CSR, up
+ * to 2^31 - 1): pmla-cpu refuses the build naming the cap, a GPU flags
+ * PMLA_DEVERR_KV_LEN and the request attends nothing (out 0, lse -inf);
+ * one of exactly PMLA_MAX_KV_LEN tokens builds. Every page entry is page 0
+ * of a one-page cache, so no test array holds more than 2^23 entries. */
+typedef struct kv_cap_case {
+  uint32_t layout;
+  int64_t len;
+} kv_cap_case;
+
+static const kv_cap_case kv_cap_cases[] = {
+    {PMLA_KV_BLOCK_TABLE, PMLA_MAX_KV_LEN},     {PMLA_KV_BLOCK_TABLE, PMLA_MAX_KV_LEN + 1ll},
+    {PMLA_KV_CSR, PMLA_MAX_KV_LEN},             {PMLA_KV_CSR, PMLA_MAX_KV_LEN + 1ll},
+    {PMLA_KV_CSR, INT32_MAX - 14},              {PMLA_KV_CSR, INT32_MAX},
+};
+#define N_KV_CAP_CASES ((int)(sizeof kv_cap_cases / sizeof kv_cap_cases[0]))
+
+START_TEST(test_a_request_longer_than_the_kv_cap_is_refused_or_flagged) {
+  REQUIRE_BACKEND();
+  enum { P = 256, HC = 16 };
+  const kv_cap_case *c = &kv_cap_cases[_i];
+  const int32_t pages = (int32_t)((c->len + P - 1) / P), last = (int32_t)(c->len - (pages - 1ll) * P);
+  const int32_t width = c->layout == PMLA_KV_BLOCK_TABLE ? pages : 1;
+  const int32_t qo[2] = {0, 1}, lens[1] = {c->layout == PMLA_KV_BLOCK_TABLE ? (int32_t)c->len : 0};
+  const int32_t kvp[2] = {0, c->layout == PMLA_KV_CSR ? pages : 0};
+  int32_t *zeros = calloc((size_t)pages, sizeof *zeros);
+  ck_assert(zeros);
+  pmla_builder_config cfg = harness_config(HC, P, 1, 1, 0, 2);
+  pmla_builder *b = harness_init(&cfg);
+  harness_dense_step st;
+  harness_dense_step_make(&st, c->layout, 1, qo, lens, zeros, width, kvp, zeros, &last);
+  free(zeros);
+  char what[96], len_s[24];
+  snprintf(what, sizeof what, "%s request of %lld tokens",
+           c->layout == PMLA_KV_CSR ? "CSR" : "block-table", (long long)c->len);
+  snprintf(len_s, sizeof len_s, "%lld", (long long)c->len);
+  pmla_status s = g_be->build_decode(b, &st.batch);
+  if (c->len <= PMLA_MAX_KV_LEN) {
+    ck_assert_msg(s == PMLA_OK, "%s: %s (%s)", what, harness_status_name(s), g_be->last_error(b));
+  } else if (s != PMLA_OK) {
+    const char *m = g_be->last_error(b);
+    ck_assert_msg(s == PMLA_ERR_INVALID_ARGUMENT, "%s: %s", what, harness_status_name(s));
+    ck_assert_msg(strstr(m, "PMLA_MAX_KV_LEN") && strstr(m, "1073741824") &&
+                      (c->layout == PMLA_KV_CSR || strstr(m, len_s)),
+                  "%s: message '%s' lacks the cap or the length", what, m);
+  } else { /* checked on the device */
+    test_tensor q, kv, out, lse;
+    uint16_t *hq = calloc((size_t)HC * 576, 2), *hkv = calloc((size_t)P * 576, 2);
+    ck_assert(hq && hkv);
+    tt_make3(&q, TT_BF16, hq, 1, HC, 576);
+    tt_make3(&kv, TT_BF16, hkv, 1, P, 576);
+    tt_make3(&out, TT_BF16, NULL, 1, HC, 512);
+    tt_make2(&lse, TT_F32, NULL, 1, HC);
+    pmla_decode_args a = {.struct_size = sizeof a, .q = &q.t, .kv_cache = &kv.t, .out = &out.t,
+                          .lse = &lse.t, .stream = harness_stream()};
+    ck_assert_msg(g_be->decode(b, &a) == PMLA_OK, "%s: decode: %s", what, g_be->last_error(b));
+    uint32_t flags = 0;
+    ck_assert_int_eq(g_be->check_device_error(b, &flags), PMLA_ERR_DEVICE_INPUT);
+    ck_assert_msg(flags & PMLA_DEVERR_KV_LEN, "%s: flags 0x%x", what, flags);
+    float l[HC];
+    tt_download(&lse, l);
+    for (int h = 0; h < HC; h++)
+      ck_assert_msg(isinf(l[h]) && l[h] < 0, "%s: lse[%d] = %g, want -inf", what, h, l[h]);
+    tt_download(&out, hq);
+    for (int i = 0; i < HC * 512; i++)
+      ck_assert_msg(hq[i] == 0, "%s: out[%d] = 0x%04x, want 0", what, i, hq[i]);
+    free(hq);
+    free(hkv);
+    test_tensor *all[] = {&q, &kv, &out, &lse};
+    for (int i = 0; i < 4; i++)
+      tt_free(all[i]);
+  }
+  harness_dense_step_free(&st);
+  g_be->destroy_builder(b);
+}
+END_TEST
+
+/* The query tokens a dense step addresses (qo_indptr[batch], rows before
+ * qo_indptr[0] included) beyond max_batch * max_q_len: a backend that reads
+ * qo_indptr on the host refuses the build with PMLA_ERR_CAPACITY; any
+ * backend refuses a q that long at decode. */
+START_TEST(test_query_tokens_beyond_the_capacity_are_refused) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  const int32_t room = MAXB * MAXQ;
+  f.qo[0] = room - 1; /* rows [room - 1, room + 3): 3 requests, within max_q_len each */
+  f.qo[1] = room;
+  f.qo[2] = room + 2;
+  f.qo[3] = room + 3;
+  fx_upload_indices(&f);
+  pmla_status s = g_be->build_decode(f.b, &f.bt_batch);
+  if (s != PMLA_OK || g_mem->device_type == kDLCPU) { /* host data: checked at build */
+    expect_status(s, PMLA_ERR_CAPACITY, &f, "qo_indptr past max_batch * max_q_len");
+    ck_assert_msg(strstr(g_be->last_error(f.b), "qo_indptr[3] = 11"), "message '%s'",
+                  g_be->last_error(f.b));
+  }
+  test_tensor q, out;
+  tt_make3(&q, TT_BF16, NULL, room + 3, H, 576);
+  tt_make3(&out, TT_BF16, NULL, room + 3, H, 512);
+  pmla_decode_args a = f.args;
+  a.q = &q.t;
+  a.out = &out.t;
+  a.lse = NULL;
+  if (s == PMLA_OK)
+    expect_decode_fails(&f, &a, PMLA_ERR_CAPACITY, "q of more than max_batch * max_q_len");
+  else
+    expect_decode_fails(&f, &a, PMLA_ERR_BAD_STATE, "decode after the refused build");
+  tt_free(&q);
+  tt_free(&out);
+  fx_teardown(&f);
+}
+END_TEST
+
 Suite *suite_args(void) {
   Suite *s = suite_create("arguments");
   TCase *tc = tcase_create("build_decode");
@@ -969,6 +1088,9 @@ Suite *suite_args(void) {
   tcase_add_loop_test(tc, test_sizes_that_overflow_int64_are_refused_by_tensor_and_value, 0,
                       N_SIZE_CASES);
   tcase_add_test(tc, test_a_size_one_dim_takes_any_stride_without_overflow);
+  tcase_add_loop_test(tc, test_a_request_longer_than_the_kv_cap_is_refused_or_flagged, 0,
+                      N_KV_CAP_CASES);
+  tcase_add_test(tc, test_query_tokens_beyond_the_capacity_are_refused);
   suite_add_tcase(s, tc);
   tc = tcase_create("alignment");
   tcase_add_loop_test(tc, test_misaligned_tensors_are_refused_by_name_and_nothing_is_written, 0,

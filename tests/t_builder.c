@@ -241,6 +241,50 @@ START_TEST(test_last_error_is_never_null) {
 }
 END_TEST
 
+/* Every backend the plugin lists (a GPU backend built without a GPU
+ * toolchain too) refuses each call given a NULL builder: a status, a
+ * message naming the call on the calling thread (last_error(NULL)), and
+ * none of the call's outputs written. */
+START_TEST(test_every_backend_refuses_a_null_builder_writing_nothing) {
+  REQUIRE_BACKEND();
+  for (size_t k = 0; k < pmla_registry_count(g_registry); k++) {
+    const pmla_backend *be = pmla_registry_backend(g_registry, k);
+    uint32_t flags = 0xdeadbeefu;
+    pmla_builder_info info;
+    memset(&info, 0xab, sizeof info);
+    info.struct_size = sizeof info;
+    unsigned char dst[8];
+    memset(dst, 0xcd, sizeof dst);
+    pmla_decode_batch batch = {.struct_size = sizeof batch};
+    pmla_sparse_batch sparse = {.struct_size = sizeof sparse};
+    pmla_decode_args args = {.struct_size = sizeof args};
+    const char *calls[] = {"query_builder", "build_decode", "build_sparse", "decode",
+                           "check_device_error", "copy_buffer"};
+    for (int c = 0; c < 6; c++) {
+      pmla_status s;
+      switch (c) {
+      case 0: s = be->query_builder(NULL, &info); break;
+      case 1: s = be->build_decode(NULL, &batch); break;
+      case 2: s = be->build_sparse(NULL, &sparse); break;
+      case 3: s = be->decode(NULL, &args); break;
+      case 4: s = be->check_device_error(NULL, &flags); break;
+      default: s = be->copy_buffer(NULL, PMLA_BUF_WORK_INDPTR, dst, sizeof dst); break;
+      }
+      const char *m = be->last_error(NULL);
+      ck_assert_msg(s != PMLA_OK, "%s: %s(NULL) succeeded", be->name, calls[c]);
+      ck_assert_msg(m && strstr(m, calls[c]), "%s: %s(NULL) left the message '%s'", be->name,
+                    calls[c], m ? m : "(null)");
+    }
+    ck_assert_msg(flags == 0xdeadbeefu, "%s: check_device_error(NULL) wrote flags 0x%x",
+                  be->name, flags);
+    ck_assert_msg(info.struct_size == sizeof info && info.cu_count == 0xababababu,
+                  "%s: query_builder(NULL) wrote info", be->name);
+    for (size_t i = 0; i < sizeof dst; i++)
+      ck_assert_msg(dst[i] == 0xcd, "%s: copy_buffer(NULL) wrote dst", be->name);
+  }
+}
+END_TEST
+
 START_TEST(test_many_builders_coexist_with_their_own_cu_counts) {
   REQUIRE_BACKEND();
   pmla_builder *bs[4];
@@ -409,6 +453,7 @@ Suite *suite_builder(void) {
   tcase_add_test(tc, test_init_accepts_larger_struct_size);
   tcase_add_test(tc, test_init_rejects_null_arguments);
   tcase_add_test(tc, test_last_error_is_never_null);
+  tcase_add_test(tc, test_every_backend_refuses_a_null_builder_writing_nothing);
   tcase_add_test(tc, test_many_builders_coexist_with_their_own_cu_counts);
   suite_add_tcase(s, tc);
   tc = tcase_create("query");
