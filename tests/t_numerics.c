@@ -668,7 +668,8 @@ END_TEST
 /* One builder alternates dense and sparse steps; each is right. */
 START_TEST(test_builder_alternates_dense_and_sparse_steps) {
   REQUIRE_BACKEND();
-  dense_case d = {"dense step", 16, 16, 3, BT, 3, {1, 2, 1}, {40, 130, 7}, 0, 1, 0, 0};
+  dense_case d = {.name = "dense step", .heads = 16, .page_size = 16, .cu = 3, .layout = BT,
+                  .batch = 3, .q_lens = {1, 2, 1}, .kv_lens = {40, 130, 7}, .twice = 1};
   sparse_case s = {"sparse step", 16, 16, 512, 3, 4, 64, 1000, 10, 5, 0, 0, 0, 0};
   /* separate builders per run_* call; repeat to catch state carried across
    * builders in the same process */
