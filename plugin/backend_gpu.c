@@ -21,14 +21,22 @@ typedef struct gpu_state {
   int32_t min_mt; /* pmla_gpu_min_mt for this builder */
 } gpu_state;
 
-/* Runs the body with the builder's device current, restoring the caller's. */
+/* Runs the body with the builder's device current, restoring the caller's.
+ * When that fails (ok 0) the call reports err and touches nothing: work
+ * queued with another device current would run, or wait, on that device. */
 typedef struct device_scope {
   int previous, ok;
+  gpu_error_t err;
 } device_scope;
 
 static device_scope enter_device(int device) {
-  device_scope s = {0, 0};
-  s.ok = gpuGetDevice(&s.previous) == GPU_SUCCESS && gpuSetDevice(device) == GPU_SUCCESS;
+  device_scope s = {0, 0, GPU_SUCCESS};
+  s.err = gpuGetDevice(&s.previous);
+  if (s.err == GPU_SUCCESS)
+    s.err = gpuSetDevice(device);
+  s.ok = s.err == GPU_SUCCESS;
+  if (!s.ok)
+    gpuGetLastError(); /* not left for the host's next check */
   return s;
 }
 
@@ -61,6 +69,8 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
     return st;
   int count = 0;
   gpu_error_t e = gpuGetDeviceCount(&count);
+  if (e != GPU_SUCCESS)
+    gpuGetLastError(); /* not left for the host's next check */
   if (e != GPU_SUCCESS || count == 0)
     return pmla_fail(NULL, PMLA_ERR_NO_DEVICE,
                      "init_builder: backend pmla: no GPU device (%s: %s); use pmla-cpu",
@@ -72,6 +82,7 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
   device_scope d = enter_device(cfg.device);
   int sms = 0;
   if (!d.ok || gpuMultiProcessorCount(&sms, cfg.device) != GPU_SUCCESS || sms < 1) {
+    gpuGetLastError();
     leave_device(d);
     return pmla_fail(NULL, PMLA_ERR_DEVICE, "init_builder: cannot query device %d", cfg.device);
   }
@@ -110,6 +121,17 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
                        cfg.device, (unsigned long long)total);
     }
   }
+  /* cudaMemset returns before the zeros land, on the legacy stream, which a
+   * host's non-blocking streams do not wait for: the first step's kernels
+   * could run under it. init_builder is never captured, so it waits. */
+  if ((e = gpuDeviceSynchronize()) != GPU_SUCCESS) {
+    gpuGetLastError();
+    gpu_destroy(b);
+    leave_device(d);
+    return pmla_fail(NULL, PMLA_ERR_DEVICE, "init_builder: %s runtime error %d (%s) zeroing "
+                     "the buffers on device %d", GPU_PLATFORM_NAME, (int)e,
+                     gpuGetErrorString(e), cfg.device);
+  }
   leave_device(d);
   *out = b;
   return PMLA_OK;
@@ -121,6 +143,8 @@ static pmla_status gpu_plan(pmla_builder *b, int32_t cap, void *stream, const ch
   pmla_step_plan_input(b, cap, &in);
   pmla_plan_buffers(b, &o);
   device_scope d = enter_device(b->cfg.device);
+  if (!d.ok)
+    return runtime_fail(b, what, (int)d.err);
   int rc = pmla_gpu_plan(&in, &o, stream);
   leave_device(d);
   if (rc)
@@ -183,6 +207,8 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   p.max_slots = (int32_t)b->info.max_partial_slots;
   p.fold = pmla_batch_invariant(b);
   device_scope d = enter_device(b->cfg.device);
+  if (!d.ok)
+    return runtime_fail(b, "decode", (int)d.err);
   int rc = pmla_gpu_decode(&p, a.stream);
   leave_device(d);
   return rc ? runtime_fail(b, "decode", rc) : PMLA_OK;
@@ -193,11 +219,19 @@ static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "check_device_error: builder is NULL");
   int32_t meta[PMLA_META_WORDS];
   device_scope d = enter_device(b->cfg.device);
+  if (!d.ok)
+    return runtime_fail(b, "check_device_error", (int)d.err);
   gpu_error_t e = gpuDeviceSynchronize();
   if (e == GPU_SUCCESS)
     e = gpuMemcpyDtoH(meta, b->buf[PMLA_BUF_WORK_META_DATA], sizeof meta);
-  if (e == GPU_SUCCESS && meta[PMLA_META_ERROR])
-    e = gpuMemset((int32_t *)b->buf[PMLA_BUF_WORK_META_DATA] + PMLA_META_ERROR, 0, 4);
+  /* the clear lands before the call returns, so no later step's bit can
+   * be wiped by it (cudaMemset may return before it is done) */
+  if (e == GPU_SUCCESS && meta[PMLA_META_ERROR] &&
+      (e = gpuMemset((int32_t *)b->buf[PMLA_BUF_WORK_META_DATA] + PMLA_META_ERROR, 0, 4)) ==
+          GPU_SUCCESS)
+    e = gpuDeviceSynchronize();
+  if (e != GPU_SUCCESS)
+    gpuGetLastError();
   leave_device(d);
   if (e != GPU_SUCCESS)
     return runtime_fail(b, "check_device_error", (int)e);
@@ -209,9 +243,13 @@ static pmla_status gpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst
   if (st != PMLA_OK)
     return st;
   device_scope d = enter_device(b->cfg.device);
+  if (!d.ok)
+    return runtime_fail(b, "copy_buffer", (int)d.err);
   gpu_error_t e = gpuDeviceSynchronize();
   if (e == GPU_SUCCESS)
     e = gpuMemcpyDtoH(dst, b->buf[which], (size_t)bytes);
+  if (e != GPU_SUCCESS)
+    gpuGetLastError();
   leave_device(d);
   return e == GPU_SUCCESS ? PMLA_OK : runtime_fail(b, "copy_buffer", (int)e);
 }

@@ -24,6 +24,8 @@ hipError_t pmla_opt_in_smem(const void *kernel, size_t smem, unsigned long long 
   e = hipFuncSetAttribute(kernel, hipFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e == hipSuccess && bit)
     __atomic_fetch_or(done, bit, __ATOMIC_RELEASE);
+  if (e != hipSuccess)
+    (void)hipGetLastError(); /* returned here: not left for the host's next check */
   return e;
 }
 

@@ -46,16 +46,26 @@ static inline bool pdl_device() {
 }
 #endif
 
+/* kernel<<<grid, block, smem, stream>>>(args...): the launch's own error,
+ * read and cleared. An error already pending on the thread (a failed call
+ * of the host's, or of pmla's own that was reported) is cleared first, so
+ * it is not taken for this launch's. */
+template <typename... P, typename... A>
+static inline hipError_t plain_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                                      hipStream_t stream, A... args) {
+  (void)hipGetLastError();
+  kernel<<<grid, block, smem, stream>>>(args...);
+  return hipGetLastError();
+}
+
 /* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute
  * when PMLA_PDL is on and the device supports it */
 template <typename... P, typename... A>
 static inline hipError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
                                     hipStream_t stream, A... args) {
 #ifdef PMLA_PDL_ON
-  if (!pdl_device()) {
-    kernel<<<grid, block, smem, stream>>>(args...);
-    return hipGetLastError();
-  }
+  if (!pdl_device())
+    return plain_launch(kernel, grid, block, smem, stream, args...);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -66,10 +76,12 @@ static inline hipError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block,
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess)
+    (void)cudaGetLastError(); /* returned here: not left for the host's next check */
+  return e;
 #else
-  kernel<<<grid, block, smem, stream>>>(args...);
-  return hipGetLastError();
+  return plain_launch(kernel, grid, block, smem, stream, args...);
 #endif
 }
 
