@@ -123,7 +123,8 @@ static pmla_status validate_dense_step(pmla_builder *b) {
                          "build_decode: kv_last_page_len[%d] = %d; accepted: 1..%d (page_size) "
                          "for a request with pages",
                          r, last, P);
-      const int64_t len = (p1 - p0 - 1) * P + last;
+      /* a request without pages has length 0 whatever its last_page_len */
+      const int64_t len = p1 > p0 ? (p1 - p0 - 1) * P + last : 0;
       if (len > PMLA_MAX_KV_LEN)
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                          "build_decode: request %d has %lld pages (%lld tokens); accepted: at "

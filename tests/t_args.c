@@ -1025,6 +1025,22 @@ START_TEST(test_a_request_longer_than_the_kv_cap_is_refused_or_flagged) {
 }
 END_TEST
 
+/* A CSR request without pages has length 0: its kv_last_page_len is not
+ * read, however large (it is bounded only for requests with pages). */
+START_TEST(test_a_csr_request_without_pages_ignores_its_last_page_len) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  f.last[1] = INT32_MAX; /* request 1 has no pages: kv_indptr {0, 2, 2, 5} */
+  fx_upload_indices(&f);
+  expect_status(g_be->build_decode(f.b, &f.csr_batch), PMLA_OK, &f, "last_page_len INT32_MAX");
+  expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "its decode");
+  uint32_t flags = 0;
+  ck_assert_int_eq(g_be->check_device_error(f.b, &flags), PMLA_OK);
+  fx_teardown(&f);
+}
+END_TEST
+
 /* The query tokens a dense step addresses (qo_indptr[batch], rows before
  * qo_indptr[0] included) beyond max_batch * max_q_len: a backend that reads
  * qo_indptr on the host refuses the build with PMLA_ERR_CAPACITY; any
@@ -1091,6 +1107,7 @@ Suite *suite_args(void) {
   tcase_add_loop_test(tc, test_a_request_longer_than_the_kv_cap_is_refused_or_flagged, 0,
                       N_KV_CAP_CASES);
   tcase_add_test(tc, test_query_tokens_beyond_the_capacity_are_refused);
+  tcase_add_test(tc, test_a_csr_request_without_pages_ignores_its_last_page_len);
   suite_add_tcase(s, tc);
   tc = tcase_create("alignment");
   tcase_add_loop_test(tc, test_misaligned_tensors_are_refused_by_name_and_nothing_is_written, 0,
