@@ -163,12 +163,8 @@ class Builder:
         prev = self._step or {}
         out = {}
         for name, obj in pairs:
-            if obj is None:
-                if name in required:
-                    raise InvalidArgument("%s: %s is None; a tensor is required" % (call, name),
-                                          call="build_sparse" if call == "plan_sparse"
-                                          else "build_decode")
-                continue
+            if obj is None and name not in required:
+                continue  # as_tensor refuses a required one
             t = prev.get(name)
             out[name] = t if same(t, obj) else as_tensor(obj, "%s: %s" % (call, name))
         return out
@@ -279,11 +275,8 @@ class Builder:
         bf16_kv = self.config["kv_dtype"] in ("bf16", _abi.DTYPE_BF16)
         for name, obj in (("q", q), ("kv_cache", kv_cache), ("out", out), ("lse", lse),
                           ("kv_scale", kv_scale)):
-            if obj is None:
-                if name in ("q", "kv_cache"):
-                    raise InvalidArgument("run: %s is None; a tensor is required" % name,
-                                          call="decode")
-                continue
+            if obj is None and name not in ("q", "kv_cache"):
+                continue  # as_tensor refuses a required one
             t = prev.get(name)
             bf16 = name in ("q", "out") or (name == "kv_cache" and bf16_kv)
             ts[name] = t if same(t, obj) else as_tensor(obj, "run: " + name, bf16=bf16,
