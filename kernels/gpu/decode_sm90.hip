@@ -1053,6 +1053,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           char *sK = stage(b);
           const uint32_t aK = smem_u32(sK);
           const int pos0 = kb + b * BN;
+          /* every warp's QK has read the rope block before P overwrites it */
+          asm volatile("bar.sync 7, 128;\n" ::: "memory");
+
           wg_mask(s, vm, pos0, lim, lane);
           /* P(b) as 16-bit pairs: this warpgroup's P V reads them from
            * registers (pair e / 2 of S is A-fragment register e / 2 of its
@@ -1095,8 +1098,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           }
           if (__any_sync(0xffffffffu, moved))
             exps();
-          /* every warp's QK has read the rope block before P overwrites it */
-          asm volatile("bar.sync 7, 128;\n" ::: "memory");
           char *sP = sK + 8 * BLK;
 #pragma unroll
           for (int e = 0; e < 32; e += 2) {
