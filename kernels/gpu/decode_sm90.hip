@@ -151,11 +151,12 @@ __device__ __forceinline__ void tma_block(uint32_t dst, const CUtensorMap *map, 
  * + (e & 1) of the block. */
 
 /* masks S in place (raw scores; -inf where a token is invalid or causally
- * after the row). A block of valid tokens that both rows attend whole
- * skips the per-token masks with one test (their shifts and selects sat on
- * warpgroup 0's chain every block) */
-__device__ __forceinline__ void wg_mask(float (&s)[32], uint64_t vm, int pos0, const int (&lim)[2],
-                                        int lane) {
+ * after the row) and returns the row maxima scaled to base 2. A block of
+ * valid tokens that both rows attend whole skips the per-token masks with
+ * one test (their shifts and selects sat on warpgroup 0's chain every
+ * block) */
+__device__ __forceinline__ void wg_mask_max(float (&s)[32], float (&mx)[2], uint64_t vm, int pos0,
+                                            const int (&lim)[2], const float (&sc)[2], int lane) {
   uint64_t rm[2];
   const uint64_t mine = 0x0303030303030303ull; /* this thread's columns */
   if (!(vm == ~0ull && pos0 + 64 <= min(lim[0], lim[1]))) {
@@ -171,10 +172,6 @@ __device__ __forceinline__ void wg_mask(float (&s)[32], uint64_t vm, int pos0, c
       }
     }
   }
-}
-/* the row maxima of S scaled to base 2 */
-__device__ __forceinline__ void wg_row_max(const float (&s)[32], float (&mx)[2],
-                                           const float (&sc)[2]) {
   /* each row's 16 values as a tree of maxima: four dependent steps where
    * a chain takes sixteen (the softmax runs one warp per scheduler, so
    * each step's latency is paid) */
@@ -1056,52 +1053,28 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           /* every warp's QK has read the rope block before P overwrites it */
           asm volatile("bar.sync 7, 128;\n" ::: "memory");
 
-          wg_mask(s, vm, pos0, lim, lane);
-          /* P(b) as 16-bit pairs: this warpgroup's P V reads them from
-           * registers (pair e / 2 of S is A-fragment register e / 2 of its
-           * k-step e / 8), warpgroup 1 from the stage's rope block */
-          float muse[2], corr[2], sum[2];
-          uint32_t pr[16];
-          auto exps = [&] {
-            sum[0] = sum[1] = 0.f;
-#pragma unroll
-            for (int e = 0; e < 32; e += 2) {
-              const int sl = (e >> 1) & 1;
-              const float p0 = fast_exp2(fmaf(s[e], sc[sl], -muse[sl]));
-              const float p1 = fast_exp2(fmaf(s[e + 1], sc[sl], -muse[sl]));
-              sum[sl] += p0 + p1;
-              pr[e >> 1] = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
-            }
-          };
-          /* The exponentials first, against the running maxima, which a
-           * block keeps unless its own maximum passes them by more than
-           * RESCALE_SLACK (move_max): the row maxima's tree and shuffles
-           * then run beside them instead of before them, and the rare
-           * block (or a row's first) that moves a maximum computes them
-           * again. Either way P is what move_max's maxima give. */
-          float guess[2];
-#pragma unroll
-          for (int sl = 0; sl < 2; sl++) {
-            guess[sl] = m_run[sl] == -INFINITY ? 0.f : m_run[sl];
-            muse[sl] = guess[sl];
-          }
-          exps();
           float mx[2];
-          wg_row_max(s, mx, sc);
-          bool moved = false;
+          wg_mask_max(s, mx, vm, pos0, lim, sc, lane);
+          float muse[2], corr[2], sum[2] = {0.f, 0.f};
 #pragma unroll
           for (int sl = 0; sl < 2; sl++) {
             move_max(m_run[sl], mx[sl], &muse[sl], &corr[sl]);
-            moved |= muse[sl] != guess[sl];
             if (row_leader(lane))
               sCorr[(b & 1) * ROWS + myrow[sl]] = corr[sl];
           }
-          if (__any_sync(0xffffffffu, moved))
-            exps();
+          /* P(b) as 16-bit pairs: this warpgroup's P V reads them from
+           * registers (pair e / 2 of S is A-fragment register e / 2 of its
+           * k-step e / 8), warpgroup 1 from the stage's rope block */
           char *sP = sK + 8 * BLK;
+          uint32_t pr[16];
 #pragma unroll
           for (int e = 0; e < 32; e += 2) {
-            const int row = myrow[(e >> 1) & 1], col = (e >> 2) * 8 + ((lane & 3) << 1);
+            int sl = (e >> 1) & 1, row = myrow[sl];
+            int col = (e >> 2) * 8 + ((lane & 3) << 1);
+            float p0 = fast_exp2(fmaf(s[e], sc[sl], -muse[sl]));
+            float p1 = fast_exp2(fmaf(s[e + 1], sc[sl], -muse[sl]));
+            sum[sl] += p0 + p1;
+            pr[e >> 1] = F16 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
             *(uint32_t *)(sP + row * 128 + (((col >> 3) ^ (row & 7)) << 4) + ((col & 7) << 1)) =
                 pr[e >> 1];
           }
