@@ -888,17 +888,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                   pending |= 1u << ((b + 1) & 1);
               }
             }
-#if PMLA_WG_TMA
-            else if (B0_NEXT && half_blk == nblk) { /* the rest of the next item's block 0 */
-              if (t == 0)
-                tma_block<4, 9>(smem_u32(sKV), kv_tmap, half_first, aFull, KV_FIRST);
-              if (lane == 0)
-                ((uint16_t *)sVm)[wi] = 0xffffu;
-              mbar_arrive(aFull);
-              half_blk = -1;
-              b0_pre = true;
-            }
-#endif
             cp_commit();
             pv(b);
             /* block b + 1 is published while this P V runs, not after it:
@@ -922,18 +911,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                 }
                 half_blk = b + 2;
                 half_first = first;
-              }
-            } else if (B0_NEXT && b0_next && b + 2 == nblk && !(nblk & 1)) {
-              /* an even count: the next item's block 0 goes into this
-               * block's stage 0 in the same two parts */
-              nb_sync(EMPTY);
-              if (nb0_first >= 0) {
-                if (t == 0) {
-                  mbar_expect_tx(aFull, TILE);
-                  tma_block<0, 4>(smem_u32(sKV), kv_tmap, nb0_first, aFull, KV_FIRST);
-                }
-                half_blk = nblk;
-                half_first = nb0_first;
               }
             }
 #endif
@@ -1168,7 +1145,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           }
           wg_wait0();
           reg_fence<128>(o);
-          if (!RING && (b + 2 < nblk || (B0_NEXT && b0_next && b + 2 == nblk && !(nblk & 1))))
+          if (!RING && b + 2 < nblk)
             nb_arrive(EMPTY + (b & 1));
         }
         if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
@@ -1192,7 +1169,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       conv_before += RING ? (uint32_t)nblk : 0u;
 #if PMLA_WG_TMA
       /* every P V of the item is done: the next item's block 0 into stage 0 */
-      if (B0_NEXT && last && g == 1 && nb0_first >= 0 && !b0_pre) {
+      if (B0_NEXT && last && g == 1 && nb0_first >= 0) {
         page_boxes(std::integral_constant<int, 0>(), 0, nb0_first, KV_FIRST, true);
         b0_pre = true;
       }
