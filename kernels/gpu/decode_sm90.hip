@@ -608,16 +608,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       b0_next = e2 - b2 > 0 && row0 < (e2 - b2) * H && b2 >= 0 && e2 <= p.num_tokens &&
                 e2 - b2 <= p.max_q_len && wn[PMLA_WI_KV_END] > wn[PMLA_WI_KV_BEGIN];
     }
-    /* warpgroup 1: the next item's first slot when its block 0 is a whole
-     * page (-1: not), its page entry read now, so the copy under this
-     * item's epilogue waits for no load */
-    int64_t nb0_first = -1;
-    if (b0_next && g == 1) {
-      const int32_t *wn = item_at(it + 1);
-      const int32_t r2 = wn[PMLA_WI_REQUEST], kb2 = wn[PMLA_WI_KV_BEGIN];
-      const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
-      nb0_first = whole_page_slot(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
-    }
     /* KV read as the first lines L2 evicts, so that the partial slots'
      * lines outlive the KV streams between their write and their read:
      * every item of a KV_FIRST step, and a batch-invariant item of more
@@ -1169,9 +1159,16 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       conv_before += RING ? (uint32_t)nblk : 0u;
 #if PMLA_WG_TMA
       /* every P V of the item is done: the next item's block 0 into stage 0 */
-      if (B0_NEXT && last && g == 1 && nb0_first >= 0) {
-        page_boxes(std::integral_constant<int, 0>(), 0, nb0_first, KV_FIRST, true);
-        b0_pre = true;
+      if (B0_NEXT && b0_next && last && g == 1) {
+        const int32_t *wn = item_at(it + 1);
+        const int32_t r2 = wn[PMLA_WI_REQUEST], kb2 = wn[PMLA_WI_KV_BEGIN];
+        const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
+        const int64_t first =
+            whole_page_slot(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
+        if (first >= 0) {
+          page_boxes(std::integral_constant<int, 0>(), 0, first, KV_FIRST, true);
+          b0_pre = true;
+        }
       }
 #endif
 
