@@ -585,14 +585,19 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         atomicOr(errw, (int)PMLA_PLAN_ERR_QO_INDPTR);
       continue;
     }
+    /* whether this tile serves an item of query tokens [b2, e2): it has rows
+     * here and its tokens are in range (what the item loop tests above) */
+    const auto serves = [&](int32_t b2, int32_t e2) {
+      return e2 - b2 > 0 && row0 < (e2 - b2) * H && b2 >= 0 && e2 <= p.num_tokens &&
+             e2 - b2 <= p.max_q_len;
+    };
     /* the next item whose Q this item's warpgroup 0 copies (-1: none): the
      * one after it, when served and on other query rows */
     int32_t nq_b = -1, nq_e = -1;
     if (PREFETCH_Q && it + 1 < it_end) {
       const int32_t *wn = item_at(it + 1);
       const int32_t b2 = wn[PMLA_WI_Q_BEGIN], e2 = wn[PMLA_WI_Q_END];
-      if (e2 - b2 > 0 && row0 < (e2 - b2) * H && b2 >= 0 && e2 <= p.num_tokens &&
-          e2 - b2 <= p.max_q_len && (b2 != qb || e2 != qe)) {
+      if (serves(b2, e2) && (b2 != qb || e2 != qe)) {
         nq_b = b2;
         nq_e = e2;
       }
@@ -605,8 +610,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     if (B0_NEXT && use_tma && nblk > 0 && it + 1 < it_end) {
       const int32_t *wn = item_at(it + 1);
       const int32_t b2 = wn[PMLA_WI_Q_BEGIN], e2 = wn[PMLA_WI_Q_END];
-      b0_next = e2 - b2 > 0 && row0 < (e2 - b2) * H && b2 >= 0 && e2 <= p.num_tokens &&
-                e2 - b2 <= p.max_q_len && wn[PMLA_WI_KV_END] > wn[PMLA_WI_KV_BEGIN];
+      b0_next = serves(b2, e2) && wn[PMLA_WI_KV_END] > wn[PMLA_WI_KV_BEGIN];
     }
     /* KV read as the first lines L2 evicts, so that the partial slots'
      * lines outlive the KV streams between their write and their read:
