@@ -370,8 +370,10 @@ pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor 
                      "tensor of at most INT64_MAX bytes",
                      name, got, (long long)elems, (long long)elem_bytes);
   }
-  if (t->strides) {
-    /* a dimension of size 1 takes any stride: stride * (1 - 1) moves nothing */
+  if (t->strides && !empty) {
+    /* a dimension of size 1 takes any stride: stride * (1 - 1) moves nothing;
+     * an empty tensor addresses nothing, and exporters give its 0 dims any
+     * stride (torch: 1) */
     int64_t expect = 1;
     for (int i = ndim - 1; i >= 0; i--) {
       if (t->shape[i] != 1 && t->strides[i] != expect)

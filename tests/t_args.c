@@ -785,6 +785,34 @@ START_TEST(test_a_size_one_dim_takes_any_stride_without_overflow) {
 }
 END_TEST
 
+/* An empty tensor addresses no element, so its strides are not checked:
+ * DLPack exporters give a dimension of 0 any stride (torch gives 1, where
+ * row-major would say 0 for the dimension before it). A block table of
+ * width 0 for requests without KV builds and decodes. */
+START_TEST(test_an_empty_tensor_takes_any_strides) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  for (int r = 0; r < BATCH; r++)
+    f.lens[r] = 0;
+  fx_upload_indices(&f);
+  DLTensor bt0 = f.t_bt.t;
+  int64_t shape[2] = {BATCH, 0}, strides[2] = {1, 1};
+  bt0.shape = shape;
+  bt0.strides = strides;
+  pmla_decode_batch batch = f.bt_batch;
+  batch.block_table = &bt0;
+  expect_status(g_be->build_decode(f.b, &batch), PMLA_OK, &f, "block_table [3, 0], strides {1, 1}");
+  expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "its decode");
+  float l[TOKENS * H];
+  tt_download(&f.lse, l);
+  for (int i = 0; i < TOKENS * H; i++)
+    ck_assert_msg(isinf(l[i]) && l[i] < 0, "lse[%d] = %g; a row without KV has lse -inf", i,
+                  (double)l[i]);
+  fx_teardown(&f);
+}
+END_TEST
+
 /* ---- alignment: data + byte_offset must suit the dtype ---- */
 
 /* x's contents `offset` bytes into a fresh buffer (*slack, 16 bytes longer),
@@ -1104,6 +1132,7 @@ Suite *suite_args(void) {
   tcase_add_loop_test(tc, test_sizes_that_overflow_int64_are_refused_by_tensor_and_value, 0,
                       N_SIZE_CASES);
   tcase_add_test(tc, test_a_size_one_dim_takes_any_stride_without_overflow);
+  tcase_add_test(tc, test_an_empty_tensor_takes_any_strides);
   tcase_add_loop_test(tc, test_a_request_longer_than_the_kv_cap_is_refused_or_flagged, 0,
                       N_KV_CAP_CASES);
   tcase_add_test(tc, test_query_tokens_beyond_the_capacity_are_refused);

@@ -2,6 +2,7 @@
 """pmla.Builder: one pmla_builder, its plan (build_decode / build_sparse) and
 its runs (decode)."""
 import ctypes
+import operator
 import sys
 
 from . import _abi
@@ -12,11 +13,22 @@ from ._tensor import as_tensor, current_stream, same, stream_handle
 _UINT32_MAX = 0xFFFFFFFF
 
 
+def _int(value):
+    """value as an int (numpy integers too), or None (bool is not one)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _uint(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT32_MAX:
+    v = _int(value)
+    if v is None or not 0 <= v <= _UINT32_MAX:
         raise InvalidArgument("Builder: %s = %r; accepted: an int in 0..2^32-1 (the plugin "
                               "checks the range it serves)" % (name, value))
-    return value
+    return v
 
 
 class _Out:
@@ -108,9 +120,14 @@ class Builder:
         self._plugin = plugin if plugin is not None else default_plugin()
         be = self._plugin.backend(backend)
         scale = _abi.HEAD_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
-        if isinstance(device, bool) or not isinstance(device, int) or \
-                not -2**31 <= device < 2**31:
+        dev = _int(device)
+        if dev is None or not -2**31 <= dev < 2**31:
             raise InvalidArgument("Builder: device = %r; accepted: an int ordinal" % (device,))
+        device = dev
+        num_heads, page_size, max_batch, max_q_len, topk, cu_count = (
+            _uint(n, v) for n, v in (("num_heads", num_heads), ("page_size", page_size),
+                                     ("max_batch", max_batch), ("max_q_len", max_q_len),
+                                     ("topk", topk), ("cu_count", cu_count)))
         kvd = _kv_dtype(kv_dtype)
         if batch_invariant or kvd != _abi.DTYPE_BF16:
             # 1.1 features: a 1.0 plugin would ignore flags (the tail of a
@@ -122,18 +139,19 @@ class Builder:
                     "batch_invariant" if batch_invariant else "kv_dtype=%r" % (kv_dtype,),
                     backend, agreed), call="init_builder")
         cfg = _abi.BuilderConfig(
-            struct_size=ctypes.sizeof(_abi.BuilderConfig), num_heads=_uint("num_heads", num_heads),
+            struct_size=ctypes.sizeof(_abi.BuilderConfig), num_heads=num_heads,
             kv_lora_rank=_abi.KV_LORA_RANK, rope_dim=_abi.ROPE_DIM, q_dtype=_abi.DTYPE_BF16,
             kv_dtype=kvd, out_dtype=_abi.DTYPE_BF16,
-            page_size=_uint("page_size", page_size), max_batch=_uint("max_batch", max_batch),
-            max_q_len=_uint("max_q_len", max_q_len), topk=_uint("topk", topk),
-            softmax_scale=scale, device=device, cu_count=_uint("cu_count", cu_count),
+            page_size=page_size, max_batch=max_batch,
+            max_q_len=max_q_len, topk=topk,
+            softmax_scale=scale, device=device, cu_count=cu_count,
             flags=_abi.BUILDER_BATCH_INVARIANT if batch_invariant else 0)
         handle = ctypes.c_void_p()
         st = be.init_builder(ctypes.addressof(cfg), ctypes.byref(handle))
         if st != _abi.OK:
             raise make_error(st, be.error_message(None), "init_builder")
         self._h = handle.value
+        be.registry.adopt(self._h, be.destroy_builder)
         self._be = be
         self._decode = be.decode
         self.backend = be.name
@@ -246,10 +264,11 @@ class Builder:
         unused); max_seq_len, the step's longest KV length (host int, sets the
         split cap; split_cap=False schedules uncapped)."""
         h = self._handle("build_sparse")
-        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or \
-                not -2**63 <= max_seq_len < 2**63:
+        msl = _int(max_seq_len)
+        if msl is None or not -2**63 <= msl < 2**63:
             raise InvalidArgument("plan_sparse: max_seq_len = %r; accepted: an int >= 0"
                                   % (max_seq_len,), call="build_sparse")
+        max_seq_len = msl
         ts = self._tensors("plan_sparse", (("topk_indices", topk_indices),), ("topk_indices",))
         s = self._sparse
         s.flags = 0 if split_cap else _abi.SPARSE_NO_SPLIT_CAP
@@ -346,7 +365,8 @@ class Builder:
         if c.alloc_lse is not None:
             lse = c.alloc_lse.new()
         if stream is not None:
-            self._args.stream = stream if type(stream) is int else stream_handle(stream)
+            self._args.stream = stream if type(stream) is int and 0 <= stream < 2 ** 64 else \
+                stream_handle(stream)
         elif c.stream_fn is not None:
             self._args.stream = c.stream_fn(c.stream_arg)
         else:
@@ -375,7 +395,7 @@ class Builder:
         h, self._h = self._h, None
         self._step = self._rc = None
         if h is not None:
-            self._be.destroy_builder(h)
+            self._be.registry.release(h)  # a no-op once the registry has closed it
 
     def __del__(self):
         if getattr(self, "_h", None) is None or sys is None or sys.is_finalizing():

@@ -73,12 +73,52 @@ def _open_library():
     raise LoadError("cannot open libpmla-registry: tried %s%s" % ("; ".join(tried), hint))
 
 
-class _Backend:
-    """One backend's vtable, with its function pointers bound once."""
+class _Registry:
+    """An open pmla_registry and the native builders made from its backends.
+    Closing it destroys those builders first, then closes the registry
+    (which dlcloses the plugins), so no builder outlives its plugin's code,
+    whatever order a garbage collection finalises the Python objects in."""
 
-    def __init__(self, plugin, ptr):
+    def __init__(self, lib, reg):
+        self.lib = lib
+        self.reg = reg
+        self._live = {}  # native builder handle -> its backend's destroy_builder
+        self._lock = threading.Lock()
+
+    def adopt(self, handle, destroy):
+        with self._lock:
+            self._live[handle] = destroy
+
+    def release(self, handle):
+        """Destroys a native builder this registry still holds (once)."""
+        with self._lock:
+            destroy = self._live.pop(handle, None)
+        if destroy is not None:
+            destroy(handle)
+
+    def close(self):
+        with self._lock:
+            reg, self.reg = self.reg, None
+            live, self._live = self._live, {}
+        if reg is None:
+            return
+        for handle, destroy in live.items():
+            destroy(handle)
+        self.lib.pmla_registry_close(reg)
+
+    def __del__(self):
+        if sys is None or sys.is_finalizing():
+            return  # leave the plugins mapped while the interpreter goes down
+        self.close()
+
+
+class _Backend:
+    """One backend's vtable, with its function pointers bound once. It holds
+    the registry (not the Plugin), which stays open while it lives."""
+
+    def __init__(self, registry, ptr):
         be = ptr.contents
-        self.plugin = plugin
+        self.registry = registry
         self.ptr = ptr
         self.name = be.name.decode()
         self.description = (be.description or b"").decode()
@@ -96,8 +136,9 @@ class _Backend:
 class Plugin:
     """An open registry: the backends found on a plugin search path.
 
-    Builders keep their Plugin open; close() (or the last reference going
-    away) closes the registry, which dlcloses the plugins."""
+    Builders keep the registry open; close() closes this plugin's builders
+    and the registry, which dlcloses the plugins; without close() that
+    happens when the Plugin and its last builder are gone."""
 
     def __init__(self, path=None):
         lib, lib_path, fallback = _open_library()
@@ -115,6 +156,7 @@ class Plugin:
         if st != _abi.OK:
             raise LoadError("pmla_registry_open failed: %s" % self.status_name(st))
         self._reg = reg.value
+        self._registry = _Registry(lib, self._reg)
         if hasattr(lib, "pmla_registry_search_path"):
             lib.pmla_registry_search_path.argtypes = [ctypes.c_void_p]
             lib.pmla_registry_search_path.restype = ctypes.c_char_p
@@ -181,7 +223,7 @@ class Plugin:
                         % (name, self.search_path or "nothing searched",
                            ", ".join(self.backend_names) or "none",
                            ("\n" + diag.rstrip()) if diag else ""))
-                be = self._backends[name] = _Backend(self, ptr)
+                be = self._backends[name] = _Backend(self._registry, ptr)
             return be
 
     def close(self):
@@ -189,14 +231,9 @@ class Plugin:
         if getattr(self, "_reg", None) is not None:
             for b in list(self._builders):
                 b.close()
-            self._lib.pmla_registry_close(self._reg)
+            self._registry.close()
             self._reg = None
             self._backends = {}
-
-    def __del__(self):
-        if sys is None or sys.is_finalizing():
-            return  # leave the plugins mapped while the interpreter goes down
-        self.close()
 
     def __enter__(self):
         return self

@@ -39,15 +39,31 @@ _TYPESTR = {"i4": (_abi.kDLInt, 32), "i8": (_abi.kDLInt, 64), "u2": (_abi.kDLUIn
             "u1": (_abi.kDLUInt, 8), "i1": (_abi.kDLInt, 8)}
 
 
+_LIBRARY_TYPES = (("torch", "Tensor"), ("numpy", "ndarray"), ("cupy", "ndarray"))
+
+
 def library_of(obj):
-    """'torch', 'numpy', 'cupy' or None: which library made obj."""
-    mod = type(obj).__module__ or ""
-    root = mod.split(".", 1)[0]
-    return root if root in ("torch", "numpy", "cupy") else None
+    """'torch', 'numpy', 'cupy' or None: which library's tensor obj is
+    (subclasses included: a subclass has its base's in-place changes)."""
+    for lib, cls in _LIBRARY_TYPES:
+        mod = sys.modules.get(lib)
+        base = getattr(mod, cls, None) if mod is not None else None
+        if isinstance(base, type) and isinstance(obj, base):
+            return lib
+    return None
 
 
 def is_capsule(obj):
     return type(obj).__name__ == "PyCapsule"
+
+
+def _has(obj, attr):
+    """hasattr that lets no exporter's exception through: an attribute whose
+    reading raises counts as present, and reading it again reports it."""
+    try:
+        return hasattr(obj, attr)
+    except Exception:
+        return True
 
 
 class Tensor:
@@ -98,8 +114,9 @@ def _layout_reader(obj, lib):
     is never reused)."""
     if lib == "torch" and hasattr(obj, "data_ptr"):
         return lambda: (obj.data_ptr(), obj.shape, obj.stride(), obj.dtype, obj.device)
-    if lib == "numpy" and hasattr(obj, "__array_interface__"):
-        return lambda: (obj.__array_interface__["data"][0], obj.shape, obj.strides, obj.dtype)
+    if lib == "numpy" and _has(obj, "__array_interface__"):
+        return lambda: (obj.__array_interface__["data"][0], obj.shape, obj.strides, obj.dtype,
+                        obj.flags.writeable)
     if lib == "cupy" and hasattr(obj, "data"):
         return lambda: (obj.data.ptr, obj.shape, obj.strides, obj.dtype)
     return None
@@ -160,8 +177,18 @@ def _from_capsule(capsule, name, writable=False):
 
 
 def _from_array_interface(obj, name, writable=False):
-    ai = obj.__array_interface__
-    if writable and ai.get("data") and ai["data"][1]:
+    try:
+        ai = obj.__array_interface__
+    except Exception as e:  # the exporter's own error, named for the argument
+        raise InvalidArgument("%s: reading %s's __array_interface__ failed: %s: %s"
+                              % (name, type(obj).__name__, type(e).__name__, e)) from None
+    data = ai.get("data") if isinstance(ai, dict) else None
+    if not (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], int)
+            and not isinstance(data[0], bool) and 0 <= data[0] < 2 ** 64):
+        raise InvalidArgument("%s: __array_interface__ data %s; accepted: a (pointer, "
+                              "read-only) tuple" % (name, "missing" if data is None
+                                                    else "of type " + type(data).__name__))
+    if writable and data[1]:
         raise InvalidArgument("%s: a read-only array; accepted: a writable one" % name)
     typestr = ai["typestr"]
     if typestr[0] not in "<|=" or typestr[1:] not in _TYPESTR:
@@ -169,10 +196,12 @@ def _from_array_interface(obj, name, writable=False):
                               "(bf16 bits), float32" % (name, typestr))
     code, bits = _TYPESTR[typestr[1:]]
     shape = tuple(int(s) for s in ai["shape"])
+    if any(not 0 <= v < 2 ** 63 for v in shape):
+        raise InvalidArgument("%s: shape %r; accepted: dimensions 0..2^63-1" % (name, shape))
     nd = len(shape)
     shape_arr = (ctypes.c_int64 * max(nd, 1))(*shape)
     dl = _abi.DLTensor()
-    dl.data = ai["data"][0] if ai.get("data") else None
+    dl.data = data[0] or None
     dl.device.device_type = _abi.kDLCPU
     dl.ndim = nd
     dl.dtype.code, dl.dtype.bits, dl.dtype.lanes = code, bits, 1
@@ -180,8 +209,9 @@ def _from_array_interface(obj, name, writable=False):
     strides_arr = None
     if ai.get("strides") is not None:
         item = bits // 8
-        if any(s % item for s in ai["strides"]):
-            raise InvalidArgument("%s: strides %r are not whole elements" % (name, ai["strides"]))
+        if any(s % item or not -2 ** 63 <= s < 2 ** 63 for s in ai["strides"]):
+            raise InvalidArgument("%s: strides %r are not whole elements within int64"
+                                  % (name, ai["strides"]))
         strides_arr = (ctypes.c_int64 * max(nd, 1))(*(s // item for s in ai["strides"]))
         dl.strides = strides_arr
     return dl, (obj, shape_arr, strides_arr)
@@ -230,7 +260,11 @@ def as_tensor(obj, name, bf16=False, writable=False):
     if is_capsule(obj):
         dl, owner = _from_capsule(obj, name, writable)
         return _finish(t, obj, owner, dl, None, bf16)
-    export = getattr(obj, "__dlpack__", None)
+    try:
+        export = getattr(obj, "__dlpack__", None)
+    except Exception as e:  # the exporter's own error, named for the argument
+        raise InvalidArgument("%s: reading %s's __dlpack__ failed: %s: %s"
+                              % (name, type(obj).__name__, type(e).__name__, e)) from None
     if export is not None:
         src = obj
         if lib == "torch" and getattr(obj, "requires_grad", False):
@@ -246,17 +280,22 @@ def as_tensor(obj, name, bf16=False, writable=False):
             bf16 = True
         try:
             capsule = export()
-        except (BufferError, TypeError, RuntimeError, ValueError) as e:
-            if not hasattr(src, "__array_interface__"):
-                raise InvalidArgument("%s: %s cannot be exported through DLPack: %s"
-                                      % (name, type(obj).__name__, e)) from None
+        except Exception as e:  # the exporter's own error, named for the argument
+            if not _has(src, "__array_interface__"):
+                raise InvalidArgument("%s: %s cannot be exported through DLPack: %s: %s"
+                                      % (name, type(obj).__name__, type(e).__name__,
+                                         e)) from None
         else:
+            if not is_capsule(capsule):
+                raise InvalidArgument("%s: %s.__dlpack__() returned a %s; accepted: a DLPack "
+                                      "capsule" % (name, type(obj).__name__,
+                                                   type(capsule).__name__))
             dl, owner = _from_capsule(capsule, name, writable)
             return _finish(t, obj, owner, dl, lib, bf16)
         # e.g. a read-only numpy array, which numpy does not export
         dl, owner = _from_array_interface(src, name, writable)
         return _finish(t, obj, owner, dl, lib, bf16)
-    if hasattr(obj, "__array_interface__"):
+    if _has(obj, "__array_interface__"):
         dl, owner = _from_array_interface(obj, name, writable)
         return _finish(t, obj, owner, dl, lib, bf16)
     if isinstance(obj, (list, tuple)):
@@ -279,11 +318,13 @@ def stream_handle(stream, name="stream"):
     """An explicit stream argument as an int (0 = NULL)."""
     if stream is None:
         return 0
-    if isinstance(stream, int):
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        if not 0 <= stream < 2 ** 64:
+            raise InvalidArgument("%s: %d; accepted: a handle of 0..2^64-1" % (name, stream))
         return stream
     for attr in ("cuda_stream", "ptr", "value"):  # torch.cuda.Stream, CuPy, c_void_p
         v = getattr(stream, attr, None)
-        if isinstance(v, int):
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 64:
             return v
         if v is None and attr == "value" and isinstance(stream, ctypes.c_void_p):
             return 0

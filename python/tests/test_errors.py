@@ -2,7 +2,11 @@
 """Every non-OK status raises its pmla.Error subclass carrying last_error's
 message; Python-side argument errors raise InvalidArgument."""
 import gc
+import os
+import subprocess
+import sys
 import unittest
+import weakref
 
 from _support import cuda_available, need_numpy, need_torch, np, pmla, torch
 
@@ -297,6 +301,138 @@ class TestRefusedRunsChangeNothing(unittest.TestCase):
         gc.collect()
         out, _ = self.b.run(self.q, self.kv)  # pmla still holds the lengths' memory
         self.assertTrue(np.array_equal(out, self.out))
+
+
+@need_numpy
+class TestExporters(unittest.TestCase):
+    """Whatever a tensor's exporter does, pmla reads only memory it was
+    given, and refuses what it cannot take with InvalidArgument naming the
+    argument."""
+
+    def setUp(self):
+        rng = np.random.default_rng(5)
+        self.b = cpu(page_size=16)
+        self.b.plan([0, 1], block_table=[[0]], kv_lens=[9])
+        self.q = rng.integers(0x3c00, 0x3f00, size=(1, 16, 576)).astype(np.uint16)
+        self.kv = rng.integers(0xbc00, 0xbf00, size=(1, 16, 576)).astype(np.uint16)
+
+    def test_array_interface_data_must_be_a_pointer_tuple(self):
+        class Buffer:  # data as a buffer object, which the protocol allows
+            __array_interface__ = {"shape": (2,), "typestr": "<i4", "version": 3,
+                                   "data": bytearray(b"\x40" * 8)}
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.plan(Buffer(), block_table=[[0]], kv_lens=[1])
+        self.assertIn("plan: qo_indptr: __array_interface__ data of type bytearray",
+                      cm.exception.message)
+
+    def test_exporter_errors_name_the_argument(self):
+        class NotACapsule:
+            def __dlpack__(self, *a, **k):
+                return 42
+
+        class Raises:
+            @property
+            def __array_interface__(self):
+                raise RuntimeError("boom")
+        for obj, text in ((NotACapsule(), "q: NotACapsule.__dlpack__() returned a int"),
+                          (Raises(), "q: reading Raises's __array_interface__ failed: "
+                                     "RuntimeError: boom")):
+            with self.assertRaises(pmla.InvalidArgument) as cm:
+                self.b.run(obj, self.kv)
+            self.assertIn(text, cm.exception.message)
+
+    def test_a_writable_flag_cleared_in_place_is_noticed(self):
+        out = np.full((1, 16, 512), 7, np.uint16)
+        self.b.run(self.q, self.kv, out=out)
+        out[...] = 7
+        out.flags.writeable = False
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.run(self.q, self.kv, out=out)
+        self.assertIn("run: out: a read-only array", cm.exception.message)
+        self.assertTrue((out == 7).all())
+
+    def test_numpy_integers_are_ints(self):
+        b = pmla.Builder(np.int64(16), backend="pmla-cpu", page_size=np.int32(16),
+                         max_batch=np.uint8(2), topk=8)
+        self.assertEqual((b.config["num_heads"], b.config["page_size"]), (16, 16))
+        self.assertIs(type(b.config["max_batch"]), int)
+        b.plan_sparse(np.zeros((1, 8), np.int32), np.array([3, 5]).max())
+        with self.assertRaises(pmla.InvalidArgument):
+            pmla.Builder(True, backend="pmla-cpu")
+
+    def test_stream_handles_beyond_64_bits_are_refused(self):
+        for bad in (2 ** 64 + 1, -1):
+            with self.assertRaises(pmla.InvalidArgument) as cm:
+                self.b.run(self.q, self.kv, stream=bad)
+            self.assertIn("stream: %d" % bad, cm.exception.message)
+
+    @need_torch
+    def test_a_torch_subclass_is_a_torch_tensor(self):
+        class Sub(torch.Tensor):
+            pass
+        q = torch.from_numpy(self.q.view(np.int16).copy()).view(torch.bfloat16).as_subclass(Sub)
+        kv = torch.from_numpy(self.kv.view(np.int16).copy()).view(torch.bfloat16)
+        out, lse = self.b.run(q, kv)  # allocated with torch, as for a plain tensor
+        self.assertEqual(tuple(out.shape), (1, 16, 512))
+        mine = torch.empty(1, 16, 512, dtype=torch.bfloat16).as_subclass(Sub)
+        self.b.run(q, kv, out=mine)
+        self.assertTrue(torch.equal(mine, out))
+        mine.resize_(256, 16, 512)  # new storage; the old one is freed
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.run(q, kv, out=mine)
+        self.assertIn("args->out: shape [256, 16, 512]", cm.exception.message)
+
+    @need_torch
+    def test_empty_torch_tensors_are_accepted(self):
+        # torch gives a dimension of 0 stride 1, which is not row-major
+        table = torch.zeros((2, 0), dtype=torch.int32)
+        self.assertEqual(table.stride(), (1, 1))
+        b = cpu(page_size=16)
+        b.plan([0, 1, 2], block_table=table, kv_lens=torch.zeros(2, dtype=torch.int32))
+        q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+        out, lse = b.run(q, torch.zeros(1, 16, 576, dtype=torch.bfloat16))
+        self.assertTrue(torch.isneginf(lse).all())
+
+
+class TestLifetimes(unittest.TestCase):
+    """The registry closes when nothing uses it, and never under a builder."""
+
+    def test_a_plugin_goes_with_its_last_reference(self):
+        gc.disable()  # some servers run with the collector off or frozen
+        try:
+            p = pmla.load()
+            p.backend("pmla-cpu")
+            gone = weakref.ref(p)
+            del p
+            self.assertIsNone(gone())
+        finally:
+            gc.enable()
+
+    def test_a_cycle_of_plugin_and_builder_is_collected_safely(self):
+        # the collector may finalise the plugin first; the builder's
+        # destruction must not run in unloaded plugin code
+        code = ("import gc, pmla\n"
+                "class Host: pass\n"
+                "for _ in range(3):\n"
+                "    h = Host(); h.me = h; h.p = pmla.load()\n"
+                "    h.b = pmla.Builder(16, backend='pmla-cpu', max_batch=2, plugin=h.p)\n"
+                "    del h; gc.collect()\n"
+                "print('collected')\n")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [os.path.dirname(os.path.dirname(pmla.__file__))] +
+            ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "collected"), r.stderr[-2000:])
+
+    def test_close_destroys_builders_once(self):
+        p = pmla.load()
+        b = pmla.Builder(16, backend="pmla-cpu", max_batch=2, plugin=p)
+        p.close()
+        b.close()  # already destroyed with the registry: nothing to do
+        with self.assertRaises(pmla.BadState):
+            b.plan([0, 1], block_table=[[0]], kv_lens=[1])
 
 
 if __name__ == "__main__":
