@@ -90,21 +90,22 @@ class _Registry:
             self._live[handle] = destroy
 
     def release(self, handle):
-        """Destroys a native builder this registry still holds (once)."""
+        """Destroys a native builder this registry still holds (once). Under
+        the lock, so that no close() unloads the plugin meanwhile."""
         with self._lock:
             destroy = self._live.pop(handle, None)
-        if destroy is not None:
-            destroy(handle)
+            if destroy is not None:
+                destroy(handle)
 
     def close(self):
         with self._lock:
             reg, self.reg = self.reg, None
             live, self._live = self._live, {}
-        if reg is None:
-            return
-        for handle, destroy in live.items():
-            destroy(handle)
-        self.lib.pmla_registry_close(reg)
+            if reg is None:
+                return
+            for handle, destroy in live.items():
+                destroy(handle)
+            self.lib.pmla_registry_close(reg)
 
     def __del__(self):
         if sys is None or sys.is_finalizing():
