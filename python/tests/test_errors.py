@@ -16,6 +16,17 @@ def cpu(heads=16, **kw):
     return pmla.Builder(heads, backend="pmla-cpu", **kw)
 
 
+def planned_step(seed):
+    """A pmla-cpu builder planned for one request of 9 tokens on page 0, and
+    a q and a one-page cache for it (bf16 bits, seeded)."""
+    rng = np.random.default_rng(seed)
+    b = cpu(page_size=16)
+    b.plan([0, 1], block_table=[[0]], kv_lens=[9])
+    q = rng.integers(0x3c00, 0x3f00, size=(1, 16, 576)).astype(np.uint16)
+    kv = rng.integers(0xbc00, 0xbf00, size=(1, 16, 576)).astype(np.uint16)
+    return b, q, kv
+
+
 class TestStatusClasses(unittest.TestCase):
     def test_every_status_has_its_class(self):
         names = {1: "InvalidArgument", 2: "Unsupported", 3: "VersionError", 4: "StructSize",
@@ -214,11 +225,7 @@ class TestRefusedRunsChangeNothing(unittest.TestCase):
     as it was: the next run reads the tensors it read before."""
 
     def setUp(self):
-        rng = np.random.default_rng(3)
-        self.b = cpu(page_size=16)
-        self.b.plan([0, 1], block_table=[[0]], kv_lens=[9])
-        self.q = rng.integers(0x3c00, 0x3f00, size=(1, 16, 576)).astype(np.uint16)
-        self.kv = rng.integers(0xbc00, 0xbf00, size=(1, 16, 576)).astype(np.uint16)
+        self.b, self.q, self.kv = planned_step(3)
         self.out, self.lse = self.b.run(self.q, self.kv)
 
     def test_required_tensors(self):
@@ -310,11 +317,7 @@ class TestExporters(unittest.TestCase):
     argument."""
 
     def setUp(self):
-        rng = np.random.default_rng(5)
-        self.b = cpu(page_size=16)
-        self.b.plan([0, 1], block_table=[[0]], kv_lens=[9])
-        self.q = rng.integers(0x3c00, 0x3f00, size=(1, 16, 576)).astype(np.uint16)
-        self.kv = rng.integers(0xbc00, 0xbf00, size=(1, 16, 576)).astype(np.uint16)
+        self.b, self.q, self.kv = planned_step(5)
 
     def test_array_interface_data_must_be_a_pointer_tuple(self):
         class Buffer:  # data as a buffer object, which the protocol allows
