@@ -83,7 +83,40 @@ def clear_pool():
         b.close()
 
 
-class _NumSplits:
+class _NotATensor(NotImplementedError, AttributeError):
+    """Raised for a tensor operation on an opaque metadata object (an
+    AttributeError too, so hasattr answers False)."""
+
+
+class _Opaque:
+    """FlashMLA's older API returned its metadata as int32 tensors, which
+    CUDA-graph paths copy into buffers of their own (.size(), .copy_(),
+    slicing). pmla's metadata is not a tensor: such uses get this message,
+    not a bare AttributeError or TypeError."""
+
+    __slots__ = ()
+
+    @classmethod
+    def _not_a_tensor(cls, what):
+        return _NotATensor(
+            "pmla.flash_mla: %s on %s: pmla's metadata is an opaque object, not a tensor; "
+            "copying FlashMLA's metadata tensors into CUDA-graph buffers is not served (keep "
+            "the object from get_mla_metadata alive and pass it again)" % (what, cls.__name__))
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise self._not_a_tensor("." + name)
+
+    def __getitem__(self, key):
+        raise self._not_a_tensor("indexing")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise cls._not_a_tensor(getattr(func, "__name__", str(func)))
+
+
+class _NumSplits(_Opaque):
     """FlashMLA's num_splits: opaque here (the schedule lives in the builder).
     It refers to its metadata weakly, so a dropped metadata object is freed
     (and its builders pooled) at once, not by the cycle collector."""
@@ -101,7 +134,7 @@ class _NumSplits:
         return "<pmla.flash_mla num_splits of %r>" % (self.metadata,)
 
 
-class MLAMetadata:
+class MLAMetadata(_Opaque):
     """FlashMLA's tile_scheduler_metadata: the builders and the plan of one
     step. Opaque; made by get_mla_metadata."""
 
@@ -267,14 +300,23 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
         key = (backend, device, h_q, page, 1, 0, scale, _next_pow2(tokens), kv_dtype)
     builder = meta._builder(key)
 
+    # FlashMLA reads block_table and indices on every call (DeepSeek V3.2
+    # rewrites one indices buffer per layer under one metadata); the plan
+    # depends only on the shapes and the lengths. pmla-cpu plans again every
+    # call, so its checks see the values as they are now; on a GPU, where the
+    # kernels read the remembered tensors as they are, the copies a plan was
+    # made from (masked, repeated or made contiguous) are taken again.
     plan = meta._plan
     inputs = (block_table, cache_seqlens, indices, topk_length)
     if plan is None or plan[0] is not builder or plan[1] != mode or \
             any(x is not y for x, y in zip(plan[2], inputs)) or plan[3] != (b, s_q) or \
-            builder._step is None:
-        _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices,
-              topk_length, b, s_q, page)
-        meta._plan = (builder, mode, inputs, (b, s_q))
+            builder._step is None or backend == "pmla-cpu":
+        refresh = _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices,
+                        topk_length, b, s_q, page)
+        meta._plan = (builder, mode, inputs, (b, s_q), refresh)
+    else:
+        for copy_again in plan[4]:
+            copy_again()
 
     q2 = q.reshape(tokens, h_q, _abi.HEAD_DIM)
     if not q2.is_contiguous():
@@ -301,14 +343,27 @@ def _sink(torch, out, lse, attn_sink, h_q):
     return (out.float() * w.unsqueeze(-1)).to(out.dtype)
 
 
+def _derived(derive, source, copies):
+    """derive(source) for a plan; where that is a copy (not a view of
+    source), a function that takes it again into the same memory joins
+    copies."""
+    out = derive(source)
+    if out.data_ptr() != source.data_ptr():
+        copies.append(lambda: out.copy_(derive(source)))
+    return out
+
+
 def _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, topk_length,
           b, s_q, page):
+    """Plans the step; returns the functions that take its copies of the
+    caller's tensors again (for a later call with the same tensors)."""
     torch = sys.modules["torch"]
     dev = q.device
-    if block_table is not None and not block_table.is_contiguous():
-        block_table = block_table.contiguous()
-    if cache_seqlens is not None and not cache_seqlens.is_contiguous():
-        cache_seqlens = cache_seqlens.contiguous()
+    copies = []
+    if block_table is not None:
+        block_table = _derived(lambda t: t.contiguous(), block_table, copies)
+    if cache_seqlens is not None:
+        cache_seqlens = _derived(lambda t: t.contiguous(), cache_seqlens, copies)
     if mode == "sparse":
         if topk_length is not None:  # positions past a request's length read nothing
             if tuple(topk_length.shape) != (b,):
@@ -316,16 +371,17 @@ def _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, 
                                  % (tuple(topk_length.shape), b))
             past = torch.arange(indices.shape[2], device=indices.device) >= \
                 topk_length.to(indices.device).view(b, 1, 1)
-            indices = indices.masked_fill(past, -1)
-        topk = indices.reshape(b * s_q, indices.shape[2])
-        if not topk.is_contiguous():
-            topk = topk.contiguous()
+            topk = _derived(lambda t: t.masked_fill(past, -1).reshape(b * s_q, t.shape[2]),
+                            indices, copies)
+        else:
+            topk = _derived(lambda t: t.reshape(b * s_q, t.shape[2]).contiguous(), indices,
+                            copies)
         if cache_seqlens is not None and not cache_seqlens.is_cuda and cache_seqlens.numel():
             max_seq_len = int(cache_seqlens.max())
         else:  # an upper bound without a device sync (it only sets the split cap)
             max_seq_len = int(k_cache.shape[0]) * page
         builder.plan_sparse(topk, max_seq_len)
-        return
+        return copies
     if block_table is None or cache_seqlens is None:
         raise ValueError("pmla.flash_mla: dense decode needs block_table and cache_seqlens "
                          "(or pass indices for sparse decode)")
@@ -336,12 +392,13 @@ def _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, 
             qo = meta._qo[qk] = torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32,
                                              device=dev)
         builder.plan(qo, block_table=block_table, kv_lens=cache_seqlens)
-        return
+        return copies
     qk = ("flat", b * s_q, str(dev))
     qo = meta._qo.get(qk)
     if qo is None:
         qo = meta._qo[qk] = torch.arange(0, b * s_q + 1, dtype=torch.int32, device=dev)
     if s_q > 1:
-        block_table = block_table.repeat_interleave(s_q, dim=0)
-        cache_seqlens = cache_seqlens.repeat_interleave(s_q)
+        block_table = _derived(lambda t: t.repeat_interleave(s_q, dim=0), block_table, copies)
+        cache_seqlens = _derived(lambda t: t.repeat_interleave(s_q), cache_seqlens, copies)
     builder.plan(qo, block_table=block_table, kv_lens=cache_seqlens)
+    return copies

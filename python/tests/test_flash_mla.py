@@ -53,6 +53,49 @@ class Case:
                          self.table, self.lens, self.page, causal, indices)
 
 
+def in_place_layers(test, device):
+    """FlashMLA reads block_table and indices on every call: one metadata
+    object, the same tensors rewritten in place between layers (as DeepSeek
+    V3.2 does with its indices), each layer against the reference. Covers
+    the inputs pmla copies: indices masked by topk_length, a block table
+    repeated for s_q > 1 without causal, and a strided block table."""
+    c = Case(31, [40, 40, 25], 2, blocks=12)
+    dev = torch.device(device)
+    q, k_cache = c.q.to(dev), c.k_cache.to(dev)
+    slots = c.k_cache.shape[0] * c.page
+    topk = 16
+    lengths = torch.tensor([16, 7, 11], dtype=torch.int32, device=dev)
+    indices = torch.zeros(c.b, c.s_q, topk, dtype=torch.int32, device=dev)
+    meta, _ = fm.get_mla_metadata()
+    for layer in range(3):
+        idx = c.rng.integers(0, slots, size=(c.b, c.s_q, topk)).astype(np.int32)
+        indices.copy_(torch.from_numpy(idx))
+        out, lse = fm.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, None,
+                                             indices=indices, topk_length=lengths)
+        cut = idx.copy()
+        cut[np.arange(topk)[None, None, :] >= lengths.cpu().numpy()[:, None, None]
+            + np.zeros_like(cut)] = -1
+        ref = c.ref(False, cut)
+        assert_close(test, torch_f64(out), torch_f64(lse), ref[0], ref[1],
+                     "%s sparse layer %d" % (device, layer))
+    seqlens = c.cache_seqlens.to(dev)
+    for strided in (False, True):
+        wide = torch.zeros(c.b, 2 * 3, dtype=torch.int32, device=dev)
+        table = wide[:, ::2] if strided else torch.zeros(c.b, 3, dtype=torch.int32, device=dev)
+        meta, splits = fm.get_mla_metadata(seqlens, c.s_q * c.h, 1)
+        for layer in range(3):
+            perm = c.rng.permutation(c.k_cache.shape[0])[:9].reshape(3, 3).tolist()
+            table.copy_(torch.tensor(perm, dtype=torch.int32))
+            out, lse = fm.flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, meta, splits,
+                                                 causal=False)
+            ref = flash_ref(bits_f64(c.q_bits), bits_f64(c.kv_bits).reshape(-1, D), perm,
+                            c.lens, c.page, False)
+            assert_close(test, torch_f64(out), torch_f64(lse), ref[0], ref[1],
+                         "%s dense s_q=2, %s table, layer %d"
+                         % (device, "strided" if strided else "contiguous", layer))
+    return meta
+
+
 @need_torch
 class TestFlashMLA(unittest.TestCase):
     def check(self, c, out, lse, causal, indices=None, what=""):
@@ -170,22 +213,30 @@ class TestFlashMLA(unittest.TestCase):
             fm.flash_mla_with_kvcache(c.q, wide_k[..., :D], c.block_table, c.cache_seqlens, 512,
                                       meta, splits, causal=True)
 
-    def test_one_plan_per_step_many_layers(self):
+    def test_one_metadata_many_layers(self):
         c = Case(9, [17, 33], 1)
         meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
-        outs = []
         for layer in range(3):
             kv = torch_bf16(rand_bits(c.rng, tuple(c.k_cache.shape)))
             out, lse = fm.flash_mla_with_kvcache(c.q, kv, c.block_table, c.cache_seqlens, 512,
                                                  meta, splits, causal=True)
-            if layer == 0:
-                plan = meta._plan
-            self.assertIs(meta._plan, plan)  # planned once for the step
             ref = flash_ref(bits_f64(c.q_bits), torch_f64(kv).reshape(-1, D), c.table, c.lens,
                             c.page, True)
             assert_close(self, torch_f64(out), torch_f64(lse), ref[0], ref[1], "layer %d" % layer)
-            outs.append(out)
         self.assertEqual(len(meta._builders), 1)
+
+    def test_inputs_rewritten_in_place_between_layers(self):
+        in_place_layers(self, "cpu")
+
+    def test_metadata_is_not_a_tensor(self):
+        # FlashMLA's older API returned int32 tensors that CUDA-graph paths
+        # copy into buffers of their own; pmla's objects say they are not
+        meta, splits = fm.get_mla_metadata(torch.tensor([5], dtype=torch.int32), 16, 1)
+        for use in (lambda: meta.size(0), lambda: torch.zeros(4).copy_(meta),
+                    lambda: splits[:2], lambda: torch.zeros(2).copy_(splits)):
+            with self.assertRaisesRegex(NotImplementedError, "not a tensor"):
+                use()
+        self.assertFalse(hasattr(meta, "size"))
 
     def test_builders_return_to_the_pool(self):
         fm.clear_pool()

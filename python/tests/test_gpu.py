@@ -159,6 +159,14 @@ class TestGPU(unittest.TestCase):
         assert_close(self, torch_f64(out), torch_f64(lse), ref[0], ref[1], "flash_mla CUDA")
         self.assertTrue(bool(torch.isposinf(lse[0]).all()))
 
+    def test_flash_mla_inputs_rewritten_in_place(self):
+        # on a GPU the step is planned once; the copies it was planned from
+        # are taken again from the rewritten tensors on every call
+        from test_flash_mla import in_place_layers
+        meta = in_place_layers(self, "cuda")
+        plan = meta._plan
+        self.assertTrue(plan[4])  # the strided table's copy and its repeat
+
 
 if __name__ == "__main__":
     unittest.main()
