@@ -190,12 +190,17 @@ def _from_array_interface(obj, name, writable=False):
                                                     else "of type " + type(data).__name__))
     if writable and data[1]:
         raise InvalidArgument("%s: a read-only array; accepted: a writable one" % name)
-    typestr = ai["typestr"]
-    if typestr[0] not in "<|=" or typestr[1:] not in _TYPESTR:
+    typestr = ai.get("typestr")
+    if not isinstance(typestr, str) or typestr[:1] not in ("<", "|", "=") or \
+            typestr[1:] not in _TYPESTR:
         raise InvalidArgument("%s: array type %r; accepted: little-endian int32, uint16 "
                               "(bf16 bits), float32" % (name, typestr))
     code, bits = _TYPESTR[typestr[1:]]
-    shape = tuple(int(s) for s in ai["shape"])
+    try:
+        shape = tuple(operator.index(s) for s in ai["shape"])
+    except (KeyError, TypeError):
+        raise InvalidArgument("%s: __array_interface__ shape %r; accepted: a tuple of ints"
+                              % (name, ai.get("shape"))) from None
     if any(not 0 <= v < 2 ** 63 for v in shape):
         raise InvalidArgument("%s: shape %r; accepted: dimensions 0..2^63-1" % (name, shape))
     nd = len(shape)
@@ -209,9 +214,12 @@ def _from_array_interface(obj, name, writable=False):
     strides_arr = None
     if ai.get("strides") is not None:
         item = bits // 8
-        if any(s % item or not -2 ** 63 <= s < 2 ** 63 for s in ai["strides"]):
-            raise InvalidArgument("%s: strides %r are not whole elements within int64"
-                                  % (name, ai["strides"]))
+        st = ai["strides"]
+        if not isinstance(st, tuple) or len(st) != nd or \
+                any(not isinstance(v, int) or v % item or not -2 ** 63 <= v < 2 ** 63
+                    for v in st):
+            raise InvalidArgument("%s: strides %r; accepted: a tuple of %d ints, whole "
+                                  "elements, within int64" % (name, st, nd))
         strides_arr = (ctypes.c_int64 * max(nd, 1))(*(s // item for s in ai["strides"]))
         dl.strides = strides_arr
     return dl, (obj, shape_arr, strides_arr)

@@ -327,6 +327,17 @@ class TestExporters(unittest.TestCase):
             self.b.plan(Buffer(), block_table=[[0]], kv_lens=[1])
         self.assertIn("plan: qo_indptr: __array_interface__ data of type bytearray",
                       cm.exception.message)
+        good = np.array([0, 1], np.int32)
+        for change, text in (({"typestr": 5}, "array type 5"),
+                             ({"shape": ("a",)}, "shape ('a',)"),
+                             ({"shape": (2 ** 64,)}, "shape (18446744073709551616,)"),
+                             ({"strides": (4, 4)}, "strides (4, 4); accepted: a tuple of 1"),
+                             ({"data": None}, "data missing")):
+            ai = dict(good.__array_interface__, **change)
+            obj = type("Malformed", (), {"__array_interface__": ai})()
+            with self.assertRaises(pmla.InvalidArgument, msg=str(change)) as cm:
+                self.b.plan(obj, block_table=[[0]], kv_lens=[1])
+            self.assertIn(text, cm.exception.message)
 
     def test_exporter_errors_name_the_argument(self):
         class NotACapsule:
