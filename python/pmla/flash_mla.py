@@ -371,8 +371,9 @@ def _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, 
                                  % (tuple(topk_length.shape), b))
             past = torch.arange(indices.shape[2], device=indices.device) >= \
                 topk_length.to(indices.device).view(b, 1, 1)
-            topk = _derived(lambda t: t.masked_fill(past, -1).reshape(b * s_q, t.shape[2]),
-                            indices, copies)
+            topk = _derived(
+                lambda t: t.masked_fill(past, -1).reshape(b * s_q, t.shape[2]).contiguous(),
+                indices, copies)
         else:
             topk = _derived(lambda t: t.reshape(b * s_q, t.shape[2]).contiguous(), indices,
                             copies)
