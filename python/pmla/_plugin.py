@@ -156,8 +156,7 @@ class Plugin:
                                     ctypes.byref(reg))
         if st != _abi.OK:
             raise LoadError("pmla_registry_open failed: %s" % self.status_name(st))
-        self._reg = reg.value
-        self._registry = _Registry(lib, self._reg)
+        self._registry = _Registry(lib, reg.value)
         if hasattr(lib, "pmla_registry_search_path"):
             lib.pmla_registry_search_path.argtypes = [ctypes.c_void_p]
             lib.pmla_registry_search_path.restype = ctypes.c_char_p
@@ -176,6 +175,11 @@ class Plugin:
         self._backends = {}
         self._builders = weakref.WeakSet()
         self._lock = threading.Lock()
+
+    @property
+    def _reg(self):
+        """The registry handle; None once closed."""
+        return self._registry.reg
 
     def _check_open(self):
         if self._reg is None:
@@ -233,7 +237,6 @@ class Plugin:
             for b in list(self._builders):
                 b.close()
             self._registry.close()
-            self._reg = None
             self._backends = {}
 
     def __enter__(self):
