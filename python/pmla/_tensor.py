@@ -57,6 +57,13 @@ def is_capsule(obj):
     return type(obj).__name__ == "PyCapsule"
 
 
+def _exporter_error(name, obj, what, e):
+    """An exporter's own exception, as InvalidArgument naming the argument;
+    what: how it failed, with {} for the exporter's type name."""
+    return InvalidArgument("%s: %s: %s: %s" % (name, what.format(type(obj).__name__),
+                                               type(e).__name__, e))
+
+
 def _has(obj, attr):
     """hasattr that lets no exporter's exception through: an attribute whose
     reading raises counts as present, and reading it again reports it."""
@@ -179,9 +186,8 @@ def _from_capsule(capsule, name, writable=False):
 def _from_array_interface(obj, name, writable=False):
     try:
         ai = obj.__array_interface__
-    except Exception as e:  # the exporter's own error, named for the argument
-        raise InvalidArgument("%s: reading %s's __array_interface__ failed: %s: %s"
-                              % (name, type(obj).__name__, type(e).__name__, e)) from None
+    except Exception as e:
+        raise _exporter_error(name, obj, "reading {}'s __array_interface__ failed", e) from None
     data = ai.get("data") if isinstance(ai, dict) else None
     if not (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], int)
             and not isinstance(data[0], bool) and 0 <= data[0] < 2 ** 64):
@@ -270,9 +276,8 @@ def as_tensor(obj, name, bf16=False, writable=False):
         return _finish(t, obj, owner, dl, None, bf16)
     try:
         export = getattr(obj, "__dlpack__", None)
-    except Exception as e:  # the exporter's own error, named for the argument
-        raise InvalidArgument("%s: reading %s's __dlpack__ failed: %s: %s"
-                              % (name, type(obj).__name__, type(e).__name__, e)) from None
+    except Exception as e:
+        raise _exporter_error(name, obj, "reading {}'s __dlpack__ failed", e) from None
     if export is not None:
         src = obj
         if lib == "torch" and getattr(obj, "requires_grad", False):
@@ -288,11 +293,10 @@ def as_tensor(obj, name, bf16=False, writable=False):
             bf16 = True
         try:
             capsule = export()
-        except Exception as e:  # the exporter's own error, named for the argument
+        except Exception as e:
             if not _has(src, "__array_interface__"):
-                raise InvalidArgument("%s: %s cannot be exported through DLPack: %s: %s"
-                                      % (name, type(obj).__name__, type(e).__name__,
-                                         e)) from None
+                raise _exporter_error(name, obj, "{} cannot be exported through DLPack",
+                                      e) from None
         else:
             if not is_capsule(capsule):
                 raise InvalidArgument("%s: %s.__dlpack__() returned a %s; accepted: a DLPack "
