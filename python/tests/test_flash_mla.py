@@ -53,6 +53,15 @@ class Case:
                          self.table, self.lens, self.page, causal, indices)
 
 
+def cut_to_lengths(idx, lengths):
+    """indices [b, s_q, topk] with positions past topk_length[i] of request
+    i set to -1: what FlashMLA's topk_length reads."""
+    cut = idx.copy()
+    past = np.arange(idx.shape[2])[None, None, :] >= np.asarray(lengths)[:, None, None]
+    cut[np.broadcast_to(past, cut.shape)] = -1
+    return cut
+
+
 def in_place_layers(test, device):
     """FlashMLA reads block_table and indices on every call: one metadata
     object, the same tensors rewritten in place between layers (as DeepSeek
@@ -72,10 +81,7 @@ def in_place_layers(test, device):
         indices.copy_(torch.from_numpy(idx))
         out, lse = fm.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, None,
                                              indices=indices, topk_length=lengths)
-        cut = idx.copy()
-        cut[np.arange(topk)[None, None, :] >= lengths.cpu().numpy()[:, None, None]
-            + np.zeros_like(cut)] = -1
-        ref = c.ref(False, cut)
+        ref = c.ref(False, cut_to_lengths(idx, lengths.cpu().numpy()))
         assert_close(test, torch_f64(out), torch_f64(lse), ref[0], ref[1],
                      "%s sparse layer %d" % (device, layer))
     seqlens = c.cache_seqlens.to(dev)
@@ -182,10 +188,7 @@ class TestFlashMLA(unittest.TestCase):
                                              indices=torch.from_numpy(idx),
                                              topk_length=torch.from_numpy(lengths),
                                              attn_sink=sink)
-        cut = idx.copy()
-        cut[np.broadcast_to(np.arange(topk)[None, None, :] >= lengths[:, None, None],
-                            cut.shape)] = -1
-        ref_out, ref_lse = c.ref(False, cut)
+        ref_out, ref_lse = c.ref(False, cut_to_lengths(idx, lengths))
         s64 = sink.double().numpy()
         with np.errstate(over="ignore", invalid="ignore"):
             w = np.where(np.isposinf(ref_lse), 0.0, 1.0 / (1.0 + np.exp(s64[None, :, None] -
