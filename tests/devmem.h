@@ -55,5 +55,9 @@ const devmem *devmem_gpu(const char **why);
  * setting it returns 0 on success. For tests of the current-device promise. */
 int devmem_gpu_current(void);
 int devmem_gpu_set_current(int device);
+/* Resets GPU `device` as a host may (cudaDeviceReset / hipDeviceReset):
+ * every allocation, stream and graph made on it is gone. Its provider
+ * gets a new stream and events and keeps serving. 0 on success. */
+int devmem_gpu_reset(int device);
 
 #endif

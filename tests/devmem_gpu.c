@@ -247,3 +247,27 @@ int devmem_gpu_current(void) {
 }
 
 int devmem_gpu_set_current(int device) { return rt(SetDevice)(device) != RT_OK; }
+
+int devmem_gpu_reset(int device) {
+  const devmem *m = devmem_gpu_on(device, NULL);
+  if (!m)
+    return -1;
+  gpu *g = &gpus[device];
+  pthread_mutex_lock(&create_lock);
+  scope s = enter(g);
+  /* the reset destroys the stream, events and graph with the context */
+  int e = !s.ok || rt(DeviceReset)() != RT_OK;
+  g->graph = NULL;
+  g->graph_exec = NULL;
+  g->stream = NULL;
+  g->ev_start = g->ev_stop = NULL;
+  e = e || rt(StreamCreate)(&g->stream) != RT_OK || rt(EventCreate)(&g->ev_start) != RT_OK ||
+      rt(EventCreate)(&g->ev_stop) != RT_OK;
+  e = leave(s, e);
+  if (e) {
+    snprintf(g->reason, sizeof g->reason, "device %d: reset, then no stream and events", device);
+    g->state = -1;
+  }
+  pthread_mutex_unlock(&create_lock);
+  return e;
+}

@@ -22,3 +22,8 @@ int devmem_gpu_set_current(int device) {
   (void)device;
   return -1;
 }
+
+int devmem_gpu_reset(int device) {
+  (void)device;
+  return -1;
+}

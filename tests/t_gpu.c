@@ -4,8 +4,9 @@
  * lengths or top-k lists in place, when the replayed build must schedule the
  * new lengths), steps allocate no device memory, misaligned tensors are
  * refused, a device past the last is refused, every call leaves the
- * thread's current device as it found it, and a builder gives the same
- * output whichever device is current. GPU runtime calls go through devmem.h.
+ * thread's current device as it found it, a builder gives the same
+ * output whichever device is current, and builders made after the host
+ * resets the device decode as before. GPU runtime calls go through devmem.h.
  * On a host-memory backend these skip with the reason. (That the
  * device's metadata kernel writes this plugin's host planner's schedule is
  * white-box: pmla-unit.) */
@@ -402,6 +403,56 @@ START_TEST(test_a_builder_ignores_which_device_is_current) {
 }
 END_TEST
 
+/* A host may reset the device (cudaDeviceReset) once its builders are
+ * destroyed; builders made after that decode as before, bit for bit. The
+ * plugin keeps no device state outside its builders; the per-process cache
+ * of each kernel's shared-memory opt-in stays valid, since the runtime
+ * applies a function's attributes again in the new context. */
+START_TEST(test_a_builder_made_after_a_device_reset_decodes) {
+  if (!require_gpu(__func__))
+    return;
+  const uint64_t seed = harness_seed() ^ 0x7e5e7;
+  step s;
+  uint64_t rng = seed;
+  make_step(&s, 0, &rng);
+  size_t n_out = s.out.bytes / 2, n_lse = s.lse.bytes / 4;
+  free_step(&s);
+  uint16_t *o_before[2], *o_after = malloc(n_out * 2);
+  float *l_before[2], *l_after = malloc(n_lse * 4);
+  ck_assert(o_after && l_after);
+  for (int sparse = 0; sparse < 2; sparse++) {
+    o_before[sparse] = malloc(n_out * 2);
+    l_before[sparse] = malloc(n_lse * 4);
+    ck_assert(o_before[sparse] && l_before[sparse]);
+    rng = seed;
+    make_step(&s, sparse, &rng);
+    run_step(&s, sparse);
+    read_result(&s, o_before[sparse], l_before[sparse]);
+    free_step(&s);
+  }
+  ck_assert_int_eq(devmem_gpu_reset(g_mem->device_id), 0);
+  for (int sparse = 0; sparse < 2; sparse++) {
+    rng = seed;
+    make_step(&s, sparse, &rng);
+    run_step(&s, sparse);
+    read_result(&s, o_after, l_after);
+    uint32_t flags = 0;
+    ck_assert_int_eq(g_be->check_device_error(s.b, &flags), PMLA_OK);
+    ck_assert_uint_eq(flags, 0);
+    ck_assert_msg(memcmp(o_before[sparse], o_after, n_out * 2) == 0,
+                  "%s step after the reset: output differs from before it",
+                  sparse ? "sparse" : "dense");
+    ck_assert_msg(memcmp(l_before[sparse], l_after, n_lse * 4) == 0,
+                  "%s step after the reset: lse differs from before it", sparse ? "sparse" : "dense");
+    free_step(&s);
+    free(o_before[sparse]);
+    free(l_before[sparse]);
+  }
+  free(o_after);
+  free(l_after);
+}
+END_TEST
+
 Suite *suite_gpu(void) {
   Suite *s = suite_create("gpu");
   TCase *tc = tcase_create("graphs and allocation");
@@ -416,6 +467,7 @@ Suite *suite_gpu(void) {
   tcase_add_test(dev, test_init_refuses_the_device_past_the_last);
   tcase_add_test(dev, test_every_call_keeps_the_current_device);
   tcase_add_test(dev, test_a_builder_ignores_which_device_is_current);
+  tcase_add_test(dev, test_a_builder_made_after_a_device_reset_decodes); /* last: it resets */
   suite_add_tcase(s, dev);
   return s;
 }
