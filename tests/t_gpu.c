@@ -412,11 +412,9 @@ START_TEST(test_a_builder_made_after_a_device_reset_decodes) {
   if (!require_gpu(__func__))
     return;
   const uint64_t seed = harness_seed() ^ 0x7e5e7;
+  const size_t n_out = (size_t)BATCH * HEADS * 512, n_lse = (size_t)BATCH * HEADS;
   step s;
-  uint64_t rng = seed;
-  make_step(&s, 0, &rng);
-  size_t n_out = s.out.bytes / 2, n_lse = s.lse.bytes / 4;
-  free_step(&s);
+  uint64_t rng;
   uint16_t *o_before[2], *o_after = malloc(n_out * 2);
   float *l_before[2], *l_after = malloc(n_lse * 4);
   ck_assert(o_after && l_after);
@@ -426,6 +424,7 @@ START_TEST(test_a_builder_made_after_a_device_reset_decodes) {
     ck_assert(o_before[sparse] && l_before[sparse]);
     rng = seed;
     make_step(&s, sparse, &rng);
+    ck_assert(s.out.bytes == n_out * 2 && s.lse.bytes == n_lse * 4);
     run_step(&s, sparse);
     read_result(&s, o_before[sparse], l_before[sparse]);
     free_step(&s);
@@ -434,6 +433,7 @@ START_TEST(test_a_builder_made_after_a_device_reset_decodes) {
   for (int sparse = 0; sparse < 2; sparse++) {
     rng = seed;
     make_step(&s, sparse, &rng);
+    ck_assert(s.out.bytes == n_out * 2 && s.lse.bytes == n_lse * 4);
     run_step(&s, sparse);
     read_result(&s, o_after, l_after);
     uint32_t flags = 0;
