@@ -182,7 +182,7 @@ typedef struct pmla_builder_config {
   uint32_t max_batch;     /* requests per step, 1..65536 */
   uint32_t max_q_len;     /* query tokens per request, 1..8 (MTP), causal */
   uint32_t topk;          /* sparse top-k; 0 = dense only, else 1..65536 */
-  float softmax_scale;    /* > 0 and finite; usually 576^-0.5 */
+  float softmax_scale;    /* > 0, at most FLT_MAX / log2(e); usually 576^-0.5 */
   int32_t device;         /* GPU ordinal; must be 0 for pmla-cpu */
   uint32_t cu_count;      /* 0 = all CUs / online CPUs; else 1..1024 */
   /* --- 1.1 --- */

@@ -110,6 +110,7 @@ MUT(m_scale_neg, c->softmax_scale = -0.04f)
 MUT(m_scale_nan, c->softmax_scale = NAN)
 MUT(m_scale_inf, c->softmax_scale = INFINITY)
 MUT(m_scale_ninf, c->softmax_scale = -INFINITY)
+MUT(m_scale_huge, c->softmax_scale = 3e38f) /* finite, but times log2(e) it is not */
 MUT(m_cu_big, c->cu_count = 1025)
 MUT(m_device_neg, c->device = -1)
 
@@ -137,6 +138,7 @@ static const bad_field bad_fields[] = {
     {"softmax_scale NaN", "softmax_scale", PMLA_ERR_INVALID_ARGUMENT, m_scale_nan},
     {"softmax_scale inf", "softmax_scale", PMLA_ERR_INVALID_ARGUMENT, m_scale_inf},
     {"softmax_scale -inf", "softmax_scale", PMLA_ERR_INVALID_ARGUMENT, m_scale_ninf},
+    {"softmax_scale 3e38", "softmax_scale", PMLA_ERR_INVALID_ARGUMENT, m_scale_huge},
     {"cu_count 1025", "cu_count", PMLA_ERR_INVALID_ARGUMENT, m_cu_big},
     {"device -1", "device", PMLA_ERR_INVALID_ARGUMENT, m_device_neg},
 };
