@@ -225,7 +225,9 @@ typedef struct pmla_builder_info {
 typedef struct pmla_decode_batch {
   uint32_t struct_size;
   uint32_t kv_layout;                 /* pmla_kv_layout */
-  const DLTensor *qo_indptr;          /* [batch + 1], rows of q per request */
+  const DLTensor *qo_indptr;          /* [batch + 1], rows of q per request; q holds
+                                         qo_indptr[batch] rows, and those of q / out /
+                                         lse before qo_indptr[0] are not touched */
   const DLTensor *block_table;        /* BLOCK_TABLE: [batch, max_pages] */
   const DLTensor *kv_lens;            /* BLOCK_TABLE: [batch] tokens */
   const DLTensor *kv_indptr;          /* CSR: [batch + 1] into kv_indices */

@@ -1106,6 +1106,63 @@ START_TEST(test_query_tokens_beyond_the_capacity_are_refused) {
 }
 END_TEST
 
+/* Rows of q, out and lse before qo_indptr[0] are neither read nor
+ * written (q holds qo_indptr[batch] rows): the fixture's step placed one
+ * row further in leaves row 0 as it was, and its rows come out bit for bit
+ * as at offset 0. */
+START_TEST(test_rows_before_the_first_request_are_not_touched) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  const size_t row_out = (size_t)H * 512, row_q = (size_t)H * 576;
+  uint16_t *out0 = malloc(TOKENS * row_out * 2), *hq = malloc((TOKENS + 1) * row_q * 2);
+  uint16_t *out1 = malloc((TOKENS + 1) * row_out * 2);
+  float lse0[TOKENS * H], lse1[(TOKENS + 1) * H];
+  ck_assert(out0 && hq && out1);
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "the step at offset 0");
+  expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "its decode");
+  tt_download(&f.out, out0);
+  tt_download(&f.lse, lse0);
+
+  tt_download(&f.q, hq + row_q); /* rows 1..TOKENS; row 0 is never read */
+  for (size_t i = 0; i < row_q; i++)
+    hq[i] = 0x7fc0; /* NaN */
+  test_tensor q, out, lse;
+  tt_make3(&q, TT_BF16, hq, TOKENS + 1, H, 576);
+  tt_make3(&out, TT_BF16, NULL, TOKENS + 1, H, 512);
+  tt_make2(&lse, TT_F32, NULL, TOKENS + 1, H);
+  ck_assert_int_eq(g_mem->fill(out.t.data, 0xa5, out.bytes), 0);
+  ck_assert_int_eq(g_mem->fill(lse.t.data, 0xa5, lse.bytes), 0);
+  for (int r = 0; r <= BATCH; r++)
+    f.qo[r] += 1;
+  fx_upload_indices(&f);
+  pmla_decode_args a = f.args;
+  a.q = &q.t;
+  a.out = &out.t;
+  a.lse = &lse.t;
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "the step one row in");
+  expect_status(g_be->decode(f.b, &a), PMLA_OK, &f, "its decode");
+  tt_download(&out, out1);
+  tt_download(&lse, lse1);
+  const uint8_t *ob = (const uint8_t *)out1, *lb = (const uint8_t *)lse1;
+  for (size_t i = 0; i < row_out * 2; i++)
+    ck_assert_msg(ob[i] == 0xa5, "out row 0, byte %zu written", i);
+  for (size_t i = 0; i < H * 4; i++)
+    ck_assert_msg(lb[i] == 0xa5, "lse row 0, byte %zu written", i);
+  ck_assert_msg(memcmp(out1 + row_out, out0, TOKENS * row_out * 2) == 0,
+                "out of the rows one row in differs from offset 0");
+  ck_assert_msg(memcmp(lse1 + H, lse0, sizeof lse0) == 0,
+                "lse of the rows one row in differs from offset 0");
+  tt_free(&q);
+  tt_free(&out);
+  tt_free(&lse);
+  free(out0);
+  free(out1);
+  free(hq);
+  fx_teardown(&f);
+}
+END_TEST
+
 Suite *suite_args(void) {
   Suite *s = suite_create("arguments");
   TCase *tc = tcase_create("build_decode");
@@ -1136,6 +1193,7 @@ Suite *suite_args(void) {
   tcase_add_loop_test(tc, test_a_request_longer_than_the_kv_cap_is_refused_or_flagged, 0,
                       N_KV_CAP_CASES);
   tcase_add_test(tc, test_query_tokens_beyond_the_capacity_are_refused);
+  tcase_add_test(tc, test_rows_before_the_first_request_are_not_touched);
   tcase_add_test(tc, test_a_csr_request_without_pages_ignores_its_last_page_len);
   suite_add_tcase(s, tc);
   tc = tcase_create("alignment");
