@@ -2,11 +2,13 @@
 /* registry.c - host-side plugin discovery: scan the search path
  * ($PMLA_PLUGIN_PATH, then the argument, else the configured plugindir),
  * dlopen, negotiate, index backends by name (first on the path wins). */
-#define _DEFAULT_SOURCE
+#define _GNU_SOURCE /* dladdr1, dlinfo: whose file a symbol is */
 #include "pmla_registry.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,7 +141,41 @@ static int is_elf(const char *path) {
   return n == 4 && !memcmp(magic, "\177ELF", 4);
 }
 
+/* The name of the first 1.0 function slot of b that is NULL, or NULL. */
+static const char *null_slot(const pmla_backend *b) {
+  return !b->init_builder         ? "init_builder"
+         : !b->destroy_builder    ? "destroy_builder"
+         : !b->query_builder      ? "query_builder"
+         : !b->build_decode       ? "build_decode"
+         : !b->build_sparse       ? "build_sparse"
+         : !b->decode             ? "decode"
+         : !b->last_error         ? "last_error"
+         : !b->check_device_error ? "check_device_error"
+         : !b->copy_buffer        ? "copy_buffer"
+                                  : NULL;
+}
+
+/* 1 when sym is defined in the library of handle h itself: dlsym also
+ * finds a symbol in h's dependencies, which would pass a library that
+ * merely links a plugin off as that plugin */
+static int defined_in(void *h, void *sym) {
+  struct link_map *own = NULL, *of_sym = NULL;
+  Dl_info info;
+  return dlinfo(h, RTLD_DI_LINKMAP, &own) == 0 &&
+         dladdr1(sym, &info, (void **)&of_sym, RTLD_DL_LINKMAP) != 0 && own == of_sym;
+}
+
 static void load_file(pmla_registry *r, const char *path) {
+  /* only regular files: dlopen of a FIFO would wait for a writer forever */
+  struct stat sb;
+  if (stat(path, &sb) != 0) {
+    diag(r, "skipped %s: %s", path, strerror(errno));
+    return;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    diag(r, "skipped %s: not a regular file", path);
+    return;
+  }
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *why = dlerror();
@@ -153,6 +189,12 @@ static void load_file(pmla_registry *r, const char *path) {
   void *sym = dlsym(h, PMLA_ENTRY_SYMBOL);
   if (!sym) {
     diag(r, "skipped %s: not a pmla plugin (no %s symbol)", path, PMLA_ENTRY_SYMBOL);
+    dlclose(h);
+    return;
+  }
+  if (!defined_in(h, sym)) {
+    diag(r, "skipped %s: not a pmla plugin (%s is not its own: a library it links defines it)",
+         path, PMLA_ENTRY_SYMBOL);
     dlclose(h);
     return;
   }
@@ -208,6 +250,12 @@ static void load_file(pmla_registry *r, const char *path) {
     }
     if (!b->name[0]) {
       diag(r, "skipped backend #%u of %s: it has an empty name", i, path);
+      continue;
+    }
+    const char *missing = null_slot(b);
+    if (missing) {
+      diag(r, "skipped backend #%u \"%s\" of %s: its %s function is NULL", i, b->name, path,
+           missing);
       continue;
     }
     size_t prior;

@@ -156,8 +156,13 @@ static const pmla_backend *const mock_backends[] = {&mock_backend, &mock_second}
 #elif defined(MOCK_UNNAMED)
 static const pmla_backend mock_no_name = MOCK_VTABLE(NULL, "backend without a name");
 static const pmla_backend mock_empty_name = MOCK_VTABLE("", "backend with an empty name");
+static const pmla_backend mock_no_decode = {
+    MOCK_BACKEND_SIZE, MOCK_MAX,        "mock-no-decode", "backend whose decode is NULL",
+    mock_init,         mock_destroy,    mock_query,       mock_build_decode,
+    mock_build_sparse, NULL,            mock_last_error,  mock_check,
+    mock_copy};
 static const pmla_backend *const mock_backends[] = {NULL, &mock_no_name, &mock_empty_name,
-                                                    &mock_backend};
+                                                    &mock_no_decode, &mock_backend};
 #elif defined(MOCK_TWICE)
 static const pmla_backend mock_twice = MOCK_VTABLE(MOCK_NAME, "second");
 static const pmla_backend *const mock_backends[] = {&mock_backend, &mock_twice};

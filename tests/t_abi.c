@@ -627,6 +627,33 @@ START_TEST(test_registry_skips_a_truncated_vtable) {
 }
 END_TEST
 
+/* A FIFO named like a plugin, in a directory or named itself, is skipped
+ * with a line: opening it would wait for a writer forever. */
+START_TEST(test_registry_skips_a_fifo_without_opening_it) {
+  char old_minor[600];
+  tmpdir t;
+  tmpdir_make(&t);
+  const char *fifo = tmpdir_file(&t, "stale.so");
+  ck_assert_msg(mkfifo(fifo, 0600) == 0, "mkfifo %s failed", fifo);
+  int have_om = harness_mock_path("mock_old_minor", old_minor, sizeof old_minor) == 0;
+  if (have_om)
+    tmpdir_link(&t, "zz-good.so", old_minor);
+  char path[1300];
+  snprintf(path, sizeof path, "%s:%s", t.path, fifo);
+  pmla_registry *r = open_registry(path);
+  const char *diag = pmla_registry_diagnostics(r);
+  char needle[700];
+  snprintf(needle, sizeof needle, "skipped %s: not a regular file", fifo);
+  const char *first = strstr(diag, needle);
+  ck_assert_msg(first && strstr(first + 1, needle), "the FIFO, twice on the path: '%s'", diag);
+  if (have_om)
+    ck_assert_msg(pmla_registry_find(r, "mock-old-minor") != NULL,
+                  "the plugin beside the FIFO was not loaded: '%s'", diag);
+  pmla_registry_close(r);
+  tmpdir_remove(&t);
+}
+END_TEST
+
 START_TEST(test_registry_skips_non_plugins_and_garbage_files) {
   char not_plugin[600], old_minor[600];
   tmpdir t;
@@ -798,7 +825,7 @@ START_TEST(test_registry_says_a_descriptor_has_a_null_backends_array) {
 }
 END_TEST
 
-START_TEST(test_registry_skips_null_and_unnamed_backends_alone) {
+START_TEST(test_registry_skips_null_unnamed_and_incomplete_backends_alone) {
   char path[600];
   NEED_MOCK(path, "mock_unnamed_backends");
   pmla_registry *r = open_registry(path);
@@ -817,6 +844,10 @@ START_TEST(test_registry_skips_null_and_unnamed_backends_alone) {
   diag_line(diag, "backend #2 ", line, sizeof line);
   ck_assert_msg(strstr(line, "mock_unnamed_backends") && strstr(line, "empty name"),
                 "backend #2 named \"\": '%s'", diag);
+  ck_assert_ptr_null(pmla_registry_find(r, "mock-no-decode"));
+  diag_line(diag, "backend #3 ", line, sizeof line);
+  ck_assert_msg(strstr(line, "mock-no-decode") && strstr(line, "decode function is NULL"),
+                "backend #3 whose decode is NULL: '%s'", diag);
   ck_assert_msg(!strstr(diag, "truncated"), "reported as truncated: '%s'", diag);
   pmla_registry_close(r);
 }
@@ -915,7 +946,8 @@ Suite *suite_abi(void) {
   tcase_add_test(tc, test_negotiation_message_without_a_nul_is_copied_bounded_and_flagged);
   tcase_add_test(tc, test_registry_says_a_plugin_answered_ok_without_a_descriptor);
   tcase_add_test(tc, test_registry_says_a_descriptor_has_a_null_backends_array);
-  tcase_add_test(tc, test_registry_skips_null_and_unnamed_backends_alone);
+  tcase_add_test(tc, test_registry_skips_null_unnamed_and_incomplete_backends_alone);
+  tcase_add_test(tc, test_registry_skips_a_fifo_without_opening_it);
   tcase_add_test(tc, test_registry_name_listed_twice_in_one_plugin_keeps_the_first);
   tcase_add_test(tc, test_registry_shadowed_name_diagnostic_names_both_files);
   tcase_add_test(tc, test_registry_refuses_a_backend_count_beyond_its_limit);
