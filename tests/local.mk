@@ -78,7 +78,7 @@ check_LTLIBRARIES += tests/mock_wrong_major.la tests/mock_old_minor.la \
 	tests/mock_dup_a.la tests/mock_dup_b.la tests/mock_not_plugin.la \
 	tests/mock_unterminated_message.la tests/mock_null_plugin.la \
 	tests/mock_null_backends.la tests/mock_unnamed_backends.la \
-	tests/mock_dup_within.la tests/mock_huge_count.la
+	tests/mock_dup_within.la tests/mock_huge_count.la tests/mock_links_plugin.la
 
 tests_mock_wrong_major_la_SOURCES = tests/mock_plugin.c
 tests_mock_wrong_major_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=1
@@ -118,6 +118,11 @@ tests_mock_huge_count_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=12
 tests_mock_huge_count_la_LDFLAGS = $(MOCK_LDFLAGS)
 tests_mock_not_plugin_la_SOURCES = tests/mock_not_plugin.c
 tests_mock_not_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)
+# links mock_old_minor (found beside it through $ORIGIN) and defines no entry
+tests_mock_links_plugin_la_SOURCES = tests/mock_links_plugin.c
+tests_mock_links_plugin_la_LDFLAGS = $(MOCK_LDFLAGS) -Wl,-rpath,'$$ORIGIN' \
+	-Wl,--no-as-needed,$(abs_builddir)/tests/.libs/mock_old_minor.so
+EXTRA_tests_mock_links_plugin_la_DEPENDENCIES = tests/mock_old_minor.la
 
 # ---- the CPU-only plugin's dependencies (skips for GPU builds)
 TESTS += tests/check-needed.sh

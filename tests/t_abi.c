@@ -627,6 +627,29 @@ START_TEST(test_registry_skips_a_truncated_vtable) {
 }
 END_TEST
 
+/* A library that only links a plugin is not that plugin: its handle finds
+ * the plugin's entry point among its dependencies, but the entry point is
+ * not its own. The plugin named after it is still loaded from its own file. */
+START_TEST(test_registry_skips_a_library_that_only_links_a_plugin) {
+  char links[600], old_minor[600], path[1300];
+  NEED_MOCK(links, "mock_links_plugin");
+  NEED_MOCK(old_minor, "mock_old_minor");
+  snprintf(path, sizeof path, "%s:%s", links, old_minor);
+  pmla_registry *r = open_registry(path);
+  const char *diag = pmla_registry_diagnostics(r);
+  char line[1024];
+  diag_line(diag, "is not its own", line, sizeof line);
+  ck_assert_msg(strstr(line, "skipped") && strstr(line, "mock_links_plugin"),
+                "the linking library, not diagnosed as such: '%s'", diag);
+  ck_assert_uint_eq(pmla_registry_count(r), 1);
+  const char *from = pmla_registry_backend_path(r, 0);
+  ck_assert_ptr_nonnull(pmla_registry_find(r, "mock-old-minor"));
+  ck_assert_msg(from && strstr(from, "mock_old_minor"), "mock-old-minor came from %s: '%s'",
+                from ? from : "(nowhere)", diag);
+  pmla_registry_close(r);
+}
+END_TEST
+
 /* A FIFO named like a plugin, in a directory or named itself, is skipped
  * with a line: opening it would wait for a writer forever. */
 START_TEST(test_registry_skips_a_fifo_without_opening_it) {
@@ -948,6 +971,7 @@ Suite *suite_abi(void) {
   tcase_add_test(tc, test_registry_says_a_descriptor_has_a_null_backends_array);
   tcase_add_test(tc, test_registry_skips_null_unnamed_and_incomplete_backends_alone);
   tcase_add_test(tc, test_registry_skips_a_fifo_without_opening_it);
+  tcase_add_test(tc, test_registry_skips_a_library_that_only_links_a_plugin);
   tcase_add_test(tc, test_registry_name_listed_twice_in_one_plugin_keeps_the_first);
   tcase_add_test(tc, test_registry_shadowed_name_diagnostic_names_both_files);
   tcase_add_test(tc, test_registry_refuses_a_backend_count_beyond_its_limit);
