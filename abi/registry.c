@@ -223,7 +223,12 @@ static void load_file(pmla_registry *r, const char *path) {
     dlclose(h);
     return;
   }
-  if (plugin->backend_count && !plugin->backends) {
+  if (!plugin->backend_count) {
+    diag(r, "skipped %s: its plugin descriptor lists no backends", path);
+    dlclose(h);
+    return;
+  }
+  if (!plugin->backends) {
     diag(r, "skipped %s: plugin descriptor lists %u backends but the backends array is NULL",
          path, plugin->backend_count);
     dlclose(h);

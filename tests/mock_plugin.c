@@ -12,9 +12,10 @@
  *   8 no descriptor  answers PMLA_OK with the version but a NULL plugin
  *   9 null backends  descriptor lists 2 backends, backends array NULL
  *  10 unnamed        backends: NULL, one with a NULL name, one named "",
- *                    then "mock-named"
+ *                    "mock-no-decode" (decode NULL), then "mock-named"
  *  11 dup within     "mock-twice" (first) and "mock-twice" (second)
  *  12 huge count     backend_count UINT32_MAX, array of one "mock-huge"
+ *  13 no backends    a valid descriptor that lists none
  * Its backends refuse to build anything (PMLA_ERR_UNSUPPORTED): only their
  * names and descriptions are looked at. */
 #include <stddef.h>
@@ -88,6 +89,11 @@
 #define MOCK_MAX PMLA_VERSION(1, 0)
 #define MOCK_NAME "mock-huge"
 #define MOCK_BACKEND_COUNT UINT32_MAX
+#elif MOCK_KIND == 13
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 0)
+#define MOCK_NAME "mock-empty"
+#define MOCK_BACKEND_COUNT 0u
 #else
 #error "unknown MOCK_KIND"
 #endif

@@ -650,6 +650,21 @@ START_TEST(test_registry_skips_a_library_that_only_links_a_plugin) {
 }
 END_TEST
 
+/* A plugin that negotiates but lists no backends is unloaded with a line. */
+START_TEST(test_registry_reports_a_plugin_without_backends) {
+  char path[600];
+  NEED_MOCK(path, "mock_no_backends");
+  pmla_registry *r = open_registry(path);
+  const char *diag = pmla_registry_diagnostics(r);
+  char line[1024];
+  diag_line(diag, "lists no backends", line, sizeof line);
+  ck_assert_msg(strstr(line, "skipped") && strstr(line, "mock_no_backends"),
+                "the plugin without backends, not reported: '%s'", diag);
+  ck_assert_uint_eq(pmla_registry_count(r), 0);
+  pmla_registry_close(r);
+}
+END_TEST
+
 /* A FIFO named like a plugin, in a directory or named itself, is skipped
  * with a line: opening it would wait for a writer forever. */
 START_TEST(test_registry_skips_a_fifo_without_opening_it) {
@@ -972,6 +987,7 @@ Suite *suite_abi(void) {
   tcase_add_test(tc, test_registry_skips_null_unnamed_and_incomplete_backends_alone);
   tcase_add_test(tc, test_registry_skips_a_fifo_without_opening_it);
   tcase_add_test(tc, test_registry_skips_a_library_that_only_links_a_plugin);
+  tcase_add_test(tc, test_registry_reports_a_plugin_without_backends);
   tcase_add_test(tc, test_registry_name_listed_twice_in_one_plugin_keeps_the_first);
   tcase_add_test(tc, test_registry_shadowed_name_diagnostic_names_both_files);
   tcase_add_test(tc, test_registry_refuses_a_backend_count_beyond_its_limit);
