@@ -354,7 +354,8 @@ static int scan(pmla_registry *r, const char *path, const char *from) {
       note_searched(r, item, len);
       struct stat st;
       if (stat(item, &st) != 0)
-        diag(r, "skipped %s (%s): no such file or directory", item, from);
+        diag(r, "skipped %s (%s): %s", item, from,
+             errno == ENOENT ? "no such file or directory" : strerror(errno));
       else if (S_ISDIR(st.st_mode)) {
         diag(r, "searched directory %s (%s)", item, from);
         load_dir(r, item);

@@ -4,6 +4,7 @@
  * search path order, bad files, mock plugins). */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
+#include <errno.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -691,8 +692,9 @@ START_TEST(test_registry_skips_non_plugins_and_garbage_files) {
     tmpdir_link(&t, "zz-good.so", old_minor);
     tmpdir_link(&t, "plugin.txt", g_plugin_path); /* not *.so: never loaded */
   }
-  char path[2200];
-  snprintf(path, sizeof path, "%s:/nonexistent/pmla/dir::%s/missing.so", t.path, t.path);
+  char path[2800];
+  snprintf(path, sizeof path, "%s:/nonexistent/pmla/dir::%s/missing.so:%s/x.so/inner.so", t.path,
+           t.path, t.path);
   pmla_registry *r = open_registry(path);
   const char *diag = pmla_registry_diagnostics(r);
   ck_assert_msg(strstr(diag, "x.so"), "garbage x.so not diagnosed: '%s'", diag);
@@ -701,6 +703,9 @@ START_TEST(test_registry_skips_non_plugins_and_garbage_files) {
   diag_line(diag, "x.so", line, sizeof line);
   ck_assert_msg(strstr(line, "x.so: not a pmla plugin (not a shared library)"),
                 "x.so should be called no shared library: '%s'", diag);
+  diag_line(diag, "inner.so", line, sizeof line); /* a path through a file */
+  ck_assert_msg(strstr(line, "skipped") && strstr(line, strerror(ENOTDIR)),
+                "x.so/inner.so should be called not a directory: '%s'", diag);
   if (have_np) {
     diag_line(diag, "np.so", line, sizeof line);
     ck_assert_msg(strstr(line, "np.so: not a pmla plugin (no " PMLA_ENTRY_SYMBOL " symbol)"),
