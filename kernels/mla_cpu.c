@@ -23,7 +23,6 @@
 #define PMLA_INLINE static inline
 #endif
 
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
 /* The row loops run 4 rows (Q K^T) and 2 rows (P V) at a time: an item's
@@ -241,7 +240,7 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
   float *corr = sum + prows;
   float *score = corr + prows; /* S, then P: [prows][PMLA_CPU_CHUNK] */
   float *kf = score + (size_t)prows * PMLA_CPU_CHUNK;
-  const float qscale = pb->softmax_scale * LOG2E;
+  const float qscale = pb->softmax_scale * PMLA_LOG2E;
 
   for (int32_t i = 0; i < prows; i++) {
     float *dst = qf + (size_t)i * PMLA_QK_DIM;

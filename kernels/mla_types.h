@@ -10,6 +10,9 @@
 
 #define PMLA_QK_DIM 576 /* 512 latent + 64 rope */
 #define PMLA_V_DIM 512
+/* log2(e): every backend scales the scores by softmax_scale * PMLA_LOG2E in
+ * fp32 and takes exp2 (init_builder refuses scales whose product overflows) */
+#define PMLA_LOG2E 1.4426950408889634f
 
 /* How a KV row is stored (the kernels' names for the ABI's kv_dtype):
  *   BF16    576 bf16

@@ -136,9 +136,9 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
                      "init_builder: config.topk = %u; accepted: 0 (dense only) or 1..65536",
                      cfg->topk);
-  /* every backend scales the scores by softmax_scale * log2(e) in fp32: a
-   * scale whose product overflows would make every output NaN */
-  if (!(cfg->softmax_scale > 0.f) || !isfinite(cfg->softmax_scale * 1.4426950408889634f))
+  /* a scale whose product with PMLA_LOG2E overflows fp32 would make every
+   * output NaN */
+  if (!(cfg->softmax_scale > 0.f) || !isfinite(cfg->softmax_scale * PMLA_LOG2E))
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
                      "init_builder: config.softmax_scale = %g; accepted: a finite value > 0 "
                      "up to FLT_MAX / log2(e) (about 2.3586e38)",

@@ -60,7 +60,7 @@ constexpr int WARP = PMLA_WARP;
 constexpr int MMA_N = PMLA_MMA_N;
 constexpr int ACC = 16 * MMA_N / WARP;
 /* softmax runs in base 2: scores are scaled by log2(e), lse converted back */
-constexpr float LOG2E_F = 1.4426950408889634f;
+constexpr float LOG2E_F = PMLA_LOG2E;
 constexpr float LN2_F = 0.6931471805599453f;
 
 /* byte offset of chunk c of row r in a swizzled row tile */
