@@ -4,8 +4,8 @@
  * search path order, bad files, mock plugins). */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
-#include <errno.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -403,6 +403,22 @@ START_TEST(test_a_builder_ignores_which_device_is_current) {
 }
 END_TEST
 
+/* A fresh builder's step from seed: its output and lse (n_out / n_lse
+ * values), with no device error flagged. */
+static void fresh_step_result(int sparse, uint64_t seed, uint16_t *out, size_t n_out, float *lse,
+                              size_t n_lse) {
+  step s;
+  uint64_t rng = seed;
+  make_step(&s, sparse, &rng);
+  ck_assert(s.out.bytes == n_out * 2 && s.lse.bytes == n_lse * 4);
+  run_step(&s, sparse);
+  read_result(&s, out, lse);
+  uint32_t flags = 0;
+  ck_assert_int_eq(g_be->check_device_error(s.b, &flags), PMLA_OK);
+  ck_assert_uint_eq(flags, 0);
+  free_step(&s);
+}
+
 /* A host may reset the device (cudaDeviceReset) once its builders are
  * destroyed; builders made after that decode as before, bit for bit. The
  * plugin keeps no device state outside its builders; the per-process cache
@@ -413,42 +429,22 @@ START_TEST(test_a_builder_made_after_a_device_reset_decodes) {
     return;
   const uint64_t seed = harness_seed() ^ 0x7e5e7;
   const size_t n_out = (size_t)BATCH * HEADS * 512, n_lse = (size_t)BATCH * HEADS;
-  step s;
-  uint64_t rng;
-  uint16_t *o_before[2], *o_after = malloc(n_out * 2);
-  float *l_before[2], *l_after = malloc(n_lse * 4);
-  ck_assert(o_after && l_after);
+  uint16_t *o_before = malloc(n_out * 2), *o_after = malloc(n_out * 2);
+  float *l_before = malloc(n_lse * 4), *l_after = malloc(n_lse * 4);
+  ck_assert(o_before && o_after && l_before && l_after);
   for (int sparse = 0; sparse < 2; sparse++) {
-    o_before[sparse] = malloc(n_out * 2);
-    l_before[sparse] = malloc(n_lse * 4);
-    ck_assert(o_before[sparse] && l_before[sparse]);
-    rng = seed;
-    make_step(&s, sparse, &rng);
-    ck_assert(s.out.bytes == n_out * 2 && s.lse.bytes == n_lse * 4);
-    run_step(&s, sparse);
-    read_result(&s, o_before[sparse], l_before[sparse]);
-    free_step(&s);
-  }
-  ck_assert_int_eq(devmem_gpu_reset(g_mem->device_id), 0);
-  for (int sparse = 0; sparse < 2; sparse++) {
-    rng = seed;
-    make_step(&s, sparse, &rng);
-    ck_assert(s.out.bytes == n_out * 2 && s.lse.bytes == n_lse * 4);
-    run_step(&s, sparse);
-    read_result(&s, o_after, l_after);
-    uint32_t flags = 0;
-    ck_assert_int_eq(g_be->check_device_error(s.b, &flags), PMLA_OK);
-    ck_assert_uint_eq(flags, 0);
-    ck_assert_msg(memcmp(o_before[sparse], o_after, n_out * 2) == 0,
+    fresh_step_result(sparse, seed, o_before, n_out, l_before, n_lse);
+    ck_assert_int_eq(devmem_gpu_reset(g_mem->device_id), 0);
+    fresh_step_result(sparse, seed, o_after, n_out, l_after, n_lse);
+    ck_assert_msg(memcmp(o_before, o_after, n_out * 2) == 0,
                   "%s step after the reset: output differs from before it",
                   sparse ? "sparse" : "dense");
-    ck_assert_msg(memcmp(l_before[sparse], l_after, n_lse * 4) == 0,
+    ck_assert_msg(memcmp(l_before, l_after, n_lse * 4) == 0,
                   "%s step after the reset: lse differs from before it", sparse ? "sparse" : "dense");
-    free_step(&s);
-    free(o_before[sparse]);
-    free(l_before[sparse]);
   }
+  free(o_before);
   free(o_after);
+  free(l_before);
   free(l_after);
 }
 END_TEST
