@@ -226,7 +226,7 @@ def _from_array_interface(obj, name, writable=False):
                     for v in st):
             raise InvalidArgument("%s: strides %r; accepted: a tuple of %d ints, whole "
                                   "elements, within int64" % (name, st, nd))
-        strides_arr = (ctypes.c_int64 * max(nd, 1))(*(s // item for s in ai["strides"]))
+        strides_arr = (ctypes.c_int64 * max(nd, 1))(*(s // item for s in st))
         dl.strides = strides_arr
     return dl, (obj, shape_arr, strides_arr)
 
