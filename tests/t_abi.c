@@ -684,6 +684,7 @@ START_TEST(test_registry_skips_non_plugins_and_garbage_files) {
   tmpdir_make(&t);
   tmpdir_write(&t, "x.so", "this is not an ELF object\n");
   tmpdir_write(&t, "empty.so", "");
+  tmpdir_link(&t, "dangling.so", "/nonexistent/pmla/target.so");
   int have_np = harness_mock_path("mock_not_plugin", not_plugin, sizeof not_plugin) == 0;
   int have_om = harness_mock_path("mock_old_minor", old_minor, sizeof old_minor) == 0;
   if (have_np)
@@ -703,6 +704,9 @@ START_TEST(test_registry_skips_non_plugins_and_garbage_files) {
   diag_line(diag, "x.so", line, sizeof line);
   ck_assert_msg(strstr(line, "x.so: not a pmla plugin (not a shared library)"),
                 "x.so should be called no shared library: '%s'", diag);
+  diag_line(diag, "dangling.so", line, sizeof line);
+  ck_assert_msg(strstr(line, "skipped") && strstr(line, strerror(ENOENT)),
+                "dangling.so should be called missing: '%s'", diag);
   diag_line(diag, "inner.so", line, sizeof line); /* a path through a file */
   ck_assert_msg(strstr(line, "skipped") && strstr(line, strerror(ENOTDIR)),
                 "x.so/inner.so should be called not a directory: '%s'", diag);
