@@ -48,7 +48,8 @@ const char *pmla_registry_backend_path(const pmla_registry *registry, size_t ind
 uint32_t pmla_registry_backend_version(const pmla_registry *registry, size_t index);
 const pmla_backend *pmla_registry_find(const pmla_registry *registry, const char *name);
 /* One line per place searched ("searched directory D (from ...)"), skipped
- * file ("skipped F: why") or shadowed name, in the order they were met. */
+ * file ("skipped F: why") or shadowed name, in the order they were met;
+ * control characters (a newline in a file or backend name) read as '?'. */
 const char *pmla_registry_diagnostics(const pmla_registry *registry);
 /* The path actually scanned, entries joined with ':'; "" when none. */
 const char *pmla_registry_search_path(const pmla_registry *registry);

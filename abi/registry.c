@@ -72,6 +72,9 @@ static void diag(pmla_registry *r, const char *fmt, ...) {
     return;
   if ((size_t)n > sizeof line - 2)
     n = (int)sizeof line - 2;
+  for (int i = 0; i < n; i++) /* a name's newline must not start a line of its own */
+    if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+      line[i] = '?';
   line[n++] = '\n';
   if (!grow((void **)&r->diag, &r->diag_cap, r->diag_len + (size_t)n + 1, 1))
     return;

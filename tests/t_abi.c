@@ -685,6 +685,7 @@ START_TEST(test_registry_skips_non_plugins_and_garbage_files) {
   tmpdir_write(&t, "x.so", "this is not an ELF object\n");
   tmpdir_write(&t, "empty.so", "");
   tmpdir_link(&t, "dangling.so", "/nonexistent/pmla/target.so");
+  tmpdir_write(&t, "line\nbreak.so", "not an ELF object either\n");
   int have_np = harness_mock_path("mock_not_plugin", not_plugin, sizeof not_plugin) == 0;
   int have_om = harness_mock_path("mock_old_minor", old_minor, sizeof old_minor) == 0;
   if (have_np)
@@ -707,6 +708,9 @@ START_TEST(test_registry_skips_non_plugins_and_garbage_files) {
   diag_line(diag, "dangling.so", line, sizeof line);
   ck_assert_msg(strstr(line, "skipped") && strstr(line, strerror(ENOENT)),
                 "dangling.so should be called missing: '%s'", diag);
+  diag_line(diag, "break.so", line, sizeof line); /* one line per event, whatever the name */
+  ck_assert_msg(strncmp(line, "skipped ", 8) == 0 && strstr(line, "line?break.so: not a pmla"),
+                "a file name's newline should read as '?' within its one line: '%s'", diag);
   diag_line(diag, "inner.so", line, sizeof line); /* a path through a file */
   ck_assert_msg(strstr(line, "skipped") && strstr(line, strerror(ENOTDIR)),
                 "x.so/inner.so should be called not a directory: '%s'", diag);
