@@ -4,6 +4,7 @@
  * every device-side check of the GPU backend is done here up front, with a
  * message, before anything is written. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -29,6 +30,29 @@ static void *alloc_zero(uint64_t bytes) {
   if (p)
     memset(p, 0, size ? size : 64);
   return p;
+}
+
+/* Host memory a builder may still take: MemAvailable + SwapFree of
+ * /proc/meminfo, or UINT64_MAX where that cannot be read. init_builder zeroes
+ * what it allocates, and under Linux's overcommit zeroing more than this ends
+ * in the OOM killer rather than in a failed allocation. */
+static uint64_t host_available_bytes(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f)
+    return UINT64_MAX;
+  char line[256];
+  unsigned long long kb, avail = 0, swap = 0;
+  int have = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+      avail = kb;
+      have = 1;
+    } else if (sscanf(line, "SwapFree: %llu kB", &kb) == 1) {
+      swap = kb;
+    }
+  }
+  fclose(f);
+  return have && avail + swap < UINT64_MAX / 1024 ? (avail + swap) * 1024 : UINT64_MAX;
 }
 
 static void cpu_destroy(pmla_builder *b) {
@@ -65,14 +89,27 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
   b->backend = &pmla_cpu_backend;
   b->cfg = cfg;
   pmla_size_buffers(b, cus, cus);
+  const size_t scratch_floats =
+      (pmla_cpu_scratch_floats((int32_t)cfg.num_heads, (int32_t)cfg.max_q_len) + 15) / 16 * 16;
+  b->info.total_bytes += (uint64_t)scratch_floats * cus * 4;
+  const uint64_t avail = host_available_bytes(), need = b->info.total_bytes;
+  if (need > avail) {
+    cpu_destroy(b);
+    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
+                     "init_builder: pmla-cpu needs %.2f GiB of host memory for %u workers "
+                     "(%u partial slots of %u heads x %u query tokens, and each worker's "
+                     "scratch), %.2f GiB is available (MemAvailable + SwapFree); accepted: "
+                     "a smaller cu_count, max_q_len or num_heads",
+                     need / 1073741824.0, cus, b->info.max_partial_slots, cfg.num_heads,
+                     cfg.max_q_len, avail / 1073741824.0);
+  }
   cpu_state *s = calloc(1, sizeof *s);
   b->impl = s;
   int ok = s != NULL;
   for (int i = 0; ok && i < PMLA_BUF_COUNT; i++)
     ok = (b->buf[i] = alloc_zero(b->info.buffer_bytes[i])) != NULL;
   if (ok) {
-    s->scratch_floats = (pmla_cpu_scratch_floats((int32_t)cfg.num_heads, (int32_t)cfg.max_q_len) +
-                         15) / 16 * 16;
+    s->scratch_floats = scratch_floats;
     ok = (s->scratch = alloc_zero((uint64_t)s->scratch_floats * cus * 4)) != NULL &&
          (s->errors = calloc(cus, sizeof *s->errors)) != NULL;
   }
@@ -81,7 +118,6 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
     return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
                      "init_builder: out of host memory for %u workers' buffers", cus);
   }
-  b->info.total_bytes += (uint64_t)s->scratch_floats * cus * 4;
   if (!(s->workers = pmla_workers_start(cus))) {
     cpu_destroy(b);
     return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: cannot start %u threads", cus);

@@ -172,6 +172,54 @@ START_TEST(test_cpu_init_rejects_nonzero_device) {
 }
 END_TEST
 
+/* MemAvailable + SwapFree of /proc/meminfo in bytes; 0 where unreadable. */
+static uint64_t host_available_bytes(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f)
+    return 0;
+  char line[256];
+  unsigned long long kb, sum = 0;
+  int have = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+      sum += kb;
+      have = 1;
+    } else if (sscanf(line, "SwapFree: %llu kB", &kb) == 1) {
+      sum += kb;
+    }
+  }
+  fclose(f);
+  return have ? (uint64_t)sum * 1024 : 0;
+}
+
+/* pmla-cpu zeroes what it allocates at init, and under Linux's overcommit
+ * zeroing more than the host has ends in the OOM killer: a builder larger
+ * than the available memory is refused with a message instead. A
+ * batch-invariant builder of 128 heads, 8 query tokens and 1024 workers
+ * holds at least 9 * 1024 partial slots of 1024 rows x 512 fp32 (pmla.h),
+ * 18 GiB, and each worker's scratch on top: a host with less than 18 GiB
+ * available cannot hold it. */
+START_TEST(test_cpu_init_refuses_a_builder_larger_than_the_available_memory) {
+  REQUIRE_BACKEND();
+  if (strcmp(g_backend_name, "pmla-cpu") != 0) {
+    harness_print_skip(__func__, "a GPU backend's partials are device memory");
+    return;
+  }
+  const uint64_t least = 9ull * 1024 * (8 * 128) * 512 * 4, have = host_available_bytes();
+  if (have == 0 || have > least) {
+    char why[160];
+    snprintf(why, sizeof why, "%.1f GiB available here (/proc/meminfo), more than 18 GiB",
+             have / 1073741824.0);
+    harness_print_skip(__func__, why);
+    return;
+  }
+  pmla_builder_config c = harness_config(128, 64, 1, 8, 0, 1024);
+  c.flags = PMLA_BUILDER_BATCH_INVARIANT;
+  expect_init_fails(&c, PMLA_ERR_OUT_OF_MEMORY, "GiB is available",
+                    "128 heads, 8 tokens, 1024 workers, batch-invariant");
+}
+END_TEST
+
 START_TEST(test_init_accepts_the_limits) {
   REQUIRE_BACKEND();
   static const uint32_t pages[] = {1, 2, 64, 256};
@@ -450,6 +498,7 @@ Suite *suite_builder(void) {
   tcase_add_test(tc, test_init_rejects_unsupported_head_counts);
   tcase_add_loop_test(tc, test_init_rejects_each_bad_config_field, 0, N_BAD_FIELDS);
   tcase_add_test(tc, test_cpu_init_rejects_nonzero_device);
+  tcase_add_test(tc, test_cpu_init_refuses_a_builder_larger_than_the_available_memory);
   tcase_add_test(tc, test_init_accepts_the_limits);
   tcase_add_test(tc, test_init_rejects_too_small_struct_size);
   tcase_add_test(tc, test_init_accepts_larger_struct_size);
