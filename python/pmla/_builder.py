@@ -231,7 +231,7 @@ class Builder:
         the backend's device. Block-table layout: block_table [batch,
         max_pages] and kv_lens [batch]; CSR layout: kv_indptr [batch + 1],
         kv_indices [pages], kv_last_page_len [batch]. qo_indptr [batch + 1]
-        gives each request's query rows (1..max_q_len, causal)."""
+        gives each request's query rows (0..max_q_len, causal)."""
         h = self._handle("build_decode")
         bt = block_table is not None or kv_lens is not None
         csr = kv_indptr is not None or kv_indices is not None or kv_last_page_len is not None

@@ -22,7 +22,7 @@ _REGISTRY_SONAME = "libpmla-registry.so.0" if sys.platform != "darwin" else \
 BackendInfo = collections.namedtuple(
     "BackendInfo", "name description abi_version agreed_version path")
 BackendInfo.__doc__ = """A backend of the registry: name, description, abi_version (the
-highest ABI version it implements, "1.0"), agreed_version (the version the
+highest ABI version it implements, e.g. "1.1"), agreed_version (the version the
 registry negotiated with its plugin) and path (the plugin file)."""
 
 
