@@ -16,8 +16,11 @@
  *  11 dup within     "mock-twice" (first) and "mock-twice" (second)
  *  12 huge count     backend_count UINT32_MAX, array of one "mock-huge"
  *  13 no backends    a valid descriptor that lists none
- * Its backends refuse to build anything (PMLA_ERR_UNSUPPORTED): only their
- * names and descriptions are looked at. */
+ *  14 idle           speaks 1.0 .. 1.1, backend "pmla-cpu" whose every call
+ *                    succeeds and whose decode writes nothing (pmla-bench's
+ *                    --check must fail it, also beside the real pmla-cpu)
+ * Other kinds' backends refuse to build anything (PMLA_ERR_UNSUPPORTED):
+ * only their names and descriptions are looked at. */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -94,6 +97,12 @@
 #define MOCK_MAX PMLA_VERSION(1, 0)
 #define MOCK_NAME "mock-empty"
 #define MOCK_BACKEND_COUNT 0u
+#elif MOCK_KIND == 14
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 1)
+#define MOCK_NAME "pmla-cpu"
+#define MOCK_DESC "idle: every call succeeds, decode writes nothing"
+#define MOCK_IDLE 1
 #else
 #error "unknown MOCK_KIND"
 #endif
@@ -105,10 +114,22 @@
 #define MOCK_DESC "mock backend for the conformance suite"
 #endif
 
+#ifdef MOCK_IDLE
+#define MOCK_STEP PMLA_OK /* every builder call succeeds, doing nothing */
+static char idle_builder;
+#else
+#define MOCK_STEP PMLA_ERR_BAD_STATE
+#endif
+
 static pmla_status mock_init(const pmla_builder_config *config, pmla_builder **out) {
   (void)config;
+#ifdef MOCK_IDLE
+  *out = (pmla_builder *)(void *)&idle_builder;
+  return PMLA_OK;
+#else
   (void)out;
   return PMLA_ERR_UNSUPPORTED;
+#endif
 }
 static void mock_destroy(pmla_builder *b) { (void)b; }
 static pmla_status mock_query(const pmla_builder *b, pmla_builder_info *info) {
@@ -119,17 +140,17 @@ static pmla_status mock_query(const pmla_builder *b, pmla_builder_info *info) {
 static pmla_status mock_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
   (void)b;
   (void)batch;
-  return PMLA_ERR_BAD_STATE;
+  return MOCK_STEP;
 }
 static pmla_status mock_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
   (void)b;
   (void)batch;
-  return PMLA_ERR_BAD_STATE;
+  return MOCK_STEP;
 }
 static pmla_status mock_decode(pmla_builder *b, const pmla_decode_args *args) {
   (void)b;
   (void)args;
-  return PMLA_ERR_BAD_STATE;
+  return MOCK_STEP;
 }
 static const char *mock_last_error(const pmla_builder *b) {
   (void)b;
@@ -139,7 +160,7 @@ static pmla_status mock_check(pmla_builder *b, uint32_t *flags) {
   (void)b;
   if (flags)
     *flags = 0;
-  return PMLA_ERR_BAD_STATE;
+  return MOCK_STEP;
 }
 static pmla_status mock_copy(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
   (void)b;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "test_config.h"
 
 #define SENTINEL_BUILDER ((pmla_builder *)(uintptr_t)0x5e47)
 
@@ -172,26 +173,6 @@ START_TEST(test_cpu_init_rejects_nonzero_device) {
 }
 END_TEST
 
-/* MemAvailable + SwapFree of /proc/meminfo in bytes; 0 where unreadable. */
-static uint64_t host_available_bytes(void) {
-  FILE *f = fopen("/proc/meminfo", "r");
-  if (!f)
-    return 0;
-  char line[256];
-  unsigned long long kb, sum = 0;
-  int have = 0;
-  while (fgets(line, sizeof line, f)) {
-    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-      sum += kb;
-      have = 1;
-    } else if (sscanf(line, "SwapFree: %llu kB", &kb) == 1) {
-      sum += kb;
-    }
-  }
-  fclose(f);
-  return have ? (uint64_t)sum * 1024 : 0;
-}
-
 /* pmla-cpu zeroes what it allocates at init, and under Linux's overcommit
  * zeroing more than the host has ends in the OOM killer: a builder larger
  * than the available memory is refused with a message instead. A
@@ -205,7 +186,7 @@ START_TEST(test_cpu_init_refuses_a_builder_larger_than_the_available_memory) {
     harness_print_skip(__func__, "a GPU backend's partials are device memory");
     return;
   }
-  const uint64_t least = 9ull * 1024 * (8 * 128) * 512 * 4, have = host_available_bytes();
+  const uint64_t least = 9ull * 1024 * (8 * 128) * 512 * 4, have = test_host_available_bytes();
   if (have == 0 || have > least) {
     char why[160];
     snprintf(why, sizeof why, "%.1f GiB available here (/proc/meminfo), more than 18 GiB",

@@ -3,6 +3,7 @@
 #include "test_config.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 pmla_builder_config test_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
@@ -31,4 +32,23 @@ int64_t test_kv_row_bytes(uint32_t kv_dtype) {
 
 int64_t test_kv_width(uint32_t kv_dtype) {
   return kv_dtype == PMLA_DTYPE_FP8_DS_MLA ? PMLA_KV_TOKEN_BYTES_FP8_DS_MLA : 576;
+}
+
+uint64_t test_host_available_bytes(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f)
+    return 0;
+  char line[256];
+  unsigned long long kb, sum = 0;
+  int have = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+      sum += kb;
+      have = 1;
+    } else if (sscanf(line, "SwapFree: %llu kB", &kb) == 1) {
+      sum += kb;
+    }
+  }
+  fclose(f);
+  return have ? (uint64_t)sum * 1024 : 0;
 }

@@ -6,14 +6,24 @@
  *   FLOPs = 2 * h * s_q * sum(L) * (576 + 512)
  *   bytes = sum(L) * (bytes per KV row as stored: 1152 bf16, 576 fp8_e4m3,
  *           656 fp8_ds_mla) + q bytes + out bytes
+ * A sparse shape's sum(L) is tokens * topk, the rows its query rows gather;
+ * its tokens share one cache of `slots` rows, so rows repeat across tokens
+ * (tokens * topk may exceed slots) and the bytes are not DRAM traffic.
+ *
+ * --check poisons what must not be read (the rows past each request's
+ * length, and a page that every unused block-table entry names) and what
+ * must be written (out and lse, before the first step of each plugin), so
+ * a backend that reads too far or writes nothing fails.
  *
  * Plugins come from --plugin (each a registry search path of its own; then
  * $PMLA_PLUGIN_PATH is not read), else from the registry's default search:
  * $PMLA_PLUGIN_PATH, else the installed plugin directory. --device N runs on
  * GPU N: its memory and stream, and config.device = N for every builder.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
+#include <stdarg.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -76,6 +86,36 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* set once the --json document is open: an error then closes it */
+static int json_open;
+
+static void json_string(const char *text);
+
+/* Prints "pmla-bench: MESSAGE" on stderr and exits with code; a --json
+ * document already begun is closed first, with the message as "error". */
+static void fail_exit(int code, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "pmla-bench: %s\n", msg);
+  if (json_open) {
+    printf("\n ],\n \"error\": ");
+    json_string(msg);
+    printf("\n}\n");
+  }
+  exit(code);
+}
+
+/* host memory, or a clear exit naming what it was for */
+static void *xmalloc(size_t bytes, const char *what) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p)
+    fail_exit(2, "cannot allocate %zu bytes of host memory for %s", bytes, what);
+  return p;
+}
+
 static DLTensor tensor(void *data, const devmem *m, DLDataType dt, int ndim, int64_t *shape) {
   DLTensor t;
   memset(&t, 0, sizeof t);
@@ -90,16 +130,13 @@ static DLTensor tensor(void *data, const devmem *m, DLDataType dt, int ndim, int
 
 static void *upload(const devmem *m, const void *host, size_t bytes) {
   void *d = m->alloc(bytes ? bytes : 1);
-  if (!d || (bytes && host && m->upload(d, host, bytes))) {
-    fprintf(stderr, "pmla-bench: cannot allocate/upload %zu bytes on %s\n", bytes, m->name);
-    exit(2);
-  }
+  if (!d || (bytes && host && m->upload(d, host, bytes)))
+    fail_exit(2, "cannot allocate/upload %zu bytes on %s", bytes, m->name);
   return d;
 }
 
 static void die_status(const pmla_backend *be, pmla_builder *b, const char *what, pmla_status st) {
-  fprintf(stderr, "pmla-bench: %s failed: %s: %s\n", what, pmla_status_name(st), be->last_error(b));
-  exit(1);
+  fail_exit(1, "%s failed: %s: %s", what, pmla_status_name(st), be->last_error(b));
 }
 
 /* Measures device-to-device copy bandwidth (GB/s, read + write). */
@@ -114,6 +151,9 @@ static double copy_bandwidth(const devmem *m) {
       t[i] = m->timer_stop_us();
     }
     gbps = 2.0 * (double)bytes / (median(t, 10) * 1e3);
+  } else {
+    fprintf(stderr, "pmla-bench: copy bandwidth not measured (no 2 x %zu bytes on %s); copy%% "
+            "reads 0\n", bytes, m->name);
   }
   m->release(a);
   m->release(b);
@@ -173,9 +213,36 @@ static void poison_kv_row(uint8_t *row, int kv_dtype) {
 
 #define BENCH_KV_SCALE 0.5f /* fp8_e4m3's kv_scale */
 
+/* Refuses a shape whose host-side inputs (twice where the backend's memory
+ * is the host's: the copies it reads) and --check's reference would not fit
+ * the host's available memory: allocating them would succeed under Linux's
+ * overcommit and filling them end in the OOM killer. The builder is made
+ * first, so the memory it holds is no longer counted as available. */
+static void check_host_memory(const bench_shape *s, int kv_dtype, int page_size, int check,
+                              int host_backend) {
+  const double tokens = (double)s->b * s->sq, rows = tokens * s->h;
+  double L = s->L_max > s->L ? s->L_max : s->L, bytes = rows * QK * 2;
+  if (s->sparse_topk)
+    bytes += (double)s->L * test_kv_row_bytes((uint32_t)kv_dtype) + tokens * s->sparse_topk * 4;
+  else
+    bytes += (double)s->b * (ceil(L / page_size) + 1) * ((double)page_size *
+             test_kv_row_bytes((uint32_t)kv_dtype) + 8);
+  if (host_backend) /* the copies uploaded, and out and lse */
+    bytes += bytes + rows * (DV * 2 + 4);
+  if (check) /* the reference's output and lse in double, and what is read back */
+    bytes += rows * (DV * 8 + DV * 4 + DV * 2 + 16);
+  const uint64_t have = test_host_available_bytes();
+  if (have && bytes > (double)have)
+    fail_exit(2, "the shape's inputs%s need %.1f GiB of host memory; %.1f GiB is available "
+              "(MemAvailable + SwapFree)", check ? " and --check's reference" : "", bytes / 1073741824.0,
+              have / 1073741824.0);
+}
+
 static void make_problem(const bench_shape *s, int kv_dtype, int page_size, int poison,
                          problem *p) {
   memset(p, 0, sizeof *p);
+  /* the shape's sizes are bounded by parse_shape and init_builder (which
+   * refused the shape before this runs): no int arithmetic below overflows */
   p->heads = s->h;
   p->kv_dtype = kv_dtype;
   p->row_bytes = test_kv_row_bytes((uint32_t)kv_dtype);
@@ -185,15 +252,15 @@ static void make_problem(const bench_shape *s, int kv_dtype, int page_size, int 
     p->topk = s->sparse_topk;
     p->num_pages = (s->L + page_size - 1) / page_size;
     p->max_seq_len = s->L;
-    p->topk_idx = malloc(sizeof(int32_t) * (size_t)p->tokens * (size_t)p->topk);
+    p->topk_idx = xmalloc(sizeof(int32_t) * (size_t)p->tokens * (size_t)p->topk, "top-k indices");
     for (int64_t i = 0; i < (int64_t)p->tokens * p->topk; i++)
       p->topk_idx[i] = (int32_t)(next_u64() % (uint64_t)s->L);
     p->sum_L = (int64_t)p->tokens * p->topk;
   } else {
     p->batch = s->b;
     p->tokens = s->b * s->sq;
-    p->qo_indptr = malloc(sizeof(int32_t) * (size_t)(s->b + 1));
-    p->kv_lens = malloc(sizeof(int32_t) * (size_t)s->b);
+    p->qo_indptr = xmalloc(sizeof(int32_t) * ((size_t)s->b + 1), "qo_indptr");
+    p->kv_lens = xmalloc(sizeof(int32_t) * (size_t)s->b, "kv_lens");
     int Lmax = s->L_max > s->L ? s->L_max : s->L;
     p->max_pages = (Lmax + page_size - 1) / page_size;
     for (int r = 0; r < s->b; r++) {
@@ -203,8 +270,11 @@ static void make_problem(const bench_shape *s, int kv_dtype, int page_size, int 
       p->sum_L += p->kv_lens[r];
     }
     p->qo_indptr[s->b] = s->b * s->sq;
+    if (p->num_pages + 1 > INT32_MAX)
+      fail_exit(2, "the shape needs %lld pages; block-table entries are int32",
+                (long long)p->num_pages + 1);
     /* pages in random order: a shuffled permutation dealt out to requests */
-    int32_t *perm = malloc(sizeof(int32_t) * (size_t)(p->num_pages ? p->num_pages : 1));
+    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)p->num_pages, "the page permutation");
     for (int64_t i = 0; i < p->num_pages; i++)
       perm[i] = (int32_t)i;
     for (int64_t i = p->num_pages - 1; i > 0; i--) {
@@ -213,21 +283,27 @@ static void make_problem(const bench_shape *s, int kv_dtype, int page_size, int 
       perm[i] = perm[j];
       perm[j] = t;
     }
-    p->block_table = calloc((size_t)s->b * (size_t)p->max_pages, sizeof(int32_t));
+    /* --check: every unused entry names one more page, all of it poison */
+    const int32_t unused = poison ? (int32_t)p->num_pages : 0;
+    p->block_table = xmalloc(sizeof(int32_t) * (size_t)s->b * (size_t)p->max_pages, "block_table");
     int64_t next = 0;
     for (int r = 0; r < s->b; r++)
-      for (int j = 0; j < (p->kv_lens[r] + page_size - 1) / page_size; j++)
-        p->block_table[(int64_t)r * p->max_pages + j] = perm[next++];
+      for (int j = 0; j < p->max_pages; j++)
+        p->block_table[(int64_t)r * p->max_pages + j] =
+            j < (p->kv_lens[r] + page_size - 1) / page_size ? perm[next++] : unused;
     free(perm);
+    p->num_pages += poison;
   }
   size_t slots = (size_t)p->num_pages * (size_t)page_size;
-  p->kv = malloc(slots * (size_t)p->row_bytes);
-  p->q = malloc(sizeof(uint16_t) * (size_t)p->tokens * (size_t)p->heads * QK);
+  p->kv = xmalloc(slots * (size_t)p->row_bytes, "the KV cache");
+  p->q = xmalloc(sizeof(uint16_t) * (size_t)p->tokens * (size_t)p->heads * QK, "q");
   for (size_t i = 0; i < slots; i++)
     fill_kv_row(p->kv + i * (size_t)p->row_bytes, kv_dtype);
   for (size_t i = 0; i < (size_t)p->tokens * (size_t)p->heads * QK; i++)
     p->q[i] = ref_float_to_bf16(next_unit());
   if (poison && !s->sparse_topk) { /* NaN in every slot past a request's length */
+    for (int64_t o = 0; o < page_size; o++)
+      poison_kv_row(p->kv + ((p->num_pages - 1) * page_size + o) * p->row_bytes, kv_dtype);
     for (int r = 0; r < p->batch; r++) {
       int used = (p->kv_lens[r] + page_size - 1) / page_size;
       if (!used)
@@ -262,8 +338,9 @@ static int check_against_reference(const problem *p, const uint16_t *out, const 
     return 0;
   }
   size_t n = (size_t)p->tokens * (size_t)p->heads;
-  double *ref = malloc(sizeof(double) * n * DV), *ref_lse = malloc(sizeof(double) * n);
-  float *got = malloc(sizeof(float) * n * DV);
+  double *ref = xmalloc(sizeof(double) * n * DV, "the reference output"),
+         *ref_lse = xmalloc(sizeof(double) * n, "the reference lse");
+  float *got = xmalloc(sizeof(float) * n * DV, "the output read back");
   ref_problem rp = {p->tokens, p->heads, p->q, NULL, p->num_pages * p->page_size, &lists, scale,
                     p->kv_dtype, p->kv, BENCH_KV_SCALE};
   if (p->kv_dtype == PMLA_DTYPE_BF16)
@@ -292,9 +369,11 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   problem p;
   const int kv_dtype = s->kv ? s->kv : o->kv;
   const int page = s->page ? s->page : 64;
-  make_problem(s, kv_dtype, page, o->check, &p);
+  /* the builder first: the backend refuses a shape it cannot serve (heads,
+   * page size, batch, query tokens) with its own message before the inputs
+   * are made */
   pmla_builder_config cfg =
-      test_config((uint32_t)s->h, (uint32_t)page, (uint32_t)(s->sparse_topk ? p.tokens : s->b),
+      test_config((uint32_t)s->h, (uint32_t)page, (uint32_t)(s->sparse_topk ? s->b * s->sq : s->b),
                   (uint32_t)(s->sparse_topk ? 1 : s->sq), (uint32_t)s->sparse_topk,
                   (uint32_t)o->cu);
   cfg.device = m->device_id;
@@ -304,6 +383,8 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   pmla_status st = be->init_builder(&cfg, &b);
   if (st)
     die_status(be, NULL, "init_builder", st);
+  check_host_memory(s, kv_dtype, page, o->check, m->device_type == kDLCPU);
+  make_problem(s, kv_dtype, page, o->check, &p);
 
   size_t q_bytes = (size_t)p.tokens * (size_t)p.heads * QK * 2;
   size_t out_bytes = (size_t)p.tokens * (size_t)p.heads * DV * 2;
@@ -312,6 +393,10 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   void *d_q = upload(m, p.q, q_bytes), *d_kv = upload(m, p.kv, kv_bytes);
   void *d_scale = upload(m, &kv_scale, sizeof kv_scale);
   void *d_out = upload(m, NULL, out_bytes), *d_lse = upload(m, NULL, (size_t)p.tokens * (size_t)p.heads * 4);
+  /* NaN until the backend writes them (all-ones bytes: NaN as bf16 and as
+   * fp32), so --check fails a backend that leaves them as they were */
+  if (m->fill(d_out, 0xff, out_bytes) || m->fill(d_lse, 0xff, (size_t)p.tokens * (size_t)p.heads * 4))
+    fail_exit(2, "cannot fill out and lse on %s", m->name);
   int64_t q_shape[3] = {p.tokens, p.heads, QK},
           kv_shape[3] = {p.num_pages, p.page_size, test_kv_width((uint32_t)kv_dtype)},
           one[1] = {1};
@@ -362,23 +447,29 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
 
   size_t flush_bytes = m->device_type == kDLCPU || !o->flush ? 0 : (size_t)256 << 20;
   void *flush = flush_bytes ? m->alloc(flush_bytes) : NULL;
+  if (flush_bytes && !flush)
+    fail_exit(2, "cannot allocate the %zu-byte L2 flush buffer on %s (--no-flush times "
+              "without flushing)", flush_bytes, m->name);
   int n = o->iters;
-  double *t = malloc(sizeof(double) * (size_t)n), *tm = malloc(sizeof(double) * (size_t)n);
+  double *t = xmalloc(sizeof(double) * (size_t)n, "timings"),
+         *tm = xmalloc(sizeof(double) * (size_t)n, "timings");
   for (int i = 0; i < o->warmup + n; i++) {
-    if (flush)
-      m->fill(flush, i & 0xff, flush_bytes);
+    if (flush && m->fill(flush, i & 0xff, flush_bytes))
+      fail_exit(2, "the L2 flush failed on %s", m->name);
     m->timer_start();
     st = s->sparse_topk ? be->build_sparse(b, &sb) : be->build_decode(b, &db);
     double meta = m->timer_stop_us();
     if (st)
       die_status(be, b, s->sparse_topk ? "build_sparse" : "build_decode", st);
-    if (flush)
-      m->fill(flush, (i + 1) & 0xff, flush_bytes);
+    if (flush && m->fill(flush, (i + 1) & 0xff, flush_bytes))
+      fail_exit(2, "the L2 flush failed on %s", m->name);
     m->timer_start();
     st = be->decode(b, &da);
     double us = m->timer_stop_us();
     if (st)
       die_status(be, b, "decode", st);
+    if (!(us >= 0) || !(meta >= 0))
+      fail_exit(2, "the timer on %s failed", m->name);
     if (i >= o->warmup) {
       t[i - o->warmup] = us;
       tm[i - o->warmup] = meta;
@@ -403,10 +494,11 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   if (be->query_builder(b, &info) == PMLA_OK)
     res.cap = info.split_cap;
   if (o->check) {
-    uint16_t *out = malloc(out_bytes);
-    float *lse = malloc((size_t)p.tokens * (size_t)p.heads * 4);
-    m->download(out, d_out, out_bytes);
-    m->download(lse, d_lse, (size_t)p.tokens * (size_t)p.heads * 4);
+    uint16_t *out = xmalloc(out_bytes, "the output read back");
+    float *lse = xmalloc((size_t)p.tokens * (size_t)p.heads * 4, "the lse read back");
+    if (m->download(out, d_out, out_bytes) ||
+        m->download(lse, d_lse, (size_t)p.tokens * (size_t)p.heads * 4))
+      fail_exit(2, "cannot read out and lse back from %s", m->name);
     res.checked = 1;
     res.ok = check_against_reference(&p, out, lse, cfg.softmax_scale, &res);
     free(out);
@@ -431,6 +523,9 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
 /* text as an int >= min, the whole of it; 0 on success */
 static int to_int(const char *text, int min, int *out) {
   char *end;
+  const char *digits = text[0] == '-' ? text + 1 : text;
+  if (!isdigit((unsigned char)digits[0])) /* strtol would skip spaces and take '+' */
+    return -1;
   errno = 0;
   long v = strtol(text, &end, 10);
   if (errno || end == text || *end || v < min || v > INT_MAX)
@@ -439,12 +534,19 @@ static int to_int(const char *text, int min, int *out) {
   return 0;
 }
 
-/* an option's value as an int >= min (0 or 1); exits naming it otherwise */
-static int option_int(const char *name, const char *text, int min) {
+/* --iters and --warmup: steps of one shape on one plugin */
+#define MAX_ITERS 1000000
+
+/* an option's value as an int in min (0 or 1) .. max; exits naming it otherwise */
+static int option_int(const char *name, const char *text, int min, int max) {
   int v;
   if (to_int(text, min, &v)) {
     fprintf(stderr, "pmla-bench: --%s: '%s' is not a %s integer\n", name, text,
             min > 0 ? "positive" : "non-negative");
+    exit(2);
+  }
+  if (v > max) {
+    fprintf(stderr, "pmla-bench: --%s: %d; accepted: at most %d\n", name, v, max);
     exit(2);
   }
   return v;
@@ -470,12 +572,19 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
   char buf[256];
   if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf)
     return snprintf(why, size, "longer than %zu characters", sizeof buf - 1), -1;
+  int ranged = 0, have_L = 0;
+  const void *seen[8];
+  int nseen = 0;
   for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
     char *value = strchr(tok, '=');
     if (!value)
       return snprintf(why, size, "'%s' is not FIELD=VALUE", tok), -1;
     *value++ = '\0';
     if (!strcmp(tok, "kv")) {
+      for (int k = 0; k < nseen; k++)
+        if (seen[k] == &s->kv)
+          return snprintf(why, size, "kv is given twice"), -1;
+      seen[nseen++] = &s->kv;
       if ((s->kv = kv_dtype_of(value)) == 0)
         return snprintf(why, size, "kv must be bf16, fp8 or ds_mla, not '%s'", value), -1;
       continue;
@@ -495,6 +604,13 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
       return snprintf(why, size,
                       "unknown field '%s' (b, tokens, L, slots, h, sq, topk, kv, page)", tok),
              -1;
+    for (int k = 0; k < nseen; k++)
+      if (seen[k] == field)
+        return snprintf(why, size, "%s is given twice (b/tokens and L/slots are one field each)",
+                        tok), -1;
+    seen[nseen++] = field;
+    have_L |= field == &s->L;
+    ranged |= dash != NULL;
     int min = field == &s->L ? 0 : 1;
     if (to_int(value, min, &v))
       return snprintf(why, size, "%s must be a %s integer, not '%s'", tok,
@@ -512,6 +628,15 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
     return snprintf(why, size, "slots must be given and positive for a sparse (topk) shape"), -1;
   if (s->sparse_topk && s->page)
     return snprintf(why, size, "page applies to dense shapes only"), -1;
+  if (s->sparse_topk && ranged)
+    return snprintf(why, size, "a range of lengths applies to dense shapes only"), -1;
+  if (!s->sparse_topk && !have_L)
+    return snprintf(why, size, "L is missing (L=0 for empty requests)"), -1;
+  if (!s->sparse_topk && ((uint32_t)s->L > PMLA_MAX_KV_LEN || (uint32_t)s->L_max > PMLA_MAX_KV_LEN))
+    return snprintf(why, size, "L is at most %u (PMLA_MAX_KV_LEN)", PMLA_MAX_KV_LEN), -1;
+  if ((int64_t)s->b * s->sq > INT_MAX)
+    return snprintf(why, size, "b * sq = %lld query tokens; at most %d", (long long)s->b * s->sq,
+                    INT_MAX), -1;
   return 0;
 }
 
@@ -642,10 +767,10 @@ int main(int argc, char **argv) {
       break;
     case 's': add(&o, optarg); break;
     case 'S': add_suite(&o, optarg); break;
-    case 'n': o.iters = option_int("iters", optarg, 1); break;
-    case 'w': o.warmup = option_int("warmup", optarg, 0); break;
-    case 'c': o.cu = option_int("cu", optarg, 0); break;
-    case 'd': o.device = option_int("device", optarg, 0); break;
+    case 'n': o.iters = option_int("iters", optarg, 1, MAX_ITERS); break;
+    case 'w': o.warmup = option_int("warmup", optarg, 0, MAX_ITERS); break;
+    case 'c': o.cu = option_int("cu", optarg, 0, INT_MAX); break;
+    case 'd': o.device = option_int("device", optarg, 0, INT_MAX); break;
     case 'k': o.check = 1; break;
     case 'j': o.json = 1; break;
     case OPT_NO_FLUSH: o.flush = 0; break;
@@ -721,11 +846,15 @@ int main(int argc, char **argv) {
   if (o.warmup < 0)
     o.warmup = cpu ? 1 : 10;
   double copy_gbps = copy_bandwidth(m);
-  if (o.json)
-    printf("{\n \"backend\": \"%s\", \"memory\": \"%s\", \"copy_GBps\": %.1f, \"iters\": %d,\n"
-           " \"batch_invariant\": %s,\n \"results\": [\n",
-           o.backend, m->name, copy_gbps, o.iters, o.invariant ? "true" : "false");
-  else
+  if (o.json) {
+    printf("{\n \"backend\": ");
+    json_string(o.backend);
+    printf(", \"memory\": \"%s\", \"device\": %d, \"copy_GBps\": %.1f, \"iters\": %d, "
+           "\"warmup\": %d,\n \"l2_flushed\": %s, \"batch_invariant\": %s,\n \"results\": [\n",
+           m->name, o.device, copy_gbps, o.iters, o.warmup, cpu || !o.flush ? "false" : "true",
+           o.invariant ? "true" : "false");
+    json_open = 1;
+  } else
     printf("pmla-bench: backend %s (%s), copy bandwidth %.1f GB/s, median of %d runs%s%s\n",
            o.backend, m->name, copy_gbps, o.iters, cpu || !o.flush ? "" : ", L2 flushed before each",
            o.invariant ? ", batch-invariant builders" : "");
@@ -786,6 +915,7 @@ int main(int argc, char **argv) {
   }
   if (o.json)
     printf("\n ]\n}\n");
+  json_open = 0;
   for (int k = 0; k < o.nplugins; k++)
     pmla_registry_close(reg[k]);
   return failed ? 1 : 0;

@@ -45,6 +45,13 @@ bad "pmla-bench: --shape 'tokens=2,slots=64,h=16,topk=8,page=16': page applies t
   --shape tokens=2,slots=64,h=16,topk=8,page=16
 bad "pmla-bench: --shape 'b=1,L=64,h=16,page=0': page must be a positive integer, not '0'" \
   --shape b=1,L=64,h=16,page=0
+bad "pmla-bench: --shape 'b=1,L=64,h=16,h=32': h is given twice" --shape b=1,L=64,h=16,h=32
+bad "pmla-bench: --shape 'b=1,h=16': L is missing" --shape b=1,h=16
+bad "pmla-bench: --shape 'b=1,L=1073741825,h=16': L is at most 1073741824" --shape b=1,L=1073741825,h=16
+bad "pmla-bench: --shape 'tokens=2,L=100-200,h=16,topk=8': a range of lengths applies to dense shapes only" \
+  --shape tokens=2,L=100-200,h=16,topk=8
+bad "pmla-bench: --iters: '+5' is not a positive integer" --iters +5
+bad "pmla-bench: --warmup: 2000000; accepted: at most 1000000" --warmup 2000000
 bad "pmla-bench: --suite: 'big' is not a suite" --suite big
 bad "see pmla-bench --help" --no-such-option
 bad "unexpected argument 'extra'" extra
@@ -72,5 +79,27 @@ if [ -f "$old" ]; then
   has "$out" "an FP8 cache needs ABI 1.1" "agreed 1.0"
 else
   echo "SKIP: the 1.0 mock plugin $old is not built"
+fi
+# bench --json: a shape the backend refuses after others ran still leaves
+# one JSON document, the refusal as its "error"
+out=$(PMLA_PLUGIN_PATH=$plugin $bench --json --iters 1 --warmup 0 --shape b=1,L=64,h=16 \
+  --shape b=1,L=64,h=200 2>/dev/null) && fail "pmla-bench --json with h=200 exited 0"
+has "$out" '"results": [' '"error": "init_builder failed: PMLA_ERR_UNSUPPORTED'
+case $out in *'
+}') ;; *) fail "the --json document is not closed after the refusal: $out" ;; esac
+# bench --check: out and lse are poisoned before each plugin's steps, so a
+# backend that writes nothing fails, also right after a plugin that wrote
+# the right values into the same shape's buffers
+idle=${PMLA_TEST_MOCK_DIR:-tests/.libs}/mock_idle.so
+if [ -f "$idle" ]; then
+  out=$($bench --plugin "$plugin" --plugin "$idle" --shape b=2,L=100,h=16 --shape tokens=3,slots=500,h=16,topk=64 \
+    --iters 1 --warmup 0 --check) && fail "pmla-bench --check passed a backend that writes nothing: $out"
+  has "$out" "b=2 L=100 h=16 sq=1 @0 " "sparse t=3 slots=500 h=16 topk=64 sq=1 @1 "
+  if echo "$out" | grep ' @0 ' | grep -qv ' PASS '; then fail "the real plugin failed a row: $out"; fi
+  if echo "$out" | grep ' @1 ' | grep -qv ' FAIL .* out: '; then
+    fail "the idle backend's output passed in a row: $out"
+  fi
+else
+  echo "SKIP: the idle mock plugin $idle is not built"
 fi
 echo "PASS: pmla-info and pmla-bench"
