@@ -175,15 +175,18 @@ PMLA_INLINE void qk_4x2(const float *restrict q, const float *restrict k, float 
 }
 
 /* o_r = o_r * c_r + sum_t p_r[t] v_t for two rows, 32 columns at a time;
- * v_t is row t of the chunk (pitch 576, the first 512 dims are V) */
+ * v_t is row t of the chunk (pitch 576, the first 512 dims are V). The
+ * chunk's sum starts from zero and meets O once, so O takes one rounding a
+ * chunk rather than one a token: a long item whose weights are near-uniform
+ * would otherwise drift (a 2^20-token request by ~2%), as the GPU's block
+ * of P V into its accumulator does not. */
 PMLA_INLINE void pv_2rows(float *restrict o0, float *restrict o1, float c0, float c1,
                           const float *restrict p0, const float *restrict p1,
                           const float *restrict v, int32_t n) {
   for (int d = 0; d < PMLA_V_DIM; d += 32) {
-    pmla_v8 a0 = ld8(o0 + d) * c0, a1 = ld8(o0 + d + 8) * c0;
-    pmla_v8 a2 = ld8(o0 + d + 16) * c0, a3 = ld8(o0 + d + 24) * c0;
-    pmla_v8 b0 = ld8(o1 + d) * c1, b1 = ld8(o1 + d + 8) * c1;
-    pmla_v8 b2 = ld8(o1 + d + 16) * c1, b3 = ld8(o1 + d + 24) * c1;
+    const pmla_v8 zero = {0};
+    pmla_v8 a0 = zero, a1 = zero, a2 = zero, a3 = zero;
+    pmla_v8 b0 = zero, b1 = zero, b2 = zero, b3 = zero;
     const float *vt = v + d;
     for (int32_t t = 0; t < n; t++, vt += PMLA_QK_DIM) {
       const float w0 = p0[t], w1 = p1[t];
@@ -200,14 +203,14 @@ PMLA_INLINE void pv_2rows(float *restrict o0, float *restrict o1, float c0, floa
       a3 += w0 * x;
       b3 += w1 * x;
     }
-    st8(o0 + d, a0);
-    st8(o0 + d + 8, a1);
-    st8(o0 + d + 16, a2);
-    st8(o0 + d + 24, a3);
-    st8(o1 + d, b0);
-    st8(o1 + d + 8, b1);
-    st8(o1 + d + 16, b2);
-    st8(o1 + d + 24, b3);
+    st8(o0 + d, ld8(o0 + d) * c0 + a0);
+    st8(o0 + d + 8, ld8(o0 + d + 8) * c0 + a1);
+    st8(o0 + d + 16, ld8(o0 + d + 16) * c0 + a2);
+    st8(o0 + d + 24, ld8(o0 + d + 24) * c0 + a3);
+    st8(o1 + d, ld8(o1 + d) * c1 + b0);
+    st8(o1 + d + 8, ld8(o1 + d + 8) * c1 + b1);
+    st8(o1 + d + 16, ld8(o1 + d + 16) * c1 + b2);
+    st8(o1 + d + 24, ld8(o1 + d + 24) * c1 + b3);
   }
 }
 
