@@ -489,16 +489,11 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     }
     out->reduce_partial_map[first] = first;
     slots = first + 1;
-    int32_t pieces = 1, on = -1;
     for (int32_t j = a; j < n; j++) {
       const int64_t cost = OH + pmla_inv_chunk_blocks(q.len, chunk, j);
       ucur = pmla_inv_unit_from(ucur, 2 * cum + cost, N, total);
       const int32_t u = ucur;
       cum += cost;
-      if (u != on) {
-        pieces++;
-        on = u;
-      }
       int32_t flags;
       const int32_t slot = pmla_inv_item_slot(n, a, first, 0, j, &flags);
       out->reduce_partial_map[slot] = slot;
@@ -506,7 +501,8 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
       prev = u > prev ? u : prev;
       slots = slot + 1;
     }
-    max_pieces = pieces > max_pieces ? pieces : max_pieces;
+    /* the partial slots its reduce merges, as the deals count them */
+    max_pieces = slots - first > max_pieces ? slots - first : max_pieces;
   }
   pmla_inv_finish(in, out, items, slots, reduces, prev, max_pieces, rows, err, 0, 1);
   return err;

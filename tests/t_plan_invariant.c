@@ -134,6 +134,13 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
     }
   }
   EXPECT(red == reduces, "%s: %d reduces left over", what, reduces - red);
+  int32_t most_merged = 1; /* pmla.h's work_meta_data word 4 */
+  for (int32_t k = 0; k < reduces; k++)
+    if (b->rindptr[k + 1] - b->rindptr[k] > most_merged)
+      most_merged = b->rindptr[k + 1] - b->rindptr[k];
+  EXPECT(b->meta[PMLA_META_MAX_PIECES] == most_merged,
+         "%s: work_meta_data most pieces %d, its largest reduce entry merges %d slots", what,
+         b->meta[PMLA_META_MAX_PIECES], most_merged);
   /* balance: spread, no unit holds more than an equal share of all the work
    * plus the costliest request or piece; on the line, while the split
    * budget never ran short (a request that would overrun it stays whole,

@@ -201,7 +201,6 @@ struct InvReqs {
   int32_t *slot0;        /* split: the first piece's slot; -1 whole */
   int32_t *u0;           /* the unit of chunk 0 */
   int32_t *na;           /* chunks n | first-piece chunks a << 8 */
-  unsigned long long *pieces; /* split: the pieces after the first, counted */
 };
 
 /* The sums of pmla_inv_sum, block-wide (shared memory). */
@@ -464,10 +463,11 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
       rq.u0[t] = u0;
       static_assert(PMLA_INV_MAX_CHUNKS < 256, "n and a packed in 8 bits each");
       rq.na[t] = n | a << 8;
-      rq.pieces[t] = 0;
-      if (!split) {
-        max_pieces = max_pieces > 1 ? max_pieces : 1;
-      } else {
+      /* the partial slots its reduce merges: the first piece's, then one
+       * a chunk */
+      const int32_t slots_merged = split ? 1 + n - a : 1;
+      max_pieces = slots_merged > max_pieces ? slots_merged : max_pieces;
+      if (split) {
         out.reduce_indptr[red0] = slot0;
         out.reduce_final_map[red0] = r;
         out.reduce_partial_map[slot0] = slot0;
@@ -504,18 +504,11 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
       }
       int32_t flags;
       const int32_t slot = pmla_inv_item_slot(ni, ai, s0, budget + ui, j, &flags);
-      if (s0 >= 0 && j >= ai) { /* a partial of its own, a piece per unit they land on */
+      if (s0 >= 0 && j >= ai) /* a partial of its own */
         out.reduce_partial_map[slot] = slot;
-        if (u != prev) /* chunk a is never on u0, so it always starts a piece */
-          atomicAdd(&rq.pieces[i], 1ull);
-      }
       pmla_inv_write_item(&out, c0 + i, &qi, ci, at_items + k, prev, u, slot, j, flags);
     }
     __syncthreads();
-    if (valid && split) {
-      const int32_t pieces = 1 + (int32_t)rq.pieces[t];
-      max_pieces = pieces > max_pieces ? pieces : max_pieces;
-    }
     at_cum += cost_sum;
     at_items += (int32_t)(count_sum & FIELD_MASK);
     at_slots += (int32_t)((count_sum >> FIELD_BITS) & FIELD_MASK);
@@ -549,10 +542,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_invariant_kernel(pmla_
   pdl_wait();
   pdl_trigger();
   /* want and split_at (the budget walk) share pieces and unit_at with
-   * rq.na and rq.u0: each thread writes its own entry after the walk;
-   * rq.pieces shares buf, free between the scans */
-  const InvReqs rq = {blocks, room_at, len_at,  qb_at, qe_at,
-                      item_at, part_at, unit_at, pieces, (unsigned long long *)buf};
+   * rq.na and rq.u0: each thread writes its own entry after the walk */
+  const InvReqs rq = {blocks, room_at, len_at, qb_at, qe_at, item_at, part_at, unit_at, pieces};
   plan_invariant(in, out, buf, pieces, unit_at, last_unit, rq, &s_inv, &s_err, &s_rows,
                  &s_max_pieces);
 }
