@@ -462,7 +462,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     ucur = pmla_inv_unit_from(ucur, 2 * cum + cost0, N, total);
     const int32_t u0 = ucur;
     const int32_t a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
-    const int split = a < n && slots + 1 + (n - a) <= budget && reduces < R;
+    const int split = a < n && slots + 1 + (n - a) <= budget;
     if (!split) { /* whole on unit u0, folding in its accumulator */
       for (int32_t j = 0; j < n; j++) {
         int32_t flags;

@@ -422,8 +422,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
       a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
       need = a < n ? 1 + (n - a) : 0;
     }
-    /* the split budget, in request order (the serial planner's other
-     * condition, fewer reduces than requests, always holds) */
+    /* the split budget, in request order, as the serial planner spends it */
     int64_t need_sum;
     block_exclusive_scan(need, buf, &need_sum);
     int split = need > 0;
