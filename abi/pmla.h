@@ -20,9 +20,11 @@
  *
  * Errors
  *   Every call returns a pmla_status. On error nothing is written to outputs
- *   and nothing leaks. last_error() gives a message naming the argument, the
- *   value given and what is accepted. For a failed init_builder (no builder
- *   exists yet) call last_error(NULL) on the same thread.
+ *   and nothing leaks (one exception: check_device_error's
+ *   PMLA_ERR_DEVICE_INPUT writes the bits it found to *flags). last_error()
+ *   gives a message naming the argument, the value given and what is
+ *   accepted. For a failed init_builder (no builder exists yet) call
+ *   last_error(NULL) on the same thread.
  *
  * Threading
  *   Builders are independent: many may live in one process and be used from
@@ -44,6 +46,12 @@
  *   them with events): the next build overwrites the schedule earlier
  *   decodes read. A failed build_* leaves the builder with no step (decode
  *   answers PMLA_ERR_BAD_STATE) until the next successful one.
+ *   build_* and decode only queue work, so a CUDA/HIP graph may capture
+ *   them; init_builder, destroy_builder, check_device_error and copy_buffer
+ *   allocate, free or wait for the device, which invalidates a capture that
+ *   another thread runs in the global capture mode (the default of
+ *   cudaStreamBeginCapture and torch.cuda.graph): call them outside such a
+ *   capture, or capture in thread-local mode.
  */
 #ifndef PMLA_H
 #define PMLA_H
@@ -292,8 +300,9 @@ typedef struct pmla_backend {
   /* Message of the last failed call on builder; NULL builder: the last failed
    * init_builder on this thread. Never NULL; "" when there is none. */
   const char *(*last_error)(const pmla_builder *builder);
-  /* Waits for the builder's pending work, reads and clears the device error
-   * word (pmla_device_error_bits). Returns PMLA_ERR_DEVICE_INPUT when set. */
+  /* Waits for the builder's pending work (on a GPU: for all work on its
+   * device), reads and clears the device error word
+   * (pmla_device_error_bits). Returns PMLA_ERR_DEVICE_INPUT when set. */
   pmla_status (*check_device_error)(pmla_builder *builder, uint32_t *flags);
   /* Copies one persistent buffer to host memory (waits for pending work);
    * `bytes` must equal buffer_bytes[which]. For tests and debugging. */
