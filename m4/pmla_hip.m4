@@ -66,6 +66,13 @@ AC_DEFUN([PMLA_CHECK_HIP], [
       AS_IF([test -z "$pmla_arch_list"], [pmla_arch_list=sm_90a])
       pmla_gencode=
       for a in $pmla_arch_list; do
+        # An sm_90 image has no wgmma body (it needs sm_90a's features), yet
+        # the runtime reports it as sm_90 code, the same as sm_90a's, so an
+        # H100/H200 would run its empty 64-row kernels.
+        AS_CASE([$a],
+          [sm_90], [AC_MSG_ERROR([--with-gpu-arch: sm_90 builds no wgmma body; accepted for H100/H200: sm_90a])],
+          [sm_[[0-9]]*], [],
+          [AC_MSG_ERROR([--with-gpu-arch: '$a' is not an NVIDIA target; accepted: sm_NN or sm_NNa, e.g. sm_90a sm_80])])
         n=`echo "$a" | sed 's/^sm_//'`
         pmla_gencode="$pmla_gencode -gencode arch=compute_$n,code=sm_$n"
       done
