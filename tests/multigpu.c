@@ -321,7 +321,8 @@ static void tensor_parallel_verdict(const tp_shared *sh) {
     return;
   }
   pmla_builder_config cfg = test_config(H, PS, B, MAXQ, 0, 0); /* its softmax_scale */
-  ref_problem p = {s->tokens, H, s->q, h_kv, (int64_t)PAGES * PS, &lists, cfg.softmax_scale};
+  ref_problem p = {s->tokens, H, s->q, h_kv, (int64_t)PAGES * PS, &lists, cfg.softmax_scale,
+                   0, NULL, 0};
   ref_mla_decode(&p, ref, NULL);
   for (size_t i = 0; i < n; i++) {
     size_t t = i / (H * DV), h = i / DV % H, c = i % DV;

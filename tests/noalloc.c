@@ -72,6 +72,7 @@ void *aligned_alloc(size_t align, size_t n) {
   count(&n_alloc);
   return __libc_memalign(align, n);
 }
+void *memalign(size_t align, size_t n); /* glibc's, interposed (no prototype in <stdlib.h>) */
 void *memalign(size_t align, size_t n) {
   count(&n_alloc);
   return __libc_memalign(align, n);
@@ -215,7 +216,7 @@ int main(int argc, char **argv) {
   pmla_decode_batch bad_batch = bt_batch;
   bad_batch.qo_indptr = &t_bad;
   pmla_sparse_batch sparse = {sizeof sparse, 0, &t_topk, 3000, NULL};
-  pmla_decode_args args = {sizeof args, 0, &t_q, &t_kv, &t_out, &t_lse, NULL};
+  pmla_decode_args args = {sizeof args, 0, &t_q, &t_kv, &t_out, &t_lse, NULL, NULL};
   pmla_builder_info info;
   memset(&info, 0, sizeof info);
   info.struct_size = sizeof info;

@@ -239,7 +239,7 @@ static void run(scenario what, result *r) {
   pmla_decode_batch dense = {sizeof dense, PMLA_KV_BLOCK_TABLE, &t_qo, &t_bt, &t_lens,
                              NULL, NULL, NULL, NULL};
   pmla_sparse_batch sparse = {sizeof sparse, 0, &t_topk, 4096, NULL};
-  pmla_decode_args args = {sizeof args, 0, &t_q, &t_kv, &t_out, &t_lse, NULL};
+  pmla_decode_args args = {sizeof args, 0, &t_q, &t_kv, &t_out, &t_lse, NULL, NULL};
   pmla_builder *b = NULL;
   memset(r, 0, sizeof *r);
   if (what == REGISTRY) {
