@@ -177,9 +177,9 @@ PMLA_INLINE void qk_4x2(const float *restrict q, const float *restrict k, float 
 /* o_r = o_r * c_r + sum_t p_r[t] v_t for two rows, 32 columns at a time;
  * v_t is row t of the chunk (pitch 576, the first 512 dims are V). The
  * chunk's sum starts from zero and meets O once, so O takes one rounding a
- * chunk rather than one a token: a long item whose weights are near-uniform
- * would otherwise drift (a 2^20-token request by ~2%), as the GPU's block
- * of P V into its accumulator does not. */
+ * chunk rather than one a token (the GPU adds a 64-token block's P V at a
+ * time): token by token, a long item of near-uniform weights drifted (a
+ * 2^20-token request by ~2%). */
 PMLA_INLINE void pv_2rows(float *restrict o0, float *restrict o1, float c0, float c1,
                           const float *restrict p0, const float *restrict p1,
                           const float *restrict v, int32_t n) {
