@@ -81,10 +81,13 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
                      cfg.device, count - 1);
   device_scope d = enter_device(cfg.device);
   int sms = 0;
-  if (!d.ok || gpuMultiProcessorCount(&sms, cfg.device) != GPU_SUCCESS || sms < 1) {
+  e = d.ok ? gpuMultiProcessorCount(&sms, cfg.device) : d.err;
+  if (e != GPU_SUCCESS || sms < 1) {
     gpuGetLastError();
     leave_device(d);
-    return pmla_fail(NULL, PMLA_ERR_DEVICE, "init_builder: cannot query device %d", cfg.device);
+    return pmla_fail(NULL, PMLA_ERR_DEVICE, "init_builder: cannot %s device %d: %s",
+                     d.ok ? "query" : "make current", cfg.device,
+                     e != GPU_SUCCESS ? gpuGetErrorString(e) : "no multiprocessors reported");
   }
   uint32_t cus = cfg.cu_count ? cfg.cu_count : (uint32_t)sms;
   pmla_builder *b = calloc(1, sizeof *b);
@@ -108,17 +111,23 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
   pmla_size_buffers(b, cus, (uint32_t)(units < PMLA_GPU_MAX_UNITS ? units : PMLA_GPU_MAX_UNITS));
   for (int i = 0; i < PMLA_BUF_COUNT; i++) {
     size_t bytes = (size_t)b->info.buffer_bytes[i];
-    if (gpuMalloc(&b->buf[i], bytes ? bytes : 4) != GPU_SUCCESS ||
-        gpuMemset(b->buf[i], 0, bytes ? bytes : 4) != GPU_SUCCESS) {
+    const int allocated = (e = gpuMalloc(&b->buf[i], bytes ? bytes : 4)) == GPU_SUCCESS;
+    if (allocated)
+      e = gpuMemset(b->buf[i], 0, bytes ? bytes : 4);
+    if (e != GPU_SUCCESS) {
       gpuGetLastError(); /* clear the sticky-free error state */
       uint64_t total = b->info.total_bytes;
       gpu_destroy(b);
       leave_device(d);
-      return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
-                       "init_builder: cannot allocate %zu bytes (%s) on device %d; the builder "
+      /* only a refused allocation is a lack of memory; anything else is
+       * the runtime's failure, named */
+      return pmla_fail(NULL, !allocated && e == GPU_OUT_OF_MEMORY ? PMLA_ERR_OUT_OF_MEMORY
+                                                                   : PMLA_ERR_DEVICE,
+                       "init_builder: cannot %s %zu bytes (%s) on device %d: %s; the builder "
                        "needs %llu bytes in all",
-                       bytes, i == PMLA_BUF_PARTIAL_OUT ? "partial_out" : "schedule buffers",
-                       cfg.device, (unsigned long long)total);
+                       allocated ? "zero" : "allocate", bytes,
+                       i == PMLA_BUF_PARTIAL_OUT ? "partial_out" : "schedule buffers",
+                       cfg.device, gpuGetErrorString(e), (unsigned long long)total);
     }
   }
   /* cudaMemset returns before the zeros land, on the legacy stream, which a

@@ -12,6 +12,7 @@
 typedef cudaError_t gpu_error_t;
 typedef cudaStream_t gpu_stream_t;
 #define GPU_SUCCESS cudaSuccess
+#define GPU_OUT_OF_MEMORY cudaErrorMemoryAllocation
 #define GPU_DLPACK_DEVICE kDLCUDA
 #define gpuGetDeviceCount cudaGetDeviceCount
 #define gpuGetDevice cudaGetDevice
@@ -31,6 +32,7 @@ typedef cudaStream_t gpu_stream_t;
 typedef hipError_t gpu_error_t;
 typedef hipStream_t gpu_stream_t;
 #define GPU_SUCCESS hipSuccess
+#define GPU_OUT_OF_MEMORY hipErrorOutOfMemory
 #define GPU_DLPACK_DEVICE kDLROCM
 #define gpuGetDeviceCount hipGetDeviceCount
 #define gpuGetDevice hipGetDevice
