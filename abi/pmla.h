@@ -41,6 +41,10 @@
  *   those tensors alive and unchanged until the last decode of that step.
  *   decode may then be called any number of times (once per layer).
  *   Neither allocates: every buffer is sized and allocated by init_builder.
+ *   (Under CUDA's lazy module loading, the default since CUDA 12.2, the
+ *   driver loads each kernel variant at its first launch, which takes device
+ *   memory for its code: a host that must see no allocation at all runs a
+ *   step of each kind once before it counts.)
  *   GPU work is queued on the stream each call is given. Queue a step's
  *   build_*, its decodes and the next step's build_* on one stream (or order
  *   them with events): the next build overwrites the schedule earlier
