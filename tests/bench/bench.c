@@ -16,7 +16,8 @@
  * a backend that reads too far or writes nothing fails.
  *
  * Plugins come from --plugin (each a registry search path of its own; then
- * $PMLA_PLUGIN_PATH is not read), else from the registry's default search:
+ * $PMLA_PLUGIN_PATH is not read; several run side by side, one step of each
+ * in turn, on the same inputs), else from the registry's default search:
  * $PMLA_PLUGIN_PATH, else the installed plugin directory. --device N runs on
  * GPU N: its memory and stream, and config.device = N for every builder.
  */
@@ -219,7 +220,7 @@ static void poison_kv_row(uint8_t *row, int kv_dtype) {
  * overcommit and filling them end in the OOM killer. The builder is made
  * first, so the memory it holds is no longer counted as available. */
 static void check_host_memory(const bench_shape *s, int kv_dtype, int page_size, int check,
-                              int host_backend) {
+                              int host_backend, int plugins) {
   const double tokens = (double)s->b * s->sq, rows = tokens * s->h;
   double L = s->L_max > s->L ? s->L_max : s->L, bytes = rows * QK * 2;
   if (s->sparse_topk)
@@ -227,8 +228,8 @@ static void check_host_memory(const bench_shape *s, int kv_dtype, int page_size,
   else
     bytes += (double)s->b * (ceil(L / page_size) + 1) * ((double)page_size *
              test_kv_row_bytes((uint32_t)kv_dtype) + 8);
-  if (host_backend) /* the copies uploaded, and out and lse */
-    bytes += bytes + rows * (DV * 2 + 4);
+  if (host_backend) /* the copies uploaded, and each plugin's out and lse */
+    bytes += bytes + plugins * rows * (DV * 2 + 4);
   if (check) /* the reference's output and lse in double, and what is read back */
     bytes += rows * (DV * 8 + DV * 4 + DV * 2 + 16);
   const uint64_t have = test_host_available_bytes();
@@ -361,15 +362,29 @@ static int check_against_reference(const problem *p, const uint16_t *out, const 
   return o.ok && l.ok;
 }
 
-static result run_shape(const options *o, const pmla_backend *be, const devmem *m, const bench_shape *s,
-                        double copy_gbps, int nocap, uint64_t seed) {
-  result res;
-  memset(&res, 0, sizeof res);
-  rng = seed; /* every plugin sees the same batch, pages and data */
+/* One plugin's side of a shape: its builder, its out and lse, its times. */
+typedef struct plugin_run {
+  pmla_builder *b;
+  void *d_out, *d_lse;
+  int64_t out_shape[3], lse_shape[2];
+  DLTensor tout, tlse;
+  pmla_decode_args da;
+  double *t, *tm;
+} plugin_run;
+
+/* Runs shape s on every plugin (be[0..nb-1]) with the same inputs, one
+ * step of each plugin in turn, the order reversed every step, so that no
+ * plugin always runs first or gets the machine's state to itself; fills
+ * res[0..nb-1]. */
+static void run_shape(const options *o, const pmla_backend *const *be, int nb, const devmem *m,
+                      const bench_shape *s, double copy_gbps, int nocap, uint64_t seed,
+                      result *res) {
+  memset(res, 0, sizeof *res * (size_t)nb);
+  rng = seed; /* every shape's inputs follow from its index alone */
   problem p;
   const int kv_dtype = s->kv ? s->kv : o->kv;
   const int page = s->page ? s->page : 64;
-  /* the builder first: the backend refuses a shape it cannot serve (heads,
+  /* the builders first: a backend refuses a shape it cannot serve (heads,
    * page size, batch, query tokens) with its own message before the inputs
    * are made */
   pmla_builder_config cfg =
@@ -379,34 +394,32 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
   cfg.device = m->device_id;
   cfg.kv_dtype = (uint32_t)kv_dtype;
   cfg.flags = o->invariant ? PMLA_BUILDER_BATCH_INVARIANT : 0;
-  pmla_builder *b = NULL;
-  pmla_status st = be->init_builder(&cfg, &b);
-  if (st)
-    die_status(be, NULL, "init_builder", st);
-  check_host_memory(s, kv_dtype, page, o->check, m->device_type == kDLCPU);
+  plugin_run pr[MAX_PLUGINS];
+  memset(pr, 0, sizeof pr);
+  for (int k = 0; k < nb; k++) {
+    pmla_status st = be[k]->init_builder(&cfg, &pr[k].b);
+    if (st)
+      die_status(be[k], NULL, "init_builder", st);
+  }
+  check_host_memory(s, kv_dtype, page, o->check, m->device_type == kDLCPU, nb);
   make_problem(s, kv_dtype, page, o->check, &p);
 
+  /* the inputs, read by every plugin */
   size_t q_bytes = (size_t)p.tokens * (size_t)p.heads * QK * 2;
   size_t out_bytes = (size_t)p.tokens * (size_t)p.heads * DV * 2;
+  size_t lse_bytes = (size_t)p.tokens * (size_t)p.heads * 4;
   size_t kv_bytes = (size_t)p.num_pages * (size_t)p.page_size * (size_t)p.row_bytes;
   const float kv_scale = BENCH_KV_SCALE;
   void *d_q = upload(m, p.q, q_bytes), *d_kv = upload(m, p.kv, kv_bytes);
   void *d_scale = upload(m, &kv_scale, sizeof kv_scale);
-  void *d_out = upload(m, NULL, out_bytes), *d_lse = upload(m, NULL, (size_t)p.tokens * (size_t)p.heads * 4);
-  /* NaN until the backend writes them (all-ones bytes: NaN as bf16 and as
-   * fp32), so --check fails a backend that leaves them as they were */
-  if (m->fill(d_out, 0xff, out_bytes) || m->fill(d_lse, 0xff, (size_t)p.tokens * (size_t)p.heads * 4))
-    fail_exit(2, "cannot fill out and lse on %s", m->name);
   int64_t q_shape[3] = {p.tokens, p.heads, QK},
           kv_shape[3] = {p.num_pages, p.page_size, test_kv_width((uint32_t)kv_dtype)},
           one[1] = {1};
-  int64_t out_shape[3] = {p.tokens, p.heads, DV}, lse_shape[2] = {p.tokens, p.heads};
   DLDataType bf16 = {kDLBfloat, 16, 1}, i32 = {kDLInt, 32, 1}, f32 = {kDLFloat, 32, 1};
   DLDataType u8 = {kDLUInt, 8, 1};
   DLTensor tq = tensor(d_q, m, bf16, 3, q_shape);
   DLTensor tkv = tensor(d_kv, m, kv_dtype == PMLA_DTYPE_BF16 ? bf16 : u8, 3, kv_shape);
   DLTensor tscale = tensor(d_scale, m, f32, 1, one);
-  DLTensor tout = tensor(d_out, m, bf16, 3, out_shape), tlse = tensor(d_lse, m, f32, 2, lse_shape);
 
   void *d_a = NULL, *d_b = NULL, *d_c = NULL;
   int64_t sh_a[2], sh_b[2], sh_c[1];
@@ -443,81 +456,100 @@ static result run_shape(const options *o, const pmla_backend *be, const devmem *
     db.kv_lens = &tc;
     db.stream = m->stream();
   }
-  pmla_decode_args da = {sizeof da, 0, &tq, &tkv, &tout, &tlse, m->stream(), &tscale};
+
+  const int n = o->iters;
+  for (int k = 0; k < nb; k++) {
+    plugin_run *r = &pr[k];
+    r->d_out = upload(m, NULL, out_bytes);
+    r->d_lse = upload(m, NULL, lse_bytes);
+    /* NaN until the backend writes them (all-ones bytes: NaN as bf16 and as
+     * fp32), so --check fails a backend that leaves them as they were */
+    if (m->fill(r->d_out, 0xff, out_bytes) || m->fill(r->d_lse, 0xff, lse_bytes))
+      fail_exit(2, "cannot fill out and lse on %s", m->name);
+    r->out_shape[0] = r->lse_shape[0] = p.tokens;
+    r->out_shape[1] = r->lse_shape[1] = p.heads;
+    r->out_shape[2] = DV;
+    r->tout = tensor(r->d_out, m, bf16, 3, r->out_shape);
+    r->tlse = tensor(r->d_lse, m, f32, 2, r->lse_shape);
+    r->da = (pmla_decode_args){sizeof r->da, 0, &tq, &tkv, &r->tout, &r->tlse, m->stream(), &tscale};
+    r->t = xmalloc(sizeof(double) * (size_t)n, "timings");
+    r->tm = xmalloc(sizeof(double) * (size_t)n, "timings");
+  }
 
   size_t flush_bytes = m->device_type == kDLCPU || !o->flush ? 0 : (size_t)256 << 20;
   void *flush = flush_bytes ? m->alloc(flush_bytes) : NULL;
   if (flush_bytes && !flush)
     fail_exit(2, "cannot allocate the %zu-byte L2 flush buffer on %s (--no-flush times "
               "without flushing)", flush_bytes, m->name);
-  int n = o->iters;
-  double *t = xmalloc(sizeof(double) * (size_t)n, "timings"),
-         *tm = xmalloc(sizeof(double) * (size_t)n, "timings");
-  for (int i = 0; i < o->warmup + n; i++) {
-    if (flush && m->fill(flush, i & 0xff, flush_bytes))
-      fail_exit(2, "the L2 flush failed on %s", m->name);
-    m->timer_start();
-    st = s->sparse_topk ? be->build_sparse(b, &sb) : be->build_decode(b, &db);
-    double meta = m->timer_stop_us();
-    if (st)
-      die_status(be, b, s->sparse_topk ? "build_sparse" : "build_decode", st);
-    if (flush && m->fill(flush, (i + 1) & 0xff, flush_bytes))
-      fail_exit(2, "the L2 flush failed on %s", m->name);
-    m->timer_start();
-    st = be->decode(b, &da);
-    double us = m->timer_stop_us();
-    if (st)
-      die_status(be, b, "decode", st);
-    if (!(us >= 0) || !(meta >= 0))
-      fail_exit(2, "the timer on %s failed", m->name);
-    if (i >= o->warmup) {
-      t[i - o->warmup] = us;
-      tm[i - o->warmup] = meta;
+  for (int i = 0; i < o->warmup + n; i++)
+    for (int j = 0; j < nb; j++) {
+      const int k = i & 1 ? nb - 1 - j : j;
+      plugin_run *r = &pr[k];
+      if (flush && m->fill(flush, i & 0xff, flush_bytes))
+        fail_exit(2, "the L2 flush failed on %s", m->name);
+      m->timer_start();
+      pmla_status st = s->sparse_topk ? be[k]->build_sparse(r->b, &sb) : be[k]->build_decode(r->b, &db);
+      double meta = m->timer_stop_us();
+      if (st)
+        die_status(be[k], r->b, s->sparse_topk ? "build_sparse" : "build_decode", st);
+      if (flush && m->fill(flush, (i + 1) & 0xff, flush_bytes))
+        fail_exit(2, "the L2 flush failed on %s", m->name);
+      m->timer_start();
+      st = be[k]->decode(r->b, &r->da);
+      double us = m->timer_stop_us();
+      if (st)
+        die_status(be[k], r->b, "decode", st);
+      if (!(us >= 0) || !(meta >= 0))
+        fail_exit(2, "the timer on %s failed", m->name);
+      if (i >= o->warmup) {
+        r->t[i - o->warmup] = us;
+        r->tm[i - o->warmup] = meta;
+      }
     }
-  }
   m->sync();
-  uint32_t flags = 0;
-  st = be->check_device_error(b, &flags);
-  if (st)
-    die_status(be, b, "check_device_error", st);
-  res.us = median(t, n);
-  res.meta_us = median(tm, n);
   double flops = 2.0 * s->h * (s->sparse_topk ? 1 : s->sq) * (double)p.sum_L * (QK + DV);
   double bytes = (double)p.sum_L * (double)p.row_bytes + (double)q_bytes + (double)out_bytes;
-  res.tflops = flops / (res.us * 1e6);
-  res.gbps = bytes / (res.us * 1e3);
-  res.copy_frac = copy_gbps > 0 ? res.gbps / copy_gbps : 0;
-  res.nocap = nocap;
-  pmla_builder_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  if (be->query_builder(b, &info) == PMLA_OK)
-    res.cap = info.split_cap;
-  if (o->check) {
-    uint16_t *out = xmalloc(out_bytes, "the output read back");
-    float *lse = xmalloc((size_t)p.tokens * (size_t)p.heads * 4, "the lse read back");
-    if (m->download(out, d_out, out_bytes) ||
-        m->download(lse, d_lse, (size_t)p.tokens * (size_t)p.heads * 4))
-      fail_exit(2, "cannot read out and lse back from %s", m->name);
-    res.checked = 1;
-    res.ok = check_against_reference(&p, out, lse, cfg.softmax_scale, &res);
-    free(out);
-    free(lse);
+  for (int k = 0; k < nb; k++) {
+    plugin_run *r = &pr[k];
+    uint32_t flags = 0;
+    pmla_status st = be[k]->check_device_error(r->b, &flags);
+    if (st)
+      die_status(be[k], r->b, "check_device_error", st);
+    res[k].us = median(r->t, n);
+    res[k].meta_us = median(r->tm, n);
+    res[k].tflops = flops / (res[k].us * 1e6);
+    res[k].gbps = bytes / (res[k].us * 1e3);
+    res[k].copy_frac = copy_gbps > 0 ? res[k].gbps / copy_gbps : 0;
+    res[k].nocap = nocap;
+    pmla_builder_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (be[k]->query_builder(r->b, &info) == PMLA_OK)
+      res[k].cap = info.split_cap;
+    if (o->check) {
+      uint16_t *out = xmalloc(out_bytes, "the output read back");
+      float *lse = xmalloc(lse_bytes, "the lse read back");
+      if (m->download(out, r->d_out, out_bytes) || m->download(lse, r->d_lse, lse_bytes))
+        fail_exit(2, "cannot read out and lse back from %s", m->name);
+      res[k].checked = 1;
+      res[k].ok = check_against_reference(&p, out, lse, cfg.softmax_scale, &res[k]);
+      free(out);
+      free(lse);
+    }
+    free(r->t);
+    free(r->tm);
+    m->release(r->d_out);
+    m->release(r->d_lse);
+    be[k]->destroy_builder(r->b);
   }
-  free(t);
-  free(tm);
   m->release(flush);
   m->release(d_q);
   m->release(d_kv);
   m->release(d_scale);
-  m->release(d_out);
-  m->release(d_lse);
   m->release(d_a);
   m->release(d_b);
   m->release(d_c);
-  be->destroy_builder(b);
   free_problem(&p);
-  return res;
 }
 
 /* text as an int >= min, the whole of it; 0 on success */
@@ -870,9 +902,11 @@ int main(int argc, char **argv) {
   for (int i = 0; i < o.nshapes; i++) {
     const bench_shape *s = &o.shapes[i];
     const uint64_t seed = 0x9e3779b97f4a7c15ull ^ ((uint64_t)(i + 1) * 0xbf58476d1ce4e5b9ull);
-    for (int nocap = 0; nocap <= (s->sparse_topk ? 1 : 0); nocap++)
+    for (int nocap = 0; nocap <= (s->sparse_topk ? 1 : 0); nocap++) {
+      result rs[MAX_PLUGINS];
+      run_shape(&o, be, o.nplugins, m, s, copy_gbps, nocap, seed, rs);
       for (int k = 0; k < o.nplugins; k++) {
-        result r = run_shape(&o, be[k], m, s, copy_gbps, nocap, seed);
+        const result r = rs[k];
         /* what follows the shape's own fields: page size, cache dtype, plugin */
         char name[112], tag[48] = "";
         const int kvd = s->kv ? s->kv : o.kv;
@@ -912,6 +946,7 @@ int main(int argc, char **argv) {
         first = 0;
         fflush(stdout);
       }
+    }
   }
   if (o.json)
     printf("\n ]\n}\n");
