@@ -6,7 +6,9 @@
  * refused, a device past the last is refused, every call leaves the
  * thread's current device as it found it, a builder gives the same
  * output whichever device is current, and builders made after the host
- * resets the device decode as before. GPU runtime calls go through devmem.h.
+ * resets the device decode as before, and a step queued right behind
+ * another leaves the earlier step's schedule to its decode. GPU runtime
+ * calls go through devmem.h.
  * On a host-memory backend these skip with the reason. (That the
  * device's metadata kernel writes this plugin's host planner's schedule is
  * white-box: pmla-unit.) */
@@ -419,6 +421,128 @@ static void fresh_step_result(int sparse, uint64_t seed, uint16_t *out, size_t n
   free_step(&s);
 }
 
+/* pmla.h: a step's build, its decodes and the next step's build queued on
+ * one stream, the next build overwriting the schedule the earlier decodes
+ * read. Step X (six whole requests of 4096 tokens: none splits, so the
+ * reduce has nothing to merge and its warps leave without waiting for the
+ * decode) is queued, then step Y (six of 64 tokens, other pages) right
+ * behind it, with no wait between; each step's out and lse must equal the
+ * same steps run with a wait after each. If the decode of X could still be
+ * running when Y's metadata kernel rewrote the schedule (a reduce that
+ * exits early must not let the next kernel past the decode), X would
+ * attend Y's 64 tokens. */
+#define QR_BATCH 6
+#define QR_PAGE 64
+#define QR_X_PAGES 64 /* 4096 tokens a request */
+START_TEST(test_a_step_queued_behind_another_leaves_its_schedule_alone) {
+  if (!require_gpu(__func__))
+    return;
+  uint64_t rng = harness_seed() ^ 0x9e9e;
+  const int32_t pages = QR_BATCH * QR_X_PAGES + QR_BATCH;
+  pmla_builder_config cfg = harness_config(HEADS, QR_PAGE, QR_BATCH, 1, 0, QR_BATCH);
+  pmla_builder *b = harness_init(&cfg);
+  int32_t qo[QR_BATCH + 1], bt_x[QR_BATCH * QR_X_PAGES], bt_y[QR_BATCH * QR_X_PAGES];
+  int32_t len_x[QR_BATCH], len_y[QR_BATCH];
+  for (int32_t r = 0; r <= QR_BATCH; r++)
+    qo[r] = r;
+  for (int32_t r = 0; r < QR_BATCH; r++) {
+    len_x[r] = QR_X_PAGES * QR_PAGE;
+    len_y[r] = QR_PAGE;
+    for (int32_t j = 0; j < QR_X_PAGES; j++) {
+      bt_x[r * QR_X_PAGES + j] = r * QR_X_PAGES + j;
+      bt_y[r * QR_X_PAGES + j] = QR_BATCH * QR_X_PAGES + r; /* only entry 0 is read */
+    }
+  }
+  const size_t nkv = (size_t)pages * QR_PAGE * 576, nq = (size_t)QR_BATCH * HEADS * 576;
+  uint16_t *kv = malloc(nkv * 2), *q = malloc(nq * 2);
+  ck_assert(kv && q);
+  for (size_t i = 0; i < nkv; i++)
+    kv[i] = bf16_of(&rng);
+  for (size_t i = 0; i < nq; i++)
+    q[i] = bf16_of(&rng);
+  test_tensor t_qo, t_btx, t_bty, t_lx, t_ly, t_q, t_kv, t_out[2], t_lse[2];
+  tt_make1(&t_qo, TT_I32, qo, QR_BATCH + 1);
+  tt_make2(&t_btx, TT_I32, bt_x, QR_BATCH, QR_X_PAGES);
+  tt_make2(&t_bty, TT_I32, bt_y, QR_BATCH, QR_X_PAGES);
+  tt_make1(&t_lx, TT_I32, len_x, QR_BATCH);
+  tt_make1(&t_ly, TT_I32, len_y, QR_BATCH);
+  tt_make3(&t_q, TT_BF16, q, QR_BATCH, HEADS, 576);
+  tt_make3(&t_kv, TT_BF16, kv, pages, QR_PAGE, 576);
+  pmla_decode_batch batch[2];
+  pmla_decode_args args[2];
+  for (int k = 0; k < 2; k++) {
+    tt_make3(&t_out[k], TT_BF16, NULL, QR_BATCH, HEADS, 512);
+    tt_make2(&t_lse[k], TT_F32, NULL, QR_BATCH, HEADS);
+    batch[k] = (pmla_decode_batch){.struct_size = sizeof batch[k],
+                                   .kv_layout = PMLA_KV_BLOCK_TABLE,
+                                   .qo_indptr = &t_qo.t,
+                                   .block_table = k ? &t_bty.t : &t_btx.t,
+                                   .kv_lens = k ? &t_ly.t : &t_lx.t,
+                                   .stream = harness_stream()};
+    args[k] = (pmla_decode_args){.struct_size = sizeof args[k],
+                                 .q = &t_q.t,
+                                 .kv_cache = &t_kv.t,
+                                 .out = &t_out[k].t,
+                                 .lse = &t_lse[k].t,
+                                 .stream = harness_stream()};
+  }
+  const size_t n_out = (size_t)QR_BATCH * HEADS * 512, n_lse = (size_t)QR_BATCH * HEADS;
+  uint16_t *o_want[2], *o_got = malloc(n_out * 2);
+  float *l_want[2], *l_got = malloc(n_lse * 4);
+  ck_assert(o_got && l_got);
+  for (int k = 0; k < 2; k++) { /* each step alone, waited for */
+    o_want[k] = malloc(n_out * 2);
+    l_want[k] = malloc(n_lse * 4);
+    ck_assert(o_want[k] && l_want[k]);
+    ck_assert_int_eq(g_be->build_decode(b, &batch[k]), PMLA_OK);
+    ck_assert_int_eq(g_be->decode(b, &args[k]), PMLA_OK);
+    ck_assert_int_eq(g_mem->sync(), 0);
+    tt_download(&t_out[k], o_want[k]);
+    tt_download(&t_lse[k], l_want[k]);
+  }
+  int32_t meta[PMLA_META_WORDS];
+  ck_assert_int_eq(g_be->build_decode(b, &batch[0]), PMLA_OK);
+  ck_assert_int_eq(g_be->copy_buffer(b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta), PMLA_OK);
+  ck_assert_msg(meta[SCHED_META_REDUCE] == 0, "step X splits %d requests; the test needs none",
+                meta[SCHED_META_REDUCE]);
+  for (int round = 0; round < 20; round++) {
+    for (int k = 0; k < 2; k++) {
+      ck_assert_int_eq(g_mem->fill(t_out[k].t.data, 0xff, t_out[k].bytes), 0);
+      ck_assert_int_eq(g_mem->fill(t_lse[k].t.data, 0xff, t_lse[k].bytes), 0);
+    }
+    for (int k = 0; k < 2; k++) { /* queued back to back, no wait */
+      ck_assert_int_eq(g_be->build_decode(b, &batch[k]), PMLA_OK);
+      ck_assert_int_eq(g_be->decode(b, &args[k]), PMLA_OK);
+    }
+    ck_assert_int_eq(g_mem->sync(), 0);
+    for (int k = 0; k < 2; k++) {
+      tt_download(&t_out[k], o_got);
+      tt_download(&t_lse[k], l_got);
+      ck_assert_msg(memcmp(o_got, o_want[k], n_out * 2) == 0 &&
+                        memcmp(l_got, l_want[k], n_lse * 4) == 0,
+                    "round %d: step %c queued behind another differs from the step alone", round,
+                    k ? 'Y' : 'X');
+    }
+  }
+  uint32_t flags = 0;
+  ck_assert_int_eq(g_be->check_device_error(b, &flags), PMLA_OK);
+  ck_assert_uint_eq(flags, 0);
+  test_tensor *all[] = {&t_qo, &t_btx, &t_bty, &t_lx, &t_ly, &t_q, &t_kv,
+                        &t_out[0], &t_out[1], &t_lse[0], &t_lse[1]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    tt_free(all[i]);
+  for (int k = 0; k < 2; k++) {
+    free(o_want[k]);
+    free(l_want[k]);
+  }
+  free(o_got);
+  free(l_got);
+  free(kv);
+  free(q);
+  g_be->destroy_builder(b);
+}
+END_TEST
+
 /* A host may reset the device (cudaDeviceReset) once its builders are
  * destroyed; builders made after that decode as before, bit for bit. The
  * plugin keeps no device state outside its builders; the per-process cache
@@ -457,6 +581,7 @@ Suite *suite_gpu(void) {
   tcase_add_test(tc, test_graph_of_build_sparse_and_decode_replays_like_eager);
   tcase_add_test(tc, test_steps_allocate_no_device_memory);
   tcase_add_test(tc, test_decode_refuses_tensors_not_16_byte_aligned);
+  tcase_add_test(tc, test_a_step_queued_behind_another_leaves_its_schedule_alone);
   suite_add_tcase(s, tc);
   TCase *dev = tcase_create("devices");
   tcase_set_timeout(dev, 120);
