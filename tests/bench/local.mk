@@ -13,3 +13,13 @@ bin_PROGRAMS += tests/info/pmla-info
 tests_info_pmla_info_SOURCES = tests/info/info.c tests/test_config.c tests/test_config.h
 tests_info_pmla_info_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
 tests_info_pmla_info_LDADD = abi/libpmla-registry.la $(LIBM)
+
+# A plugin whose "pmla-cpu" accepts every call and writes nothing, for
+# check-tools.sh (pmla-bench --check must fail it). Kept out of tests/.libs,
+# whose plugins the registry tests and the fuzzer take as they find them.
+if PMLA_TESTS
+check_LTLIBRARIES += tests/bench/mock_idle.la
+tests_bench_mock_idle_la_SOURCES = tests/mock_plugin.c
+tests_bench_mock_idle_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=14
+tests_bench_mock_idle_la_LDFLAGS = -module -avoid-version -shared -rpath $(abs_builddir)/tests/bench
+endif

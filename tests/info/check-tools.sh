@@ -90,7 +90,7 @@ case $out in *'
 # bench --check: out and lse are poisoned before each plugin's steps, so a
 # backend that writes nothing fails, also right after a plugin that wrote
 # the right values into the same shape's buffers
-idle=${PMLA_TEST_MOCK_DIR:-tests/.libs}/mock_idle.so
+idle=tests/bench/.libs/mock_idle.so
 if [ -f "$idle" ]; then
   out=$($bench --plugin "$plugin" --plugin "$idle" --shape b=2,L=100,h=16 --shape tokens=3,slots=500,h=16,topk=64 \
     --iters 1 --warmup 0 --check) && fail "pmla-bench --check passed a backend that writes nothing: $out"
