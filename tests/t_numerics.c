@@ -466,6 +466,7 @@ START_TEST(test_a_long_request_of_equal_rows_gives_that_row) {
   test_tensor t_qo, t_bt, t_lens, t_q, t_kv, t_out, t_lse;
   tt_make1(&t_qo, TT_I32, qo, 2);
   tt_make2(&t_bt, TT_I32, bt, 1, WIDTH);
+  free(bt);
   tt_make1(&t_lens, TT_I32, lens, 1);
   tt_make3(&t_q, TT_BF16, q, 1, H, 576);
   tt_make3(&t_kv, TT_BF16, page, 1, PS, 576);
@@ -502,6 +503,9 @@ START_TEST(test_a_long_request_of_equal_rows_gives_that_row) {
       got[h * 512 + d] = ref_bf16_to_float(out[h * 512 + d]);
     }
   }
+  free(page);
+  free(q);
+  free(out);
   ref_report r = ref_check_output(want, got, (size_t)H * 512);
   ck_assert_msg(r.ok, "out of %d equal rows: %s", L, r.message);
   r = ref_check_lse(want_lse, lse, H);
@@ -510,10 +514,6 @@ START_TEST(test_a_long_request_of_equal_rows_gives_that_row) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     tt_free(all[i]);
   g_be->destroy_builder(b);
-  free(page);
-  free(q);
-  free(out);
-  free(bt);
   free(want);
   free(got);
 }
