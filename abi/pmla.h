@@ -345,7 +345,8 @@ typedef pmla_status (*pmla_entry_fn)(pmla_negotiation *negotiation);
  * filled in order, 1 capped pieces, 2 batch-invariant chunks: word 7 of an
  * item then also carries flags above bit 16, and an item may fold into its
  * slot instead of overwriting it), 4 the most partial slots one request's
- * reduce entry merges (1 where no request splits), 5 requests,
+ * reduce entry merges (1 where no request splits, 0 in a step of no
+ * requests), 5 requests,
  * 6 the device error word, 7 query rows. Reduce entry k merges partial
  * slots reduce_partial_map[reduce_indptr[k] .. reduce_indptr[k + 1]] into
  * request reduce_final_map[k]. */

@@ -99,9 +99,10 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
                      "init_builder: pmla-cpu needs %.2f GiB of host memory for %u workers "
                      "(%u partial slots of %u heads x %u query tokens, and each worker's "
                      "scratch), %.2f GiB is available (MemAvailable + SwapFree); accepted: "
-                     "a smaller cu_count, max_q_len or num_heads",
+                     "a smaller cu_count, max_q_len or num_heads%s",
                      need / 1073741824.0, cus, b->info.max_partial_slots, cfg.num_heads,
-                     cfg.max_q_len, avail / 1073741824.0);
+                     cfg.max_q_len, avail / 1073741824.0,
+                     pmla_batch_invariant(b) ? ", or no PMLA_BUILDER_BATCH_INVARIANT" : "");
   }
   cpu_state *s = calloc(1, sizeof *s);
   b->impl = s;

@@ -86,7 +86,7 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
     gpuGetLastError();
     leave_device(d);
     return pmla_fail(NULL, PMLA_ERR_DEVICE, "init_builder: cannot %s device %d: %s",
-                     d.ok ? "query" : "make current", cfg.device,
+                     d.ok ? "query" : "switch to", cfg.device,
                      e != GPU_SUCCESS ? gpuGetErrorString(e) : "no multiprocessors reported");
   }
   uint32_t cus = cfg.cu_count ? cfg.cu_count : (uint32_t)sms;

@@ -664,8 +664,9 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
     return snprintf(why, size, "a range of lengths applies to dense shapes only"), -1;
   if (!s->sparse_topk && !have_L)
     return snprintf(why, size, "L is missing (L=0 for empty requests)"), -1;
-  if (!s->sparse_topk && ((uint32_t)s->L > PMLA_MAX_KV_LEN || (uint32_t)s->L_max > PMLA_MAX_KV_LEN))
-    return snprintf(why, size, "L is at most %u (PMLA_MAX_KV_LEN)", PMLA_MAX_KV_LEN), -1;
+  if ((uint32_t)s->L > PMLA_MAX_KV_LEN || (uint32_t)s->L_max > PMLA_MAX_KV_LEN)
+    return snprintf(why, size, "%s is at most %u (PMLA_MAX_KV_LEN)",
+                    s->sparse_topk ? "slots" : "L", PMLA_MAX_KV_LEN), -1;
   if ((int64_t)s->b * s->sq > INT_MAX)
     return snprintf(why, size, "b * sq = %lld query tokens; at most %d", (long long)s->b * s->sq,
                     INT_MAX), -1;
