@@ -134,7 +134,7 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
     }
   }
   EXPECT(red == reduces, "%s: %d reduces left over", what, reduces - red);
-  int32_t most_merged = 1; /* pmla.h's work_meta_data word 4 */
+  int32_t most_merged = R > 0; /* pmla.h's work_meta_data word 4 (0: no requests) */
   for (int32_t k = 0; k < reduces; k++)
     if (b->rindptr[k + 1] - b->rindptr[k] > most_merged)
       most_merged = b->rindptr[k + 1] - b->rindptr[k];
