@@ -219,6 +219,28 @@ int harness_mock_path(const char *name, char *buf, size_t size) {
 
 /* ---- the common main ---- */
 
+/* A test in progress, set and cleared by a checked fixture around each
+ * test (in the forked child, or in the one process without fork). A
+ * process that exits while it is set did so from inside a test. */
+static volatile int g_in_test;
+static void test_begins(void) { g_in_test = 1; }
+static void test_ends(void) { g_in_test = 0; }
+static void exit_guard(void) {
+  if (g_in_test) {
+    fputs("harness: the process exited in the middle of a test (exit() from the code under "
+          "test?): failed\n", stderr);
+    fflush(NULL);
+    _exit(EXIT_FAILURE);
+  }
+}
+
+#undef tcase_create
+TCase *harness_tcase_create(const char *name) {
+  TCase *tc = tcase_create(name);
+  tcase_add_checked_fixture(tc, test_begins, test_ends);
+  return tc;
+}
+
 /* First existing file of a colon-separated list (or the first entry). */
 static const char *first_existing(const char *list) {
   static char buf[4096];
@@ -254,16 +276,18 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
   g_env_prefix = env_prefix;
   if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
     fprintf(stderr,
-            "usage: %s [PLUGIN.so]\n  env: %s_PLUGIN, %s_BACKEND (default pmla-cpu), "
-            "%s_DEVICE (GPU ordinal, default 0), %s_MOCK_DIR, %s_SEED, CK_RUN_SUITE, "
-            "CK_RUN_CASE, CK_FORK\n",
-            argv[0], env_prefix, env_prefix, env_prefix, env_prefix, env_prefix);
+            "usage: %s [PLUGIN.so]\n  env: %s_PLUGIN, %s_BACKEND (default pmla-cpu; pmla when "
+            "%s_DEVICE is set), %s_DEVICE (GPU ordinal, default 0), %s_MOCK_DIR, %s_SEED, "
+            "CK_RUN_SUITE, CK_RUN_CASE, CK_FORK\n  exit: 0 all passed, 1 a failure (or no test "
+            "ran), 2 bad arguments, 77 a GPU backend without a device (all skipped)\n",
+            argv[0], env_prefix, env_prefix, env_prefix, env_prefix, env_prefix, env_prefix);
     return argc == 2 ? 0 : 2;
   }
   const char *env_plugin = harness_env("PLUGIN");
   g_plugin_path = argc == 2 ? argv[1] : env_plugin ? env_plugin : first_existing(default_plugins);
   const char *env_backend = harness_env("BACKEND");
-  g_backend_name = env_backend ? env_backend : "pmla-cpu";
+  /* <PREFIX>_DEVICE alone names a GPU, so the GPU backend */
+  g_backend_name = env_backend ? env_backend : harness_env("DEVICE") ? "pmla" : "pmla-cpu";
   const char *env_mock = harness_env("MOCK_DIR");
   g_mock_dir = env_mock ? env_mock : default_mock_dir;
 
@@ -334,7 +358,12 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
          g_backend_name, g_mem->name, g_mock_dir ? g_mock_dir : "(none)");
   if (g_no_device)
     printf("%s: tests that need a builder are SKIPPED: %s\n", program, g_no_device);
+  const char *filters[] = {"CK_RUN_SUITE", "CK_RUN_CASE", "CK_INCLUDE_TAGS", "CK_EXCLUDE_TAGS"};
+  for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++)
+    if (getenv(filters[i]) && *getenv(filters[i]))
+      printf("%s: %s=%s: only those tests run\n", program, filters[i], getenv(filters[i]));
   fflush(stdout);
+  atexit(exit_guard);
 
   SRunner *sr = srunner_create(nsuites ? suites[0]() : NULL);
   for (size_t i = 1; i < nsuites; i++)
@@ -343,8 +372,20 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
   if (gpu && g_mem->device_type != kDLCPU && !getenv("CK_FORK"))
     srunner_set_fork_status(sr, CK_NOFORK);
   srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
+  const int failed = srunner_ntests_failed(sr), ran = srunner_ntests_run(sr);
   srunner_free(sr);
   pmla_registry_close(g_registry);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  /* the last line says what ran where, so that a tail of the output does */
+  printf("%s: backend %s, memory %s: %d checks run, %d failed%s\n", program, g_backend_name,
+         g_mem->name, ran, failed,
+         g_no_device ? "; every test that needs a builder SKIPPED (no device)" : "");
+  fflush(stdout);
+  if (failed)
+    return EXIT_FAILURE;
+  if (ran == 0) {
+    fprintf(stderr, "%s: no test ran (see CK_RUN_SUITE / CK_RUN_CASE)\n", program);
+    return EXIT_FAILURE;
+  }
+  /* a GPU backend without a device certifies nothing: 77, automake's skip */
+  return gpu && g_no_device ? 77 : EXIT_SUCCESS;
 }

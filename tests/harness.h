@@ -47,6 +47,12 @@ extern const char *g_no_device;    /* non-NULL: init fails with NO_DEVICE, why *
 const char *harness_skip_reason(void);
 void harness_print_skip(const char *test, const char *reason);
 
+/* Every test case is made through this: it adds a fixture that marks the
+ * test in progress, so a process that exits in the middle of a test (a
+ * plugin calling exit(0), which Check would count as a pass) fails. */
+TCase *harness_tcase_create(const char *name);
+#define tcase_create harness_tcase_create
+
 /* ---- memory: tensors live where the backend wants them ----
  * All test data is made on the host and copied through a devmem table
  * (tests/devmem.h): host memory for pmla-cpu, GPU memory for pmla. main

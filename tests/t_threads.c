@@ -86,8 +86,8 @@ static void *worker_run(void *arg) {
     /* plain copies: no Check calls off the main thread */
     if (g_mem->sync)
       g_mem->sync();
-    g_mem->download(w->got, w->out.t.data, w->n_out * 2);
-    if (memcmp(w->got, w->expect, w->n_out * 2) != 0)
+    if (g_mem->download(w->got, w->out.t.data, w->n_out * 2) != 0 ||
+        memcmp(w->got, w->expect, w->n_out * 2) != 0)
       w->mismatches++;
   }
   return NULL;
