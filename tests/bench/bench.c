@@ -366,7 +366,6 @@ static int check_against_reference(const problem *p, const uint16_t *out, const 
 typedef struct plugin_run {
   pmla_builder *b;
   void *d_out, *d_lse;
-  int64_t out_shape[3], lse_shape[2];
   DLTensor tout, tlse;
   pmla_decode_args da;
   double *t, *tm;
@@ -412,7 +411,8 @@ static void run_shape(const options *o, const pmla_backend *const *be, int nb, c
   const float kv_scale = BENCH_KV_SCALE;
   void *d_q = upload(m, p.q, q_bytes), *d_kv = upload(m, p.kv, kv_bytes);
   void *d_scale = upload(m, &kv_scale, sizeof kv_scale);
-  int64_t q_shape[3] = {p.tokens, p.heads, QK},
+  int64_t q_shape[3] = {p.tokens, p.heads, QK}, out_shape[3] = {p.tokens, p.heads, DV},
+          lse_shape[2] = {p.tokens, p.heads},
           kv_shape[3] = {p.num_pages, p.page_size, test_kv_width((uint32_t)kv_dtype)},
           one[1] = {1};
   DLDataType bf16 = {kDLBfloat, 16, 1}, i32 = {kDLInt, 32, 1}, f32 = {kDLFloat, 32, 1};
@@ -466,11 +466,8 @@ static void run_shape(const options *o, const pmla_backend *const *be, int nb, c
      * fp32), so --check fails a backend that leaves them as they were */
     if (m->fill(r->d_out, 0xff, out_bytes) || m->fill(r->d_lse, 0xff, lse_bytes))
       fail_exit(2, "cannot fill out and lse on %s", m->name);
-    r->out_shape[0] = r->lse_shape[0] = p.tokens;
-    r->out_shape[1] = r->lse_shape[1] = p.heads;
-    r->out_shape[2] = DV;
-    r->tout = tensor(r->d_out, m, bf16, 3, r->out_shape);
-    r->tlse = tensor(r->d_lse, m, f32, 2, r->lse_shape);
+    r->tout = tensor(r->d_out, m, bf16, 3, out_shape);
+    r->tlse = tensor(r->d_lse, m, f32, 2, lse_shape);
     r->da = (pmla_decode_args){sizeof r->da, 0, &tq, &tkv, &r->tout, &r->tlse, m->stream(), &tscale};
     r->t = xmalloc(sizeof(double) * (size_t)n, "timings");
     r->tm = xmalloc(sizeof(double) * (size_t)n, "timings");
