@@ -359,9 +359,11 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
   if (g_no_device)
     printf("%s: tests that need a builder are SKIPPED: %s\n", program, g_no_device);
   const char *filters[] = {"CK_RUN_SUITE", "CK_RUN_CASE", "CK_INCLUDE_TAGS", "CK_EXCLUDE_TAGS"};
-  for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++)
-    if (getenv(filters[i]) && *getenv(filters[i]))
-      printf("%s: %s=%s: only those tests run\n", program, filters[i], getenv(filters[i]));
+  for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++) {
+    const char *v = getenv(filters[i]);
+    if (v && *v)
+      printf("%s: %s=%s: only those tests run\n", program, filters[i], v);
+  }
   fflush(stdout);
   atexit(exit_guard);
 
