@@ -132,8 +132,10 @@ EXTRA_tests_mock_links_plugin_la_DEPENDENCIES = tests/mock_old_minor.la
 TESTS += tests/check-needed.sh
 # ---- pmla-info and pmla-bench as a user meets them (argument errors)
 TESTS += tests/info/check-tools.sh
+# ---- pmla-conformance's exit status: what a run that proves nothing says
+TESTS += tests/check-harness.sh
 endif
-EXTRA_DIST += tests/check-needed.sh tests/info/check-tools.sh
+EXTRA_DIST += tests/check-needed.sh tests/info/check-tools.sh tests/check-harness.sh
 
 # The build tree, for make check (a variable already set wins).
 AM_TESTS_ENVIRONMENT = GPU_PLATFORM='$(GPU_PLATFORM)'; \

@@ -19,10 +19,13 @@
  *  14 idle           speaks 1.0 .. 1.1, backend "pmla-cpu" whose every call
  *                    succeeds and whose decode writes nothing (pmla-bench's
  *                    --check must fail it, also beside the real pmla-cpu)
+ *  15 exiting        as 14, but decode calls exit(0) (pmla-conformance must
+ *                    fail a test whose process ends that way)
  * Other kinds' backends refuse to build anything (PMLA_ERR_UNSUPPORTED):
  * only their names and descriptions are looked at. */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pmla.h"
@@ -103,6 +106,13 @@
 #define MOCK_NAME "pmla-cpu"
 #define MOCK_DESC "idle: every call succeeds, decode writes nothing"
 #define MOCK_IDLE 1
+#elif MOCK_KIND == 15
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 1)
+#define MOCK_NAME "pmla-cpu"
+#define MOCK_DESC "exiting: decode calls exit(0)"
+#define MOCK_IDLE 1
+#define MOCK_EXIT_IN_DECODE 1
 #else
 #error "unknown MOCK_KIND"
 #endif
@@ -150,6 +160,9 @@ static pmla_status mock_build_sparse(pmla_builder *b, const pmla_sparse_batch *b
 static pmla_status mock_decode(pmla_builder *b, const pmla_decode_args *args) {
   (void)b;
   (void)args;
+#ifdef MOCK_EXIT_IN_DECODE
+  exit(0);
+#endif
   return MOCK_STEP;
 }
 static const char *mock_last_error(const pmla_builder *b) {

@@ -14,12 +14,17 @@ tests_info_pmla_info_SOURCES = tests/info/info.c tests/test_config.c tests/test_
 tests_info_pmla_info_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
 tests_info_pmla_info_LDADD = abi/libpmla-registry.la $(LIBM)
 
-# A plugin whose "pmla-cpu" accepts every call and writes nothing, for
-# check-tools.sh (pmla-bench --check must fail it). Kept out of tests/.libs,
-# whose plugins the registry tests and the fuzzer take as they find them.
+# Plugins whose "pmla-cpu" accepts every call and writes nothing (idle:
+# pmla-bench --check must fail it, check-tools.sh) or exits in decode
+# (exiting: pmla-conformance must fail it, check-harness.sh). Kept out of
+# tests/.libs, whose plugins the registry tests and the fuzzer take as they
+# find them.
 if PMLA_TESTS
-check_LTLIBRARIES += tests/bench/mock_idle.la
+check_LTLIBRARIES += tests/bench/mock_idle.la tests/bench/mock_exiting.la
 tests_bench_mock_idle_la_SOURCES = tests/mock_plugin.c
 tests_bench_mock_idle_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=14
 tests_bench_mock_idle_la_LDFLAGS = -module -avoid-version -shared -rpath $(abs_builddir)/tests/bench
+tests_bench_mock_exiting_la_SOURCES = tests/mock_plugin.c
+tests_bench_mock_exiting_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=15
+tests_bench_mock_exiting_la_LDFLAGS = $(tests_bench_mock_idle_la_LDFLAGS)
 endif
