@@ -7,6 +7,10 @@
  * word (work_meta_data[PMLA_META_ERROR]); check_device_error reads it. */
 #include <stdlib.h>
 #include <string.h>
+#if defined(PMLA_GPU_NVIDIA)
+#include <cudaTypedefs.h>
+#include <pthread.h>
+#endif
 
 #include "backends.h"
 #include "builder.h"
@@ -23,14 +27,48 @@ typedef struct gpu_state {
 
 /* Runs the body with the builder's device current, restoring the caller's.
  * When that fails (ok 0) the call reports err and touches nothing: work
- * queued with another device current would run, or wait, on that device. */
+ * queued with another device current would run, or wait, on that device.
+ * On NVIDIA the caller's context itself is put back (the driver's
+ * cuCtxGetCurrent / cuCtxSetCurrent): restoring its device instead would
+ * make a thread that had no context current (which the runtime reports as
+ * device 0) create device 0's primary context, hundreds of MiB of device
+ * memory, and would replace a host's own driver context by its device's
+ * primary one. */
 typedef struct device_scope {
-  int previous, ok;
+  int previous, ok, has_ctx;
+  void *ctx; /* the caller's driver context (a CUcontext; NULL: none), when has_ctx */
   gpu_error_t err;
 } device_scope;
 
+#if defined(PMLA_GPU_NVIDIA)
+static PFN_cuCtxGetCurrent_v4000 ctx_get;
+static PFN_cuCtxSetCurrent_v4000 ctx_set;
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+
+static void ctx_lookup(void) {
+  void *get = NULL, *set = NULL;
+  enum cudaDriverEntryPointQueryResult q_get = cudaDriverEntryPointSymbolNotFound, q_set = q_get;
+  if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &q_get) !=
+          cudaSuccess ||
+      cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 4000, cudaEnableDefault, &q_set) !=
+          cudaSuccess ||
+      q_get != cudaDriverEntryPointSuccess || q_set != cudaDriverEntryPointSuccess) {
+    cudaGetLastError(); /* the device-number fallback; no error left behind */
+    return;
+  }
+  memcpy(&ctx_get, &get, sizeof get); /* object to function pointer, as POSIX's dlsym */
+  memcpy(&ctx_set, &set, sizeof set);
+}
+#endif
+
 static device_scope enter_device(int device) {
-  device_scope s = {0, 0, GPU_SUCCESS};
+  device_scope s = {0, 0, 0, NULL, GPU_SUCCESS};
+#if defined(PMLA_GPU_NVIDIA)
+  pthread_once(&ctx_once, ctx_lookup);
+  CUcontext ctx = NULL;
+  s.has_ctx = ctx_get && ctx_get(&ctx) == CUDA_SUCCESS;
+  s.ctx = ctx;
+#endif
   s.err = gpuGetDevice(&s.previous);
   if (s.err == GPU_SUCCESS)
     s.err = gpuSetDevice(device);
@@ -41,8 +79,13 @@ static device_scope enter_device(int device) {
 }
 
 static void leave_device(device_scope s) {
-  if (s.ok)
-    gpuSetDevice(s.previous);
+  if (!s.ok)
+    return;
+#if defined(PMLA_GPU_NVIDIA)
+  if (s.has_ctx && ctx_set((CUcontext)s.ctx) == CUDA_SUCCESS)
+    return;
+#endif
+  gpuSetDevice(s.previous);
 }
 
 static pmla_status runtime_fail(pmla_builder *b, const char *what, int code) {

@@ -55,6 +55,9 @@ const devmem *devmem_gpu(const char **why);
  * setting it returns 0 on success. For tests of the current-device promise. */
 int devmem_gpu_current(void);
 int devmem_gpu_set_current(int device);
+/* Whether the calling thread has a driver context current: 1 yes, 0 none,
+ * -1 unknown (no driver entry point, AMD, or no GPU support). */
+int devmem_gpu_has_context(void);
 /* Resets GPU `device` as a host may (cudaDeviceReset / hipDeviceReset):
  * every allocation, stream and graph made on it is gone. Its provider
  * gets a new stream and events and keeps serving. 0 on success. */

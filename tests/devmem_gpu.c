@@ -6,10 +6,12 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "devmem.h"
 
 #if defined(PMLA_GPU_NVIDIA)
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #define rt(x) cuda##x
 #define RT_OK cudaSuccess
@@ -247,6 +249,23 @@ int devmem_gpu_current(void) {
 }
 
 int devmem_gpu_set_current(int device) { return rt(SetDevice)(device) != RT_OK; }
+
+int devmem_gpu_has_context(void) {
+#if defined(PMLA_GPU_NVIDIA)
+  void *get = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &q) !=
+          cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return -1;
+  CUresult (*ctx_get)(CUcontext *);
+  memcpy(&ctx_get, &get, sizeof get);
+  CUcontext c = NULL;
+  return ctx_get(&c) == CUDA_SUCCESS ? c != NULL : -1;
+#else
+  return -1;
+#endif
+}
 
 int devmem_gpu_reset(int device) {
   const devmem *m = devmem_gpu_on(device, NULL);

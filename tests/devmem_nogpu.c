@@ -18,6 +18,8 @@ const devmem *devmem_gpu(const char **why) { return devmem_gpu_on(0, why); }
 
 int devmem_gpu_current(void) { return -1; }
 
+int devmem_gpu_has_context(void) { return -1; }
+
 int devmem_gpu_set_current(int device) {
   (void)device;
   return -1;

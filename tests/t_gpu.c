@@ -6,12 +6,14 @@
  * refused, a device past the last is refused, every call leaves the
  * thread's current device as it found it, a builder gives the same
  * output whichever device is current, and builders made after the host
- * resets the device decode as before, and a step queued right behind
- * another leaves the earlier step's schedule to its decode. GPU runtime
+ * resets the device decode as before, a step queued right behind another
+ * leaves the earlier step's schedule to its decode, and a thread with no
+ * context current is left without one. GPU runtime
  * calls go through devmem.h.
  * On a host-memory backend these skip with the reason. (That the
  * device's metadata kernel writes this plugin's host planner's schedule is
  * white-box: pmla-unit.) */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -364,6 +366,59 @@ START_TEST(test_every_call_keeps_the_current_device) {
 }
 END_TEST
 
+/* A thread with no context current (one the host never bound to a device,
+ * which the runtime reports as device 0) is left without one: restoring
+ * "device 0" instead would create device 0's primary context for a builder
+ * on another device, and bind this thread to it. */
+typedef struct bare_thread_run {
+  step *s;
+  int before, after, device_before, device_after;
+  pmla_status st;
+} bare_thread_run;
+
+static void *decode_on_a_bare_thread(void *arg) {
+  bare_thread_run *r = arg;
+  r->before = devmem_gpu_has_context();
+  if (r->before == 0) {
+    r->device_before = devmem_gpu_current();
+    r->st = g_be->build_decode(r->s->b, &r->s->dense);
+    if (r->st == PMLA_OK)
+      r->st = g_be->decode(r->s->b, &r->s->args);
+    r->after = devmem_gpu_has_context();
+    r->device_after = devmem_gpu_current();
+  }
+  return NULL;
+}
+
+START_TEST(test_a_thread_without_a_context_is_left_without_one) {
+  if (!require_gpu(__func__))
+    return;
+  uint64_t rng = harness_seed() ^ 0xc7c7;
+  step s;
+  make_step(&s, 0, &rng);
+  bare_thread_run r = {&s, -1, -1, -1, -1, PMLA_OK};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, decode_on_a_bare_thread, &r), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  if (r.before != 0) {
+    harness_print_skip(__func__, r.before < 0 ? "the driver's current context cannot be read here"
+                                              : "a new thread already had a context current");
+  } else {
+    ck_assert_msg(r.st == PMLA_OK, "build + decode on a bare thread: %s: %s",
+                  harness_status_name(r.st), g_be->last_error(s.b));
+    ck_assert_msg(r.after == 0, "a thread with no context current has one after build + decode");
+    /* with the builder on another GPU (PMLA_CONFORMANCE_DEVICE=1) this is
+     * the case that matters: the runtime must still report the device it
+     * did before (0), not the builder's */
+    ck_assert_msg(r.device_after == r.device_before,
+                  "a bare thread reported device %d before build + decode on device %d, %d after",
+                  r.device_before, g_mem->device_id, r.device_after);
+  }
+  ck_assert_int_eq(g_mem->sync(), 0);
+  free_step(&s);
+}
+END_TEST
+
 /* A builder on the run's device gives the same bits while another device
  * is the thread's current one (device 1 for a builder on device 0). */
 START_TEST(test_a_builder_ignores_which_device_is_current) {
@@ -589,6 +644,7 @@ Suite *suite_gpu(void) {
   tcase_add_test(dev, test_init_refuses_the_device_past_the_last);
   tcase_add_test(dev, test_every_call_keeps_the_current_device);
   tcase_add_test(dev, test_a_builder_ignores_which_device_is_current);
+  tcase_add_test(dev, test_a_thread_without_a_context_is_left_without_one);
   tcase_add_test(dev, test_a_builder_made_after_a_device_reset_decodes); /* last: it resets */
   suite_add_tcase(s, dev);
   return s;
