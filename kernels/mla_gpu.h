@@ -67,6 +67,11 @@ int32_t pmla_gpu_sched_units(int32_t cu_count, int32_t num_heads, int32_t max_q_
  * of pmla_gpu_problem.sm90 for its builders). */
 int32_t pmla_gpu_prepare(void);
 
+/* 0 when the current device runs this build's kernels, else the runtime's
+ * error for loading one of them (e.g. no image for the device's
+ * architecture: every launch would fail the same way). */
+int pmla_gpu_image_error(void);
+
 /* Runs pmla_plan on the device. `in` holds device pointers (qo_indptr,
  * kv_lens, ...); `out` device buffers. */
 int pmla_gpu_plan(const pmla_plan_input *in, const pmla_plan_output *out, void *stream);

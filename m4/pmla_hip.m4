@@ -102,6 +102,9 @@ __global__ void pmla_probe(int *p) { *p = 1; }' > conftest.hip
             [AC_MSG_RESULT([yes])],
             [AC_MSG_RESULT([no]); AC_MSG_ERROR([hipcc cannot compile for $pmla_arch_list; see config.log])])
       rm -f conftest.hip conftest.$OBJEXT])
+  AS_IF([test "$GPU_PLATFORM" != none],
+        [AC_DEFINE_UNQUOTED([PMLA_GPU_ARCHS], ["$pmla_arch_list"],
+                            [the GPU targets the kernels are built for, named by init_builder's refusal of a device none of them runs on])])
   AC_MSG_CHECKING([GPU platform of the pmla backend])
   AC_MSG_RESULT([$GPU_PLATFORM${pmla_arch_list:+ ($pmla_arch_list)}])
   AC_SUBST([GPU_PLATFORM])

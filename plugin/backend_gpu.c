@@ -5,6 +5,8 @@
  * host-device copy, so a host can capture build + decode in one graph.
  * Device-side bad input is skipped by the kernels and ORed into the error
  * word (work_meta_data[PMLA_META_ERROR]); check_device_error reads it. */
+#include "config.h"
+
 #include <stdlib.h>
 #include <string.h>
 #if defined(PMLA_GPU_NVIDIA)
@@ -131,6 +133,21 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
     return pmla_fail(NULL, PMLA_ERR_DEVICE, "init_builder: cannot %s device %d: %s",
                      d.ok ? "query" : "switch to", cfg.device,
                      e != GPU_SUCCESS ? gpuGetErrorString(e) : "no multiprocessors reported");
+  }
+  /* a device none of the build's targets runs would fail every launch
+   * (e.g. sm_90a code on a newer GPU): refused here, with what would run */
+  const int image = pmla_gpu_image_error();
+  if (image) {
+    int major = 0, minor = 0;
+    if (gpuComputeCapability(&major, &minor, cfg.device))
+      gpuGetLastError();
+    leave_device(d);
+    return pmla_fail(NULL, PMLA_ERR_NO_DEVICE,
+                     "init_builder: device %d (compute capability %d.%d) cannot run this "
+                     "plugin's kernels, built for %s: %s runtime error %d (%s); rebuild with "
+                     "configure --with-gpu-arch naming this device's target",
+                     cfg.device, major, minor, PMLA_GPU_ARCHS, GPU_PLATFORM_NAME, image,
+                     pmla_gpu_error_string(image));
   }
   uint32_t cus = cfg.cu_count ? cfg.cu_count : (uint32_t)sms;
   pmla_builder *b = calloc(1, sizeof *b);

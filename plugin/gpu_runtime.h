@@ -19,6 +19,9 @@ typedef cudaStream_t gpu_stream_t;
 #define gpuSetDevice cudaSetDevice
 #define gpuMultiProcessorCount(out, dev)                                                       \
   cudaDeviceGetAttribute((out), cudaDevAttrMultiProcessorCount, (dev))
+#define gpuComputeCapability(major, minor, dev)                                                \
+  (cudaDeviceGetAttribute((major), cudaDevAttrComputeCapabilityMajor, (dev)) ||               \
+   cudaDeviceGetAttribute((minor), cudaDevAttrComputeCapabilityMinor, (dev)))
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
 #define gpuMemset cudaMemset
@@ -39,6 +42,9 @@ typedef hipStream_t gpu_stream_t;
 #define gpuSetDevice hipSetDevice
 #define gpuMultiProcessorCount(out, dev)                                                       \
   hipDeviceGetAttribute((out), hipDeviceAttributeMultiprocessorCount, (dev))
+#define gpuComputeCapability(major, minor, dev)                                                \
+  (hipDeviceGetAttribute((major), hipDeviceAttributeComputeCapabilityMajor, (dev)) ||          \
+   hipDeviceGetAttribute((minor), hipDeviceAttributeComputeCapabilityMinor, (dev)))
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
 #define gpuMemset hipMemset

@@ -22,6 +22,8 @@ typedef cudaError_t hipError_t;
 #define hipGetDevice cudaGetDevice
 #define hipFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+typedef cudaFuncAttributes hipFuncAttributes;
+#define hipFuncGetAttributes cudaFuncGetAttributes
 #define hipErrorInvalidValue cudaErrorInvalidValue
 #else
 #define PMLA_PLATFORM_AMD 1

@@ -723,6 +723,14 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
 
 } /* namespace */
 
+extern "C" int pmla_gpu_image_error(void) {
+  hipFuncAttributes fa;
+  const hipError_t e = hipFuncGetAttributes(&fa, (const void *)pmla_plan_kernel);
+  if (e != hipSuccess)
+    (void)hipGetLastError(); /* answered here: not left for the host's next check */
+  return (int)e;
+}
+
 extern "C" int pmla_gpu_plan(const pmla_plan_input *in, const pmla_plan_output *out,
                              void *stream) {
   if (!in || !out || in->num_requests < 0 || in->num_units < 1 ||
