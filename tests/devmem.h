@@ -24,6 +24,12 @@ typedef struct devmem {
   int (*timer_start)(void);
   double (*timer_stop_us)(void);
   int (*sync)(void);
+  /* Streams of the caller's own (pmla-cpu: NULL, which it ignores), for
+   * work that must not be ordered behind the provider's stream: new (0 ok),
+   * wait for everything queued on it (0 ok), destroy. */
+  int (*stream_new)(void **out);
+  int (*stream_sync)(void *stream);
+  void (*stream_free)(void *stream);
   /* Free and total device memory, for "no allocation" checks; -1 unknown. */
   int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
   /* Graph capture of the stream (NULL where there are no graphs): begin,

@@ -30,6 +30,15 @@ static int cpu_timer_start(void) {
 }
 static double cpu_timer_stop_us(void) { return now_us() - started_us; }
 static int cpu_sync(void) { return 0; }
+static int cpu_stream_new(void **out) {
+  *out = NULL;
+  return 0;
+}
+static int cpu_stream_sync(void *stream) {
+  (void)stream;
+  return 0;
+}
+static void cpu_stream_free(void *stream) { (void)stream; }
 static int cpu_mem_info(size_t *free_bytes, size_t *total_bytes) {
   (void)free_bytes;
   (void)total_bytes;
@@ -50,6 +59,9 @@ const devmem devmem_cpu = {
     .timer_start = cpu_timer_start,
     .timer_stop_us = cpu_timer_stop_us,
     .sync = cpu_sync,
+    .stream_new = cpu_stream_new,
+    .stream_sync = cpu_stream_sync,
+    .stream_free = cpu_stream_free,
     .mem_info = cpu_mem_info,
     .capture_begin = NULL,
     .capture_end = NULL,

@@ -122,6 +122,21 @@ static double gpu_timer_stop_us(gpu *g) {
   return leave(s, e) ? -1.0 : (double)ms * 1e3;
 }
 static int gpu_sync(gpu *g) { IN_DEVICE(g, rt(StreamSynchronize)(g->stream)); }
+/* non-blocking: nothing on the legacy default stream orders it */
+static int gpu_stream_new(gpu *g, void **out) {
+  rt_stream st = NULL;
+  scope s = enter(g);
+  int e = s.ok ? rt(StreamCreateWithFlags)(&st, rt(StreamNonBlocking)) != RT_OK : 1;
+  *out = (void *)st;
+  return leave(s, e);
+}
+static int gpu_stream_sync(gpu *g, void *st) { IN_DEVICE(g, rt(StreamSynchronize)((rt_stream)st)); }
+static void gpu_stream_free(gpu *g, void *st) {
+  scope s = enter(g);
+  if (s.ok && st)
+    rt(StreamDestroy)((rt_stream)st);
+  leave(s, 0);
+}
 static int gpu_mem_info(gpu *g, size_t *free_bytes, size_t *total_bytes) {
   scope s = enter(g);
   int e = !s.ok || rt(MemGetInfo)(free_bytes, total_bytes) != RT_OK;
@@ -177,6 +192,9 @@ static int gpu_replay(gpu *g) { IN_DEVICE(g, rt(GraphLaunch)(g->graph_exec, g->s
   static double timer_stop_us_##i(void) { return gpu_timer_stop_us(&gpus[i]); }                   \
   static int sync_##i(void) { return gpu_sync(&gpus[i]); }                                        \
   static int mem_info_##i(size_t *f, size_t *t) { return gpu_mem_info(&gpus[i], f, t); }          \
+  static int stream_new_##i(void **o) { return gpu_stream_new(&gpus[i], o); }                     \
+  static int stream_sync_##i(void *st) { return gpu_stream_sync(&gpus[i], st); }                  \
+  static void stream_free_##i(void *st) { gpu_stream_free(&gpus[i], st); }                        \
   static int capture_begin_##i(void) { return gpu_capture_begin(&gpus[i]); }                      \
   static int capture_end_##i(void) { return gpu_capture_end(&gpus[i]); }                          \
   static int replay_##i(void) { return gpu_replay(&gpus[i]); }
@@ -184,7 +202,9 @@ static int gpu_replay(gpu *g) { IN_DEVICE(g, rt(GraphLaunch)(g->graph_exec, g->s
   {.device_type = DEVICE_TYPE, .device_id = i, .alloc = alloc_##i, .release = release_##i,        \
    .upload = upload_##i, .download = download_##i, .fill = fill_##i, .copy = copy_##i,            \
    .stream = stream_##i, .timer_start = timer_start_##i, .timer_stop_us = timer_stop_us_##i,      \
-   .sync = sync_##i, .mem_info = mem_info_##i, .capture_begin = capture_begin_##i,                \
+   .sync = sync_##i, .mem_info = mem_info_##i, .stream_new = stream_new_##i,                      \
+   .stream_sync = stream_sync_##i, .stream_free = stream_free_##i,                                \
+   .capture_begin = capture_begin_##i,                                                            \
    .capture_end = capture_end_##i, .replay = replay_##i},
 #define EACH_GPU(X)                                                                        \
   X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)

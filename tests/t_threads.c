@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* t_threads.c - "builders are independent: many may live in one process and
- * be used from many threads at once". Each thread owns a builder and its own
- * tensors; run concurrently, every decode must give bit-for-bit what the
- * same builder gave when run alone. */
+ * be used from many threads at once". Each thread owns a builder, its own
+ * tensors and its own stream (on a GPU a non-blocking one, so the threads'
+ * kernels may run at the same time); run concurrently, every decode must
+ * give bit-for-bit what the same builder gave when run alone. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 
 typedef struct worker {
   pmla_builder *b;
+  void *stream;
   uint32_t heads;
   test_tensor idx, q, kv, out, lse;
   pmla_sparse_batch sb;
@@ -36,6 +38,7 @@ static void worker_setup(worker *w, int id) {
   w->heads = id % 2 ? 32 : 16;
   pmla_builder_config c = harness_config(w->heads, PS, TOKENS, 1, TOPK, 1 + (uint32_t)id % 3);
   w->b = harness_init(&c);
+  ck_assert_int_eq(g_mem->stream_new(&w->stream), 0);
   int32_t idx[TOKENS * TOPK];
   for (int i = 0; i < TOKENS * TOPK; i++)
     idx[i] = rng_below(&rng, 10) == 0 ? -1 : (int32_t)rng_below(&rng, PAGES * PS);
@@ -56,13 +59,13 @@ static void worker_setup(worker *w, int id) {
   w->sb.struct_size = sizeof w->sb;
   w->sb.topk_indices = &w->idx.t;
   w->sb.max_seq_len = 1000 * (id + 1);
-  w->sb.stream = harness_stream();
+  w->sb.stream = w->stream;
   w->args.struct_size = sizeof w->args;
   w->args.q = &w->q.t;
   w->args.kv_cache = &w->kv.t;
   w->args.out = &w->out.t;
   w->args.lse = &w->lse.t;
-  w->args.stream = harness_stream();
+  w->args.stream = w->stream;
   w->n_out = (size_t)TOKENS * w->heads * 512;
   w->expect = malloc(w->n_out * 2);
   w->got = malloc(w->n_out * 2);
@@ -70,6 +73,7 @@ static void worker_setup(worker *w, int id) {
   /* alone */
   ck_assert_int_eq(g_be->build_sparse(w->b, &w->sb), PMLA_OK);
   ck_assert_int_eq(g_be->decode(w->b, &w->args), PMLA_OK);
+  ck_assert_int_eq(g_mem->stream_sync(w->stream), 0);
   tt_download(&w->out, w->expect);
 }
 
@@ -84,9 +88,8 @@ static void *worker_run(void *arg) {
       return NULL;
     }
     /* plain copies: no Check calls off the main thread */
-    if (g_mem->sync)
-      g_mem->sync();
-    if (g_mem->download(w->got, w->out.t.data, w->n_out * 2) != 0 ||
+    if (g_mem->stream_sync(w->stream) != 0 ||
+        g_mem->download(w->got, w->out.t.data, w->n_out * 2) != 0 ||
         memcmp(w->got, w->expect, w->n_out * 2) != 0)
       w->mismatches++;
   }
@@ -112,6 +115,7 @@ START_TEST(test_builders_run_concurrently_on_threads) {
   }
   for (int i = 0; i < NTHREADS; i++) {
     g_be->destroy_builder(w[i].b);
+    g_mem->stream_free(w[i].stream);
     tt_free(&w[i].idx);
     tt_free(&w[i].q);
     tt_free(&w[i].kv);
