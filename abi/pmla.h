@@ -104,7 +104,7 @@ typedef enum pmla_status {
   PMLA_ERR_VERSION = 3,          /* no ABI version in common */
   PMLA_ERR_STRUCT_SIZE = 4,      /* struct_size smaller than the 1.0 prefix */
   PMLA_ERR_CAPACITY = 5,         /* beyond the limits fixed at init_builder */
-  PMLA_ERR_NO_DEVICE = 6,        /* no GPU, or no GPU support built */
+  PMLA_ERR_NO_DEVICE = 6,        /* no GPU, no GPU support built, or none for this GPU */
   PMLA_ERR_OUT_OF_MEMORY = 7,    /* only init_builder allocates */
   PMLA_ERR_DEVICE = 8,           /* the GPU runtime reported an error */
   PMLA_ERR_BAD_STATE = 9,        /* e.g. decode before any build */
