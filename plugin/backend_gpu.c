@@ -53,11 +53,12 @@ static void ctx_lookup(void) {
   if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &q_get) !=
           cudaSuccess ||
       cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 4000, cudaEnableDefault, &q_set) !=
-          cudaSuccess ||
-      q_get != cudaDriverEntryPointSuccess || q_set != cudaDriverEntryPointSuccess) {
-    cudaGetLastError(); /* the device-number fallback; no error left behind */
+          cudaSuccess) {
+    cudaGetLastError(); /* the lookup's own failure, not left for the host */
     return;
   }
+  if (q_get != cudaDriverEntryPointSuccess || q_set != cudaDriverEntryPointSuccess)
+    return; /* the device-number fallback */
   memcpy(&ctx_get, &get, sizeof get); /* object to function pointer, as POSIX's dlsym */
   memcpy(&ctx_set, &set, sizeof set);
 }
@@ -84,10 +85,13 @@ static void leave_device(device_scope s) {
   if (!s.ok)
     return;
 #if defined(PMLA_GPU_NVIDIA)
-  if (s.has_ctx && ctx_set((CUcontext)s.ctx) == CUDA_SUCCESS)
+  /* a thread that had no context is never given one, even if the driver
+   * refuses to clear it */
+  if (s.has_ctx && (ctx_set((CUcontext)s.ctx) == CUDA_SUCCESS || !s.ctx))
     return;
 #endif
-  gpuSetDevice(s.previous);
+  if (gpuSetDevice(s.previous) != GPU_SUCCESS)
+    gpuGetLastError(); /* not left for the host's next check */
 }
 
 static pmla_status runtime_fail(pmla_builder *b, const char *what, int code) {
