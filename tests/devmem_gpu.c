@@ -97,8 +97,12 @@ static void gpu_release(gpu *g, void *p) {
     rt(Free)(p);
   leave(s, 0);
 }
+/* a copy from pageable memory may return before its DMA lands, ordered
+ * only for blocking streams: waiting for it serves non-blocking ones too */
 static int gpu_upload(gpu *g, void *dst, const void *src, size_t n) {
-  IN_DEVICE(g, rt(Memcpy)(dst, src, n, H2D));
+  scope s = enter(g);
+  int e = !s.ok || rt(Memcpy)(dst, src, n, H2D) != RT_OK || rt(StreamSynchronize)(0) != RT_OK;
+  return leave(s, e);
 }
 static int gpu_download(gpu *g, void *dst, const void *src, size_t n) {
   scope s = enter(g);
