@@ -142,15 +142,15 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
    * (e.g. sm_90a code on a newer GPU): refused here, with what would run */
   const int image = pmla_gpu_image_error();
   if (image) {
-    int major = 0, minor = 0;
-    if (gpuComputeCapability(&major, &minor, cfg.device))
+    char arch[300];
+    if (gpuArchName(arch, sizeof arch, cfg.device) != GPU_SUCCESS)
       gpuGetLastError();
     leave_device(d);
     return pmla_fail(NULL, PMLA_ERR_NO_DEVICE,
-                     "init_builder: device %d (compute capability %d.%d) cannot run this "
-                     "plugin's kernels, built for %s: %s runtime error %d (%s); rebuild with "
-                     "configure --with-gpu-arch naming this device's target",
-                     cfg.device, major, minor, PMLA_GPU_ARCHS, GPU_PLATFORM_NAME, image,
+                     "init_builder: device %d (%s) cannot run this plugin's kernels, built for "
+                     "%s: %s runtime error %d (%s); rebuild with configure --with-gpu-arch "
+                     "naming this device's target",
+                     cfg.device, arch, PMLA_GPU_ARCHS, GPU_PLATFORM_NAME, image,
                      pmla_gpu_error_string(image));
   }
   uint32_t cus = cfg.cu_count ? cfg.cu_count : (uint32_t)sms;

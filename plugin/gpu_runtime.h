@@ -7,6 +7,9 @@
 #ifndef PMLA_GPU_RUNTIME_H
 #define PMLA_GPU_RUNTIME_H
 
+#include <stddef.h>
+#include <stdio.h>
+
 #if defined(PMLA_GPU_NVIDIA)
 #include <cuda_runtime_api.h>
 typedef cudaError_t gpu_error_t;
@@ -19,9 +22,18 @@ typedef cudaStream_t gpu_stream_t;
 #define gpuSetDevice cudaSetDevice
 #define gpuMultiProcessorCount(out, dev)                                                       \
   cudaDeviceGetAttribute((out), cudaDevAttrMultiProcessorCount, (dev))
-#define gpuComputeCapability(major, minor, dev)                                                \
-  (cudaDeviceGetAttribute((major), cudaDevAttrComputeCapabilityMajor, (dev)) ||               \
-   cudaDeviceGetAttribute((minor), cudaDevAttrComputeCapabilityMinor, (dev)))
+/* the device's architecture, as a message names it: its compute capability */
+static inline gpu_error_t gpuArchName(char *buf, size_t size, int dev) {
+  int major = 0, minor = 0;
+  gpu_error_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e == cudaSuccess)
+    snprintf(buf, size, "compute capability %d.%d", major, minor);
+  else
+    snprintf(buf, size, "compute capability unknown");
+  return e;
+}
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
 #define gpuMemset cudaMemset
@@ -42,9 +54,17 @@ typedef hipStream_t gpu_stream_t;
 #define gpuSetDevice hipSetDevice
 #define gpuMultiProcessorCount(out, dev)                                                       \
   hipDeviceGetAttribute((out), hipDeviceAttributeMultiprocessorCount, (dev))
-#define gpuComputeCapability(major, minor, dev)                                                \
-  (hipDeviceGetAttribute((major), hipDeviceAttributeComputeCapabilityMajor, (dev)) ||          \
-   hipDeviceGetAttribute((minor), hipDeviceAttributeComputeCapabilityMinor, (dev)))
+/* the device's architecture, as a message names it: its gfx target (what
+ * --with-gpu-arch takes), not HIP's compute capability */
+static inline gpu_error_t gpuArchName(char *buf, size_t size, int dev) {
+  hipDeviceProp_t prop;
+  const gpu_error_t e = hipGetDeviceProperties(&prop, dev);
+  if (e == hipSuccess)
+    snprintf(buf, size, "%.*s", (int)sizeof prop.gcnArchName, prop.gcnArchName);
+  else
+    snprintf(buf, size, "architecture unknown");
+  return e;
+}
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
 #define gpuMemset hipMemset
