@@ -399,19 +399,15 @@ __device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], cons
  * requests, pmla_launch_decode_sm90). GATHER: top-k steps, whose blocks are
  * never whole pages, compiled without the whole-page path (with it, the
  * loop's schedule cost them 2% on the H200) */
-template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER, bool PAIR>
+template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
   static_assert(!(FOLD && NARROW), "the NARROW epilogue does not fold");
   static_assert(!(KV_FIRST && (FOLD || NARROW || FP8)), "KV_FIRST: default bf16 64-row tiles");
   /* E4M3 tiles (64 rows; fewer rows run decode_sm90_e4m3.hip) convert
-   * from registers (REG8), DS_MLA tiles through the raw ring (RING), or
-   * from registers in head-tile pairs (PAIR: blocks launched as clusters of
-   * two along x, the two tiles of a unit, which read the same blocks; each
-   * loader reads and converts half of every block, for both) */
-  static_assert(!PAIR || (F == PMLA_KV_DS_MLA && !FOLD && !NARROW), "pairs: default DS_MLA tiles");
-  constexpr bool REG8 = F == PMLA_KV_E4M3 || PAIR, RING = FP8 && !REG8;
+   * from registers (REG8), DS_MLA tiles through the raw ring (RING) */
+  constexpr bool REG8 = F == PMLA_KV_E4M3, RING = FP8 && !REG8;
   /* bf16 64-row tiles: a run of items that are one request's adjacent
    * chunks (chained: each kept for the next to fold, or each a piece for
    * the reduce: batch-invariant schedules, and the default mode's capped
@@ -458,13 +454,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* RING: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
-  /* PAIR: [2] mbarriers, by stage: the other block's consumers are done
-   * with the stage's block (four warps of each warpgroup arrive), so this
-   * loader may write its half there; and one: the other block's stages
-   * are free for a new item (its loader arrives) */
-  const uint32_t aPEmpty = aRawRead, aPStart = aRawRead + 16;
-  /* PAIR: the other block's shared memory lies rd bytes from this one's */
-  const uint32_t rd = PAIR ? pair_addr(aFull, (blockIdx.x & 1u) ^ 1u) - aFull : 0u;
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
 #if PMLA_WG_TMA
@@ -496,19 +485,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       mbar_init(aRawRead, 256);
       mbar_init(aRawRead + 8, 256);
     }
-    if (PAIR) {
-      mbar_init(aPEmpty, 8);
-      mbar_init(aPEmpty + 8, 8);
-      mbar_init(aPStart, 1);
-    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (PAIR) /* the other block's barriers exist before anything reaches them */
-    pair_sync();
-  else
-    __syncthreads();
-  uint32_t pe_phase = 0; /* PAIR, warpgroup 1: bit s, parity of aPEmpty[s]'s next completion */
-  uint32_t ps_phase = 0; /* the same for aPStart */
+  __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t conv_before = 0; /* RING: blocks converted before the item */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
@@ -625,9 +604,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     const int nrows = rows_item - row0 < ROWS ? rows_item - row0 : ROWS;
     const int nblk = ke > kb && scale_ok ? (ke - kb + BN - 1) / BN : 0;
-    /* PAIR: both tiles of the pair serve the item (the same item loop, so
-     * both blocks agree); an item one tile serves alone is read whole */
-    const bool paired = PAIR && (int)(blockIdx.x | 1u) * ROWS < rows_item && nblk > 0;
     /* B0_NEXT: the next item is served here and finds its Q in sQ (the
      * same rows, or warpgroup 0's copy): its block 0 may come early */
     bool b0_next = false;
@@ -806,87 +782,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             wg_wait0();
             reg_fence<OR>(o);
           }
-        } else if (PAIR && paired) {
-          /* this block's half cr of every block (32 rows as stored, in
-           * registers, one block ahead), converted into this block's stage
-           * and, by st.async completing on its FULL barrier, the other's;
-           * the other half comes from the other block. Both halves' token
-           * bits are found here (the same page entries as the other's) */
-          const int cr = (int)(blockIdx.x & 1u);
-          int32_t raw_m = raw_of_half(cr), raw_p = raw_of_half(cr ^ 1);
-          RowLoad<F, 4> rl;
-          bool rv = false, rvp = false; /* its row's validity, and the other half's row's */
-          auto fetch = [&](int blk) {
-            const int hm = 2 * blk + cr, hp = 2 * blk + (cr ^ 1);
-            const int pm = kb + hm * (BN / 2) + rt, pp = kb + hp * (BN / 2) + rt;
-            const bool fl = rsub == 0 && blockIdx.x == 0;
-            const int64_t sm = pm < ke ? kv_slot(p.map, raw_m, pm, errw, fl) : -1;
-            const int64_t sp = pp < ke ? kv_slot(p.map, raw_p, pp, errw, fl) : -1;
-            rv = sm >= 0;
-            rvp = sp >= 0;
-            rl.issue(rv ? kvbase + sm * ROWB : kvbase, rv, rsub);
-            raw_m = raw_of_half(hm + 2);
-            raw_p = raw_of_half(hp + 2);
-          };
-          auto put = [&](int blk) {
-            const int st = blk & 1;
-            const uint32_t bm = token_bits<4>(rv), bp = token_bits<4>(rvp);
-            if (lane == 0) {
-              ((uint8_t *)(sVm + st))[cr * 4 + wi] = (uint8_t)bm;
-              ((uint8_t *)(sVm + st))[(cr ^ 1) * 4 + wi] = (uint8_t)bp;
-            }
-            char *base = sKV + st * TILE;
-            const int row = cr * (BN / 2) + rt;
-            const uint32_t rbar = aFull + 8 * st + rd;
-            rl.template convert<false>(rsub, [&](int c, const uint4 &v) {
-              char *a = base + off(row, c);
-              *(uint4 *)a = v;
-              pair_st16(smem_u32(a) + rd, v, rbar);
-            });
-          };
-          /* the other half's bytes are expected with thread 0's arrival */
-          constexpr uint32_t PAIR_TX = (BN / 2) * PMLA_TILE_CHUNKS * 16;
-          auto publish = [&](int blk) {
-            cp_wait<0>(); /* Q's copies */
-            proxy_fence();
-            if (t == 0)
-              mbar_arrive_tx(aFull + 8 * (blk & 1), PAIR_TX);
-            else
-              mbar_arrive(aFull + 8 * (blk & 1));
-          };
-          cp_commit(); /* Q's copies, if any: cp_wait covers committed groups only */
-          fetch(0);
-          /* this block's stages are free for the other's item (its last
-           * item's O has left them); wait until the other's are */
-          if (t == 0)
-            pair_arrive(aPStart + rd);
-          mbar_wait(aPStart, ps_phase);
-          ps_phase ^= 1u;
-          put(0);
-          publish(0);
-          if (nblk > 1)
-            fetch(1);
-          for (int b = 0; b < nblk; b++) {
-            if (b + 1 < nblk) {
-              if (b >= 1) {
-                /* stage (b + 1) & 1 held block b - 1: this block's P V of
-                 * it are done, then the other block's */
-                const int s2 = (b + 1) & 1;
-                nb_sync(EMPTY + s2);
-                mbar_wait(aPEmpty + 8 * s2, (pe_phase >> s2) & 1);
-                pe_phase ^= 1u << s2;
-              }
-              put(b + 1);
-              publish(b + 1);
-              if (b + 2 < nblk)
-                fetch(b + 2);
-            }
-            pv(b);
-            wg_wait0();
-            reg_fence<OR>(o);
-            if (b + 2 < nblk && lane == 0)
-              pair_arrive(aPEmpty + 8 * (b & 1) + rd);
-          }
         } else if constexpr (REG8) {
           /* half h of the item as stored, in registers: one half in flight
            * at a time */
@@ -908,7 +803,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             const uint32_t bits = token_bits<4>(rv);
             if (lane == 0)
               ((uint8_t *)(sVm + st))[(h & 1) * 4 + wi] = (uint8_t)bits;
-            if (F16 && h == 0 && q_new) {
+            if (h == 0 && q_new) {
               cp_wait<0>();
               asm volatile("bar.sync 4, 128;\n" ::: "memory"); /* all of Q landed */
               const float f = q_row_to_f16<2>(t & 1, [&](int c) { return sQ + off(t >> 1, c); });
@@ -916,11 +811,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
                 sQf[t >> 1] = f;
             }
             const int row = (h & 1) * (BN / 2) + rt;
-            rl.template store<F16>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); });
+            rl.template store<true>(rsub, [&](int c) { return sKV + st * TILE + off(row, c); });
           };
           auto publish = [&](int blk) {
-            if (!F16) /* Q's copies (F16: put waited for them) */
-              cp_wait<0>();
             proxy_fence();
             mbar_arrive(aFull + 8 * (blk & 1));
           };
@@ -1248,8 +1141,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           reg_fence<128>(o);
           if (!RING && b + 2 < nblk)
             nb_arrive(EMPTY + (b & 1));
-          if (PAIR && paired && b + 2 < nblk && lane == 0)
-            pair_arrive(aPEmpty + 8 * (b & 1) + rd);
         }
         if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
           load_q(sQ, nq_b, nq_e, t_q);
@@ -1359,21 +1250,19 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * (the kernel's end makes their writes visible to the next kernel) */
   if (staged && wi == 0)
     bulk_wait_read();
-  if (PAIR) /* neither block of a pair leaves while the other may reach it */
-    pair_sync();
 }
 #endif /* PMLA_SM90_DEVICE */
 
 /* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
  * boxes, 128B swizzle), valid when use_tma */
-template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER = false, bool PAIR = false>
+template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER = false>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F, FOLD, NARROW, KV_FIRST, GATHER, PAIR>(p, scale_log2, &kv_tmap, use_tma);
+  body_pp<F, FOLD, NARROW, KV_FIRST, GATHER>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -1414,13 +1303,11 @@ int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-template <int F, bool FOLD, bool NARROW = false, bool KV_FIRST = false, bool GATHER = false,
-          bool PAIR = false>
+template <int F, bool FOLD, bool NARROW = false, bool KV_FIRST = false, bool GATHER = false>
 hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
   hipError_t e = pmla_opt_in_smem(
-      (const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER, PAIR>, SMEM,
-      &opted_in);
+      (const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER>, SMEM, &opted_in);
   if (e != hipSuccess)
     return e;
   /* head tiles on x: a unit's tiles are neighbouring blocks, started
@@ -1433,9 +1320,9 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
    * memory, and 128 loader threads' copies keep more reads in flight than
    * one thread's nine TMA boxes (docs/performance.md) */
   const int use_tma = NARROW || GATHER ? 0 : kv_tensor_map(&tmap, p);
-  return launch_ex(pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER, PAIR>, grid,
-                   dim3(NT), SMEM, st, PAIR ? 2u : 1u, p, p.softmax_scale * pmla_mma::LOG2E_F, tmap,
-                   use_tma);
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER>, grid, dim3(NT),
+                    SMEM, st, p,
+                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
 
 } /* namespace */
@@ -1462,8 +1349,6 @@ hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStre
   case PMLA_KV_E4M3 * 4 + 2:
     return launch_decode_wg<PMLA_KV_E4M3, true>(p, tiles, st);
   case PMLA_KV_DS_MLA * 4:
-    if (tiles % 2 == 0)
-      return launch_decode_wg<PMLA_KV_DS_MLA, false, false, false, false, true>(p, tiles, st);
     return launch_decode_wg<PMLA_KV_DS_MLA, false>(p, tiles, st);
   case PMLA_KV_DS_MLA * 4 + 2:
     return launch_decode_wg<PMLA_KV_DS_MLA, true>(p, tiles, st);

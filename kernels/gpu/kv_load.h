@@ -162,10 +162,10 @@ template <int F, int TPT> struct RowLoad {
       scales = valid ? ldg16(row + PMLA_DS_MLA_SCALES) : z;
   }
 
-  /* put(c, v): the row's 16-bit chunk c (0..71) is v; F16: an E4M3 row as
-   * f16 rather than bf16 */
-  template <bool F16 = false, typename Put>
-  __device__ __forceinline__ void convert(int sub, Put put) const {
+  /* chunk(c): the shared-memory address of 16-bit chunk c (0..71) of the
+   * row; F16: an E4M3 row as f16 rather than bf16 */
+  template <bool F16 = false, typename Chunk>
+  __device__ __forceinline__ void store(int sub, Chunk chunk) const {
     static_assert(!F16 || F == PMLA_KV_E4M3, "f16 tiles hold unscaled e4m3 only");
 #pragma unroll
     for (int k = 0; k < N; k++) {
@@ -182,17 +182,12 @@ template <int F, int TPT> struct RowLoad {
           e4m3x16_to_f16(raw[k], lo, hi);
         else
           e4m3x16_to_bf16(raw[k], s, lo, hi);
-        put(2 * u, lo);
-        put(2 * u + 1, hi);
+        *(uint4 *)chunk(2 * u) = lo;
+        *(uint4 *)chunk(2 * u + 1) = hi;
       } else {
-        put(64 + (u - 32), raw[k]);
+        *(uint4 *)chunk(64 + (u - 32)) = raw[k];
       }
     }
-  }
-  /* chunk(c): the shared-memory address of 16-bit chunk c of the row */
-  template <bool F16 = false, typename Chunk>
-  __device__ __forceinline__ void store(int sub, Chunk chunk) const {
-    convert<F16>(sub, [&](int c, const uint4 &v) { *(uint4 *)chunk(c) = v; });
   }
 };
 

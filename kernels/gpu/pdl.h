@@ -59,48 +59,30 @@ static inline hipError_t plain_launch(void (*kernel)(P...), dim3 grid, dim3 bloc
 }
 
 /* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute
- * when PMLA_PDL is on and the device supports it, in clusters of
- * cluster_x blocks along x when cluster_x > 1 (NVIDIA sm_90) */
+ * when PMLA_PDL is on and the device supports it */
 template <typename... P, typename... A>
-static inline hipError_t launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
-                                   hipStream_t stream, unsigned cluster_x, A... args) {
-#ifdef PMLA_PLATFORM_NVIDIA
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
+static inline hipError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                                    hipStream_t stream, A... args) {
 #ifdef PMLA_PDL_ON
-  if (pdl_device()) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-#endif
-  if (cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster_x;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
-  if (n == 0)
+  if (!pdl_device())
     return plain_launch(kernel, grid, block, smem, stream, args...);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = 1;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
   if (e != cudaSuccess)
     (void)cudaGetLastError(); /* returned here: not left for the host's next check */
   return e;
 #else
-  (void)cluster_x;
   return plain_launch(kernel, grid, block, smem, stream, args...);
 #endif
-}
-template <typename... P, typename... A>
-static inline hipError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
-                                    hipStream_t stream, A... args) {
-  return launch_ex(kernel, grid, block, smem, stream, 1u, args...);
 }
 
 #endif

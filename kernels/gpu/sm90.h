@@ -225,29 +225,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                "r"(parity)
                : "memory");
 }
-/* Head-tile pairs (clusters of two blocks): the same shared-memory address
- * in the other block of the pair (an offset that holds for every address
- * of the window), 16-byte stores there that complete their bytes on one
- * of its mbarriers, arrivals on its mbarriers, and the pair's barrier */
-__device__ __forceinline__ uint32_t pair_addr(uint32_t a, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void pair_st16(uint32_t a, uint4 v, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, "
-               "%4}, [%5];\n" ::"r"(a),
-               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void pair_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void pair_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
-}
 /* one 64-column x 64-row box of the KV cache into a 128B-swizzled block */
 __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, int col, int row,
                                         uint32_t bar) {
