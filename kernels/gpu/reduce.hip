@@ -8,8 +8,6 @@
 #include <math.h>
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "hip_compat.h"
 #include "launch.h"
 #include "mla_gpu.h"
@@ -47,8 +45,6 @@ constexpr int64_t MANY_PIECES = 32;
  * b=8 L=8192 h=128 (1024) 76.3 -> 75.0, b=16 L=16384 h=64 (1024) 106.3 ->
  * 101.5. */
 constexpr int64_t FOLD_SPLIT_ROWS = 512;
-/* warps a row of those: twice SPLIT, each lane a float2 of columns */
-constexpr int FOLD_PARTS = 2 * SPLIT;
 /* float4 of pieces in flight a lane (sum_pieces): FLY_DEEP up to
  * LOW_FLY_ROWS rows and in the grouped reduce, FLY_SHALLOW above, where
  * the reduce's warps outnumber what 132 SMs hold at the 128 registers a
@@ -291,23 +287,6 @@ __device__ __forceinline__ void fold_in(float4 (&acc)[V4], float &lse, const flo
   }
   lse = fw.lse;
 }
-template <int V2>
-__device__ __forceinline__ void fold_in(float2 (&acc)[V2], float &lse, const float2 (&x)[V2],
-                                        float l) {
-  const pmla_fold_w fw = pmla_fold_weights(lse, l);
-#pragma unroll
-  for (int v = 0; v < V2; v++) {
-    acc[v].x = pmla_fold(acc[v].x, x[v].x, fw);
-    acc[v].y = pmla_fold(acc[v].y, x[v].y, fw);
-  }
-  lse = fw.lse;
-}
-/* zero columns */
-template <typename T> __device__ __forceinline__ T zero_cols();
-template <> __device__ __forceinline__ float4 zero_cols<float4>() {
-  return make_float4(0.f, 0.f, 0.f, 0.f);
-}
-template <> __device__ __forceinline__ float2 zero_cols<float2>() { return make_float2(0.f, 0.f); }
 /* a folded row's columns (this lane's, from col4) into bf16 out, its lse
  * by one lane of the row */
 template <int V4>
@@ -322,17 +301,6 @@ __device__ __forceinline__ void store_folded(const pmla_gpu_problem &p, int i, i
     pk.y = pack_bf16x2(acc[v].z, acc[v].w);
     *(uint2 *)(dst + (col4 + v * WARP) * 4) = pk;
   }
-  if (writes_lse && p.lse)
-    p.lse[(int64_t)qb * p.num_heads + i] = lse;
-}
-template <int V2>
-__device__ __forceinline__ void store_folded(const pmla_gpu_problem &p, int i, int qb, int col2,
-                                             bool writes_lse, const float2 (&acc)[V2],
-                                             float lse) {
-  uint16_t *dst = p.out + ((int64_t)qb * p.num_heads + i) * PMLA_V_DIM;
-#pragma unroll
-  for (int v = 0; v < V2; v++)
-    *(uint32_t *)(dst + (col2 + v * WARP) * 2) = pack_bf16x2(acc[v].x, acc[v].y);
   if (writes_lse && p.lse)
     p.lse[(int64_t)qb * p.num_heads + i] = lse;
 }
@@ -359,18 +327,15 @@ __device__ __forceinline__ void store_folded(const pmla_gpu_problem &p, int i, i
 template <int PARTS>
 __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
                                                int p1, int part, int lane, int pre) {
-  /* a lane's columns: one float4, or one float2 with twice SPLIT warps */
-  using Vec = typename std::conditional<(PMLA_V_DIM / WARP / PARTS >= 4), float4, float2>::type;
-  constexpr int VW = sizeof(Vec) / 4;
-  constexpr int V4 = PMLA_V_DIM / VW / WARP / PARTS;
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS;
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
   constexpr int D = 8; /* pieces in flight */
   static_assert(WARP % D == 0 && 2 * D <= WARP, "a round's loads stay within two batches");
   const int col4 = lane + part * WARP * V4; /* this warp's float4 columns start there */
   /* this lane's first float4 of the row in slot 0, and a slot's stride */
-  const Vec *row0 = (const Vec *)(p.partial_out + (int64_t)i * PMLA_V_DIM) + col4;
-  const int64_t stride4 = rows_max * (PMLA_V_DIM / VW);
+  const float4 *row0 = (const float4 *)(p.partial_out + (int64_t)i * PMLA_V_DIM) + col4;
+  const int64_t stride4 = rows_max * (PMLA_V_DIM / 4);
   /* this lane's piece of the batch from c (fold_piece) */
   auto batch = [&](int c, int &slot, float &l) {
     fold_piece(p, i, rows_max, c + lane, p1, [&](int q) {
@@ -400,21 +365,21 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
   batch(c0 + 2 * WARP, sf, lf);
   warp_sync();
   /* piece q's row (zeros for none) and lse, from the ring */
-  auto load = [&](int q, Vec (&x)[V4], float &l) {
+  auto load = [&](int q, float4 (&x)[V4], float &l) {
     const int j = (q - p0) & (2 * WARP - 1);
     const int64_t off = r_off[j];
     l = r_l[j];
     /* none reads slot 0's row and keeps zeros: no branch */
-    const Vec *src = row0 + (off >= 0 ? off : 0);
+    const float4 *src = row0 + (off >= 0 ? off : 0);
 #pragma unroll
     for (int v = 0; v < V4; v++) {
-      const Vec y = ld_past_l1(src + v * WARP);
-      x[v] = off >= 0 ? y : zero_cols<Vec>();
+      const float4 y = ld_past_l1(src + v * WARP);
+      x[v] = off >= 0 ? y : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
   /* the fold starts from the first piece as it is; the next D are read
    * before it is waited for */
-  Vec acc[V4], buf[D][V4];
+  float4 acc[V4], buf[D][V4];
   float lse, bl[D];
   load(p0, acc, lse);
 #pragma unroll
@@ -581,11 +546,11 @@ __global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_pr
     }
     if (i >= (e.qe - e.qb) * H)
       continue;
-    if constexpr (FOLD && PARTS == 1)
+    if (FOLD && PARTS == 1)
       reduce_rows_fold(p, i, e.qb, e.p0, e.p1, lane);
-    else if constexpr (FOLD)
+    else if (FOLD)
       reduce_row_fold<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane, pair == first ? pre : NOT_READ);
-    else if constexpr (GROUPED)
+    else if (GROUPED)
       reduce_row_grouped<PARTS, G, FLY>(p, i, e.qb, e.p0, e.p1, part, lane, w);
     else
       reduce_row<PARTS, FLY>(p, i, e.qb, e.p0, e.p1, part, lane);
@@ -620,7 +585,7 @@ hipError_t launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
 hipError_t pmla_launch_reduce(const pmla_gpu_problem &p, hipStream_t stream) {
   const int64_t rows = p.num_tokens * p.num_heads;
   if (p.fold)
-    return rows <= FOLD_SPLIT_ROWS ? launch_reduce<FOLD_PARTS, true>(p, stream)
+    return rows <= FOLD_SPLIT_ROWS ? launch_reduce<SPLIT, true>(p, stream)
                                    : launch_reduce<1, true>(p, stream);
   if (rows <= GROUPED_ROWS && (int64_t)p.num_units >= MANY_PIECES * p.num_tokens)
     return launch_reduce<SPLIT, false, true>(p, stream);
