@@ -328,28 +328,19 @@ PMLA_HOT static void run_item(const pmla_cpu_problem *pb, const int32_t *w, floa
     float inv = pmla_sum_scale(1.f, sum[i]);
     float lse = pmla_sum_lse(sum[i], pmla_fold_lse(mx[i] + log2f(sum[i]), LN2));
     if (pb->fold && (flags & PMLA_WI_FOLD)) {
-      /* this chunk into the accumulator in `slot`, as the reduce folds;
-       * PMLA_WI_OUTER: then that group into the request's accumulator */
+      /* this chunk into the accumulator in `slot`, as the reduce folds */
       size_t base = (size_t)slot * pb->max_q_len * H + i;
       float *a = pb->partial_out + base * PMLA_V_DIM;
-      pmla_fold_w fw = pmla_fold_weights(pb->partial_lse[base], lse);
-      for (int d = 0; d < PMLA_V_DIM; d++)
-        o[d] = pmla_fold(a[d], o[d] * inv, fw);
-      if (flags & PMLA_WI_OUTER) {
-        base = (size_t)pmla_inv_outer_slot(slot, pb->num_units) * pb->max_q_len * H + i;
-        a = pb->partial_out + base * PMLA_V_DIM;
-        fw = pmla_fold_weights(pb->partial_lse[base], fw.lse);
-        for (int d = 0; d < PMLA_V_DIM; d++)
-          o[d] = pmla_fold(a[d], o[d], fw);
-      }
+      const pmla_fold_w fw = pmla_fold_weights(pb->partial_lse[base], lse);
       if (flags & PMLA_WI_FINAL) {
         uint16_t *dst = pb->out + ((size_t)qb * H + i) * PMLA_V_DIM;
         for (int d = 0; d < PMLA_V_DIM; d++)
-          dst[d] = pmla_float_to_bf16(o[d]);
+          dst[d] = pmla_float_to_bf16(pmla_fold(a[d], o[d] * inv, fw));
         if (pb->lse)
           pb->lse[(size_t)qb * H + i] = fw.lse;
       } else {
-        memcpy(a, o, sizeof(float) * PMLA_V_DIM);
+        for (int d = 0; d < PMLA_V_DIM; d++)
+          a[d] = pmla_fold(a[d], o[d] * inv, fw);
         pb->partial_lse[base] = fw.lse;
       }
     } else if (slot < 0) {
@@ -390,38 +381,19 @@ void pmla_cpu_reduce(const pmla_cpu_problem *pb, const int32_t *reduce_indptr,
     int32_t qb = pb->qo_indptr ? pb->qo_indptr[r] : r;
     int32_t qe = pb->qo_indptr ? pb->qo_indptr[r + 1] : r + 1;
     int32_t p0 = reduce_indptr[k], p1 = reduce_indptr[k + 1];
-    if (pb->fold) { /* the left fold of each group's pieces (a group's
-                     * first is flagged), then of the groups, as the decode
-                     * items fold */
+    if (pb->fold) { /* the left fold of the pieces, as the decode items fold */
       for (int32_t i = 0; i < (qe - qb) * H; i++) {
-        float o[PMLA_V_DIM], g[PMLA_V_DIM], lse = 0.f, glse = 0.f;
-        int32_t groups = 0; /* folded into o */
-        for (int32_t p = p0; p <= p1; p++) {
-          const int32_t e = p < p1 ? reduce_partial_map[p] : PMLA_INV_GROUP_START;
-          if (p > p0 && (e & PMLA_INV_GROUP_START)) { /* group g ends: into o */
-            if (groups++ == 0) {
-              memcpy(o, g, sizeof o);
-              lse = glse;
-            } else {
-              const pmla_fold_w fw = pmla_fold_weights(lse, glse);
-              for (int d = 0; d < PMLA_V_DIM; d++)
-                o[d] = pmla_fold(o[d], g[d], fw);
-              lse = fw.lse;
-            }
-          }
-          if (p == p1)
-            break;
-          const size_t base = (size_t)(e & ~PMLA_INV_GROUP_START) * pb->max_q_len * H + i;
+        float o[PMLA_V_DIM];
+        size_t base = (size_t)reduce_partial_map[p0] * pb->max_q_len * H + i;
+        memcpy(o, pb->partial_out + base * PMLA_V_DIM, sizeof o);
+        float lse = pb->partial_lse[base];
+        for (int32_t p = p0 + 1; p < p1; p++) {
+          base = (size_t)reduce_partial_map[p] * pb->max_q_len * H + i;
+          const pmla_fold_w fw = pmla_fold_weights(lse, pb->partial_lse[base]);
           const float *c = pb->partial_out + base * PMLA_V_DIM;
-          if (p == p0 || (e & PMLA_INV_GROUP_START)) { /* a group's first piece */
-            memcpy(g, c, sizeof g);
-            glse = pb->partial_lse[base];
-          } else {
-            const pmla_fold_w fw = pmla_fold_weights(glse, pb->partial_lse[base]);
-            for (int d = 0; d < PMLA_V_DIM; d++)
-              g[d] = pmla_fold(g[d], c[d], fw);
-            glse = fw.lse;
-          }
+          for (int d = 0; d < PMLA_V_DIM; d++)
+            o[d] = pmla_fold(o[d], c[d], fw);
+          lse = fw.lse;
         }
         uint16_t *dst = pb->out + ((size_t)qb * H + i) * PMLA_V_DIM;
         for (int d = 0; d < PMLA_V_DIM; d++)

@@ -29,7 +29,6 @@ typedef struct pmla_cpu_problem {
   float *partial_lse;           /* [slots, max_q_len, heads] */
   int32_t fold;                 /* batch-invariant schedule (plan_invariant.h):
                                    fold flags on items, the reduce folds */
-  int32_t num_units;            /* N: planner units (PMLA_WI_OUTER's accumulator) */
 } pmla_cpu_problem;
 
 /* Scratch floats one worker needs for a builder's shape. */

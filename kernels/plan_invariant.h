@@ -3,37 +3,24 @@
  * PMLA_BUILDER_BATCH_INVARIANT). A request of length L is read in chunks
  * whose boundaries depend on L alone: chunk size pmla_inv_chunk(L), at most
  * PMLA_INV_MAX_CHUNKS chunks. Every chunk is one work item computed from a
- * fresh softmax state. The chunks form groups of PMLA_INV_GROUP, and the
- * request's result is the left fold (fold.h) of its groups' results, each
- * the left fold of the group's chunks (for at most PMLA_INV_GROUP chunks:
- * the left fold of the chunks). The same folds whether the request runs on
- * one unit or is split:
+ * fresh softmax state, and the request's result is the left fold of its
+ * chunks (fold.h) - the same fold whether the request runs on one unit or
+ * is split:
  *   on one unit   chunk 0 writes its result to an accumulator slot (the
- *                 unit's own, after the budget), each later chunk of group
- *                 0 folds into it (PMLA_WI_FOLD); a later group's chunks
- *                 fold into the unit's group accumulator (N slots further)
- *                 and its last one folds that into the accumulator as well
- *                 (PMLA_WI_OUTER); the last chunk then writes out and lse
- *                 (PMLA_WI_FINAL); one chunk: out directly
- *   split         chunks 0..a-1 (one unit) fold into one slot a group;
- *                 every later chunk leaves its own partial; the reduce folds
- *                 each group's pieces, then the groups (a group's first
- *                 piece is marked PMLA_INV_GROUP_START in the partial map)
- * A long request's reduce so folds a chain of its groups, not of its chunks
- * (b=1 L=131072: 16 groups of 4 chunks instead of 64 chunks).
+ *                 unit's own, after the budget), each later chunk folds
+ *                 into it (PMLA_WI_FOLD), the last one then writes out and
+ *                 lse (PMLA_WI_FOLD | PMLA_WI_FINAL); one chunk: out directly
+ *   split         the first piece (chunks 0..a-1, one unit) folds into a
+ *                 slot of its own; every later chunk leaves its own partial;
+ *                 the reduce folds [first piece, chunk a, ..., chunk n-1]
  * Where requests go depends on the batch and changes the balance, never
- * the arithmetic. Four placements (pmla_inv_placement):
+ * the arithmetic. Three placements (pmla_inv_placement):
  *   whole         every request fits 1.25 units' equal shares of all the
  *                 step's work: each request whole on one unit, the
  *                 requests dealt by decreasing cost a round of N at a
  *                 time, each round's heaviest to the least loaded unit
  *                 (ragged batches: the line below leaves up to half a
  *                 request at each end of a unit, 1.3x its share)
- *   groups        else, where every group fits 1.25 shares and there are
- *                 no more groups (with the requests of one group) than
- *                 units: each group whole on a unit, folded there, one
- *                 piece for the reduce (b=32 L=16384 h=128 on 66 units: 64
- *                 groups of 128 blocks, where the line leaves 208 pieces)
  *   pieces        else, with at least half as many requests as units:
  *                 every request of several chunks split into its chunks
  *                 (the first piece chunk 0 alone), and the pieces dealt
@@ -41,10 +28,10 @@
  *   line          otherwise: each chunk goes to the unit whose equal share
  *                 of the line of all work holds the chunk's midpoint; a
  *                 request whose chunks land on several units is split.
- * The deals take at most PMLA_INV_DEAL_MAX pieces and units. Splits spend a
- * slot budget fixed at init: max_partials - 2N slots (the last 2N are the
- * units' accumulators and group accumulators); on the line a request whose
- * split would not fit the budget stays whole on its unit.
+ * The two deals take at most PMLA_INV_DEAL_MAX pieces and units. Splits
+ * spend a slot budget fixed at init: max_partials - N slots (the last N are
+ * the units' accumulators); on the line a request whose split would not
+ * fit the budget stays whole on its unit.
  *
  * Work item word PMLA_WI_PIECE holds the chunk index and the flags below.
  * pmla_plan_invariant is serial; the GPU metadata kernel places the same
@@ -66,14 +53,9 @@
 #define PMLA_INV_SLOT_UNITS_MAX 64 /* at most 64, */
 #define PMLA_INV_SLOT_BYTES (256ll << 20) /* more than 8 while all fit (pmla_inv_slot_units) */
 #define PMLA_INV_DEAL_MAX 512 /* pieces and units the deals take */
-#define PMLA_INV_GROUP 4 /* chunks a group (above) */
 
 enum {
   PMLA_WI_CHUNK_MASK = 0xffff,
-  /* after folding into its slot (the unit's group accumulator), fold the
-   * group's result into the accumulator pmla_inv_outer_slot(slot), which
-   * the item then keeps (PMLA_WI_KEEP) or writes out (PMLA_WI_FINAL) */
-  PMLA_WI_OUTER = 1 << 27,
   /* the result is folded again by a later item of the same unit: it may
    * stay in a layout of the kernel's own choosing (a slot without it holds
    * rows, for the reduce) */
@@ -81,22 +63,6 @@ enum {
   PMLA_WI_FINAL = 1 << 29, /* after folding, write out and lse (not the slot) */
   PMLA_WI_FOLD = 1 << 30   /* fold into the slot's accumulator, don't overwrite it */
 };
-
-/* A reduce_partial_map entry: the slot, and this flag on a group's first
- * piece */
-#define PMLA_INV_GROUP_START (1 << 30)
-
-/* The split budget of max_partials slots on N units (the last 2N are the
- * units' accumulators, then their group accumulators); unit u's
- * accumulator is slot budget + u, its group accumulator that plus N. */
-PMLA_HD static inline int32_t pmla_inv_budget(int32_t max_partials, int32_t N) {
-  return max_partials - 2 * N;
-}
-/* The accumulator a PMLA_WI_OUTER item of slot `slot` folds its group into
- * (N units). */
-PMLA_HD static inline int32_t pmla_inv_outer_slot(int32_t slot, int32_t N) {
-  return slot - N;
-}
 
 /* Split slots per unit of a builder whose partial slots hold `rows` rows
  * (max_q_len x heads) on N units: PMLA_INV_SLOT_UNITS, or as many more (up
@@ -180,67 +146,20 @@ PMLA_HD static inline int32_t pmla_inv_chunk_unit(int64_t cum, int32_t chunk, in
                           N, total);
 }
 
-/* The pieces of a request of n chunks split with first piece chunks
- * 0..a-1: one a group of those (pmla_inv_segments), then one a chunk. */
-PMLA_HD static inline int32_t pmla_inv_segments(int32_t a) {
-  return (a + PMLA_INV_GROUP - 1) / PMLA_INV_GROUP;
-}
-PMLA_HD static inline int32_t pmla_inv_pieces_of(int32_t n, int32_t a) {
-  return pmla_inv_segments(a) + n - a;
-}
-/* Piece p's first chunk, and one past its last in *end. */
-PMLA_HD static inline int32_t pmla_inv_piece_chunks(int32_t a, int32_t p, int32_t *end) {
-  const int32_t s = pmla_inv_segments(a);
-  if (p >= s) {
-    *end = a + (p - s) + 1;
-    return a + (p - s);
-  }
-  const int32_t e = (p + 1) * PMLA_INV_GROUP;
-  *end = e < a ? e : a;
-  return p * PMLA_INV_GROUP;
-}
-/* Piece p's reduce_partial_map entry, in slot `slot`: a group's first
- * piece is flagged. */
-PMLA_HD static inline int32_t pmla_inv_map_entry(int32_t a, int32_t p, int32_t slot) {
-  int32_t end;
-  const int32_t j = pmla_inv_piece_chunks(a, p, &end);
-  return slot | (j % PMLA_INV_GROUP == 0 ? PMLA_INV_GROUP_START : 0);
-}
-
 /* Chunk j's slot, and its flags in *flags, in a request of n chunks.
- * Whole (first < 0): the unit's accumulator acc, which chunk 0 writes and
- * the rest of group 0 folds into; a later group of one chunk folds into
- * acc, of more into the group accumulator acc + N (its first chunk writes
- * it) and its last chunk then folds the group into acc (PMLA_WI_OUTER);
- * the last chunk writes out and lse (PMLA_WI_FINAL), a single chunk out
- * directly (-1). Split: piece k of chunks 0..a-1 (pmla_inv_piece_chunks)
- * folds into slot first + k, each later chunk leaves its own partial.
- * Every chunk whose slot a later one of its unit folds is PMLA_WI_KEEP. */
+ * Whole (first < 0): the unit's accumulator acc, which chunk 0 writes,
+ * later chunks fold into and the last one folds into out and lse; a single
+ * chunk writes out directly (-1). Split: chunks 0..a-1 fold into slot
+ * first, each later chunk leaves its own partial in first + 1 + (j - a).
+ * Every chunk that a later one folds is PMLA_WI_KEEP. */
 PMLA_HD static inline int32_t pmla_inv_item_slot(int32_t n, int32_t a, int32_t first,
-                                                 int32_t acc, int32_t N, int32_t j,
-                                                 int32_t *flags) {
-  const int32_t G = PMLA_INV_GROUP, g0 = j / G * G;
+                                                 int32_t acc, int32_t j, int32_t *flags) {
   if (first < 0) {
-    const int32_t end = j == n - 1 ? PMLA_WI_FINAL : PMLA_WI_KEEP;
-    if (g0 == 0) {
-      *flags = (j > 0 ? PMLA_WI_FOLD : 0) | (n > 1 ? end : 0);
-      return n == 1 ? -1 : acc;
-    }
-    const int32_t ge = g0 + G < n ? g0 + G : n; /* one past the group's last chunk */
-    if (ge - g0 == 1) {
-      *flags = PMLA_WI_FOLD | end;
-      return acc;
-    }
-    *flags = (j > g0 ? PMLA_WI_FOLD : 0) | (j < ge - 1 ? PMLA_WI_KEEP : PMLA_WI_OUTER | end);
-    return acc + N;
+    *flags = (j > 0 ? PMLA_WI_FOLD : 0) | (j == n - 1 ? (j > 0 ? PMLA_WI_FINAL : 0) : PMLA_WI_KEEP);
+    return n == 1 ? -1 : acc;
   }
-  if (j >= a) {
-    *flags = 0;
-    return first + pmla_inv_segments(a) + (j - a);
-  }
-  const int32_t se = g0 + G < a ? g0 + G : a; /* one past the piece's last chunk */
-  *flags = (j > g0 ? PMLA_WI_FOLD : 0) | (j < se - 1 ? PMLA_WI_KEEP : 0);
-  return first + j / G;
+  *flags = j >= a ? 0 : (j > 0 ? PMLA_WI_FOLD : 0) | (j < a - 1 ? PMLA_WI_KEEP : 0);
+  return j < a ? first : first + 1 + (j - a);
 }
 
 /* Chunks 0..a-1 of a request: those whose midpoints fall on unit u0, the
@@ -277,43 +196,26 @@ PMLA_HD static inline void pmla_inv_write_item(const pmla_plan_output *out, int3
 /* The sums a step's placement needs: the work of all requests (total, at
  * least 1), the costliest request's, the chunks, and for the pieces
  * placement its pieces (every chunk of a request of several, every other
- * request whole), the partial slots they take and the costliest piece's,
- * and the same for the groups placement (every group of a request of
- * several, every other request whole); ORs the input errors into *err. */
+ * request whole), the partial slots they take and the costliest piece's;
+ * ORs the input errors into *err. */
 typedef struct pmla_inv_sums {
   int64_t total, max_cost, chunks, pieces, slots, max_piece;
   int64_t min_cost; /* the cheapest request's cost (INT64_MAX: none) */
-  int64_t groups, gslots, max_group;
 } pmla_inv_sums;
-#define PMLA_INV_SUMS_ZERO {0, 0, 0, 0, 0, 0, INT64_MAX, 0, 0, 0}
 
-/* Work of chunks [j0, j1) of a request (each pays PMLA_SPLIT_OVERHEAD). */
-PMLA_HD static inline int64_t pmla_inv_span_cost(const pmla_plan_req *q, int32_t chunk,
-                                                 int32_t j0, int32_t j1) {
-  const int64_t b = (int64_t)j0 * chunk, e1 = (int64_t)j1 * chunk, e = e1 < q->len ? e1 : q->len;
-  return (int64_t)PMLA_SPLIT_OVERHEAD * (j1 - j0) + (e > b ? pmla_plan_blocks((int32_t)(e - b)) : 0);
-}
-
-/* A piece's cost: piece p of a request split with first piece chunks
- * 0..a-1, else the whole request. */
+/* A piece's cost: chunk j of a split request, else the whole request. */
 PMLA_HD static inline int64_t pmla_inv_piece_cost(const pmla_plan_req *q, int32_t chunk,
-                                                  int32_t n, int32_t a, int32_t p, int split) {
-  if (!split)
-    return pmla_inv_cost(n, q->blocks);
-  int32_t end;
-  const int32_t j = pmla_inv_piece_chunks(a, p, &end);
-  return pmla_inv_span_cost(q, chunk, j, end);
+                                                  int32_t n, int32_t j, int split) {
+  return split ? PMLA_SPLIT_OVERHEAD + pmla_inv_chunk_blocks(q->len, chunk, j)
+               : pmla_inv_cost(n, q->blocks);
 }
 
 /* What one request adds to the sums: its cost, its chunks, and as pieces
- * (split when it has several chunks) and as groups (split when it has
- * several groups) their count, slots and the costliest. */
+ * (split when it has several chunks) their count, slots and the costliest. */
 PMLA_HD static inline void pmla_inv_sum_add(pmla_inv_sums *s, const pmla_plan_req *q,
                                             int32_t chunk, int32_t n) {
   const int64_t cost = pmla_inv_cost(n, q->blocks);
-  const int64_t piece = pmla_inv_span_cost(q, chunk, 0, 1); /* chunk 0 is whole */
-  const int gsplit = n > PMLA_INV_GROUP;
-  const int64_t group = pmla_inv_span_cost(q, chunk, 0, gsplit ? PMLA_INV_GROUP : n); /* group 0 */
+  const int64_t piece = pmla_inv_piece_cost(q, chunk, n, 0, n > 1); /* chunk 0 is whole */
   s->total += cost;
   s->max_cost = cost > s->max_cost ? cost : s->max_cost;
   s->chunks += n;
@@ -321,13 +223,10 @@ PMLA_HD static inline void pmla_inv_sum_add(pmla_inv_sums *s, const pmla_plan_re
   s->slots += n > 1 ? n : 0;
   s->max_piece = piece > s->max_piece ? piece : s->max_piece;
   s->min_cost = cost < s->min_cost ? cost : s->min_cost;
-  s->groups += gsplit ? pmla_inv_segments(n) : 1;
-  s->gslots += gsplit ? pmla_inv_segments(n) : 0;
-  s->max_group = group > s->max_group ? group : s->max_group;
 }
 
 PMLA_HD static inline pmla_inv_sums pmla_inv_sum(const pmla_plan_input *in, int32_t *err) {
-  pmla_inv_sums s = PMLA_INV_SUMS_ZERO;
+  pmla_inv_sums s = {0, 0, 0, 0, 0, 0, INT64_MAX};
   for (int32_t r = 0; r < in->num_requests; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, err);
     const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
@@ -340,22 +239,10 @@ PMLA_HD static inline pmla_inv_sums pmla_inv_sum(const pmla_plan_input *in, int3
 
 /* How a step's work is placed on the units. */
 enum {
-  PMLA_INV_PLACE_LINE,   /* chunks cut along the line of all work */
-  PMLA_INV_PLACE_WHOLE,  /* requests whole, spread by cost */
-  PMLA_INV_PLACE_PIECES, /* pieces (the chunks of longer requests) spread by cost */
-  PMLA_INV_PLACE_GROUPS  /* groups (of requests of several) spread, one a unit */
+  PMLA_INV_PLACE_LINE,  /* chunks cut along the line of all work */
+  PMLA_INV_PLACE_WHOLE, /* requests whole, spread by cost */
+  PMLA_INV_PLACE_PIECES /* pieces (the chunks of longer requests) spread by cost */
 };
-
-/* Whether a deal (place: PMLA_INV_PLACE_GROUPS or _PIECES) splits a
- * request of n chunks, and the chunks of its first piece (the `a` of
- * pmla_inv_item_slot): its groups, or chunk 0 and then one a chunk. */
-PMLA_HD static inline int pmla_inv_deal_split(int place, int32_t n) {
-  return place == PMLA_INV_PLACE_GROUPS ? n > PMLA_INV_GROUP
-                                        : place == PMLA_INV_PLACE_PIECES && n > 1;
-}
-PMLA_HD static inline int32_t pmla_inv_deal_a(int place, int32_t n) {
-  return place == PMLA_INV_PLACE_GROUPS ? n : 1;
-}
 
 /* The placement of a step of R requests on N units with `budget` split
  * slots. Requests whole and spread when each fits 1.25 units' equal shares
@@ -365,9 +252,7 @@ PMLA_HD static inline int32_t pmla_inv_deal_a(int place, int32_t n) {
  * h=128, 1.10: 759.6 and 561.9, where the line's splits overrun the slot
  * budget). Where requests outnumber units some unit holds two, so also
  * the two cheapest must fit 1.25 shares (80 equal requests on 66 units
- * dealt whole: 14 units hold two, 1.65x a share; in pieces 1.03x). Else
- * groups spread, one a unit, when they are no more than the units, each
- * fits 1.25 shares and their slots the budget. Else,
+ * dealt whole: 14 units hold two, 1.65x a share; in pieces 1.03x). Else,
  * with at least half as many requests as units, pieces spread when each
  * fits 1.25 shares and their slots the budget: a ragged
  * batch with fewer requests than units, several of them longer than a
@@ -382,8 +267,6 @@ PMLA_HD static inline int pmla_inv_placement(int32_t R, int32_t N, int32_t budge
   if (R <= PMLA_INV_DEAL_MAX && s->max_cost * N * 4 <= s->total * 5 &&
       (R <= N || 2 * s->min_cost * N * 4 <= s->total * 5))
     return PMLA_INV_PLACE_WHOLE;
-  if (s->groups <= N && s->gslots <= budget && s->max_group * N * 4 <= s->total * 5)
-    return PMLA_INV_PLACE_GROUPS;
   if (2 * (int64_t)R >= N && s->pieces <= PMLA_INV_DEAL_MAX && s->slots <= budget &&
       s->max_piece * N * 4 <= s->total * 5)
     return PMLA_INV_PLACE_PIECES;
@@ -430,18 +313,15 @@ PMLA_HD static inline int64_t pmla_inv_key_cost(int64_t key) {
   return INT32_MAX - (key >> 32);
 }
 
-/* Chunks [j0, j1) of request r of n chunks on unit u from item `item`:
- * whole (first < 0), folding in the unit's accumulator acc and group
- * accumulator acc + N, or split with first piece chunks 0..a-1 and slots
- * from first (pmla_inv_item_slot; work_indptr is the caller's). */
-PMLA_HD static inline void pmla_inv_write_span(const pmla_plan_output *out, int32_t r,
-                                               const pmla_plan_req *q, int32_t chunk, int32_t n,
-                                               int32_t a, int32_t first, int32_t j0, int32_t j1,
-                                               int32_t item, int32_t u, int32_t acc, int32_t N) {
-  for (int32_t j = j0; j < j1; j++) {
+/* The n chunks of request r, whole on unit u from item `item`, folding in
+ * the unit's accumulator acc (work_indptr is the caller's). */
+PMLA_HD static inline void pmla_inv_write_whole(const pmla_plan_output *out, int32_t r,
+                                                const pmla_plan_req *q, int32_t chunk, int32_t n,
+                                                int32_t item, int32_t u, int32_t acc) {
+  for (int32_t j = 0; j < n; j++) {
     int32_t flags;
-    const int32_t slot = pmla_inv_item_slot(n, a, first, acc, N, j, &flags);
-    pmla_inv_write_item(out, r, q, chunk, item + j - j0, u, u, slot, j, flags);
+    const int32_t slot = pmla_inv_item_slot(n, n, -1, acc, j, &flags);
+    pmla_inv_write_item(out, r, q, chunk, item + j, u, u, slot, j, flags);
   }
 }
 
@@ -468,14 +348,13 @@ PMLA_HD static inline void pmla_inv_empty(const pmla_plan_input *in, const pmla_
   pmla_inv_finish(in, out, 0, 0, 0, -1, 0, 0, err | PMLA_PLAN_ERR_OVERFLOW, lane, lanes);
 }
 
-/* The step on the units by a deal (place: PMLA_INV_PLACE_WHOLE, _GROUPS
- * or _PIECES): the pieces by decreasing cost (insertion sort: at most
+/* The step on the units by a deal (place: PMLA_INV_PLACE_WHOLE or
+ * _PIECES): the pieces by decreasing cost (insertion sort: at most
  * PMLA_INV_DEAL_MAX), dealt a round at a time; a split request's slots and
  * reduce entry in request order. err: the input errors found. */
 PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla_plan_output *out,
                                            int place, int32_t err) {
-  const int32_t R = in->num_requests, N = in->num_units;
-  const int32_t budget = pmla_inv_budget(in->max_partials, N);
+  const int32_t R = in->num_requests, N = in->num_units, budget = in->max_partials - N;
   int32_t scratch = 0;
   int64_t key[PMLA_INV_DEAL_MAX];
   int32_t req_of[PMLA_INV_DEAL_MAX], first_of[PMLA_INV_DEAL_MAX], poff_of[PMLA_INV_DEAL_MAX];
@@ -483,21 +362,20 @@ PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla
   for (int32_t r = 0; r < R; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
     const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
-    const int split = pmla_inv_deal_split(place, n);
-    const int32_t a = pmla_inv_deal_a(place, n), np = split ? pmla_inv_pieces_of(n, a) : 1;
+    const int split = place == PMLA_INV_PLACE_PIECES && n > 1;
     rows += q.qe - q.qb;
     first_of[r] = split ? slots : -1;
     poff_of[r] = P;
     if (split) {
       out->reduce_indptr[reduces] = slots;
       out->reduce_final_map[reduces++] = r;
-      for (int32_t p = 0; p < np; p++)
-        out->reduce_partial_map[slots + p] = pmla_inv_map_entry(a, p, slots + p);
-      slots += np;
-      max_pieces = np > max_pieces ? np : max_pieces;
+      for (int32_t j = 0; j < n; j++)
+        out->reduce_partial_map[slots + j] = slots + j;
+      slots += n;
+      max_pieces = n > max_pieces ? n : max_pieces;
     }
-    for (int32_t p = 0; p < np; p++, P++) {
-      const int64_t k = pmla_inv_deal_key(pmla_inv_piece_cost(&q, chunk, n, a, p, split), P);
+    for (int32_t j = 0; j < (split ? n : 1); j++, P++) {
+      const int64_t k = pmla_inv_deal_key(pmla_inv_piece_cost(&q, chunk, n, j, split), P);
       req_of[P] = r;
       int32_t i = P;
       for (; i > 0 && key[i - 1] > k; i--)
@@ -530,12 +408,16 @@ PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla
       const int32_t p = (int32_t)(key[i] & 0xffffffff), r = req_of[p];
       const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
       const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
-      const int32_t n = pmla_inv_chunks(q.len, chunk), a = pmla_inv_deal_a(place, n);
-      /* a whole request's chunks, or a split one's piece p - poff_of[r] */
-      int32_t j1 = n;
-      const int32_t j0 = first_of[r] < 0 ? 0 : pmla_inv_piece_chunks(a, p - poff_of[r], &j1);
-      pmla_inv_write_span(out, r, &q, chunk, n, a, first_of[r], j0, j1, items, u, budget + u, N);
-      items += j1 - j0;
+      const int32_t n = pmla_inv_chunks(q.len, chunk);
+      if (first_of[r] < 0) { /* whole */
+        pmla_inv_write_whole(out, r, &q, chunk, n, items, u, budget + u);
+        items += n;
+      } else { /* chunk j of a split request: a partial of its own */
+        const int32_t j = p - poff_of[r];
+        int32_t flags;
+        const int32_t slot = pmla_inv_item_slot(n, 1, first_of[r], 0, j, &flags);
+        pmla_inv_write_item(out, r, &q, chunk, items++, u, u, slot, j, flags);
+      }
     }
   }
   pmla_inv_finish(in, out, items, slots, reduces, N - 1, max_pieces, rows, err, 0, 1);
@@ -547,7 +429,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
                                                   const pmla_plan_output *out) {
   const int32_t R = in->num_requests, N = in->num_units;
   const int64_t OH = PMLA_SPLIT_OVERHEAD;
-  const int32_t budget = pmla_inv_budget(in->max_partials, N); /* slots for splits */
+  const int32_t budget = in->max_partials - N; /* slots for splits */
   int32_t err = 0, scratch = 0;
   const pmla_inv_sums sums = pmla_inv_sum(in, &err);
   const int64_t total = sums.total;
@@ -580,12 +462,11 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
     ucur = pmla_inv_unit_from(ucur, 2 * cum + cost0, N, total);
     const int32_t u0 = ucur;
     const int32_t a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
-    const int32_t np = pmla_inv_pieces_of(n, a); /* its pieces, split */
-    const int split = a < n && slots + np <= budget;
-    if (!split) { /* whole on unit u0, folding in its accumulators */
+    const int split = a < n && slots + 1 + (n - a) <= budget;
+    if (!split) { /* whole on unit u0, folding in its accumulator */
       for (int32_t j = 0; j < n; j++) {
         int32_t flags;
-        const int32_t slot = pmla_inv_item_slot(n, n, -1, budget + u0, N, j, &flags);
+        const int32_t slot = pmla_inv_item_slot(n, n, -1, budget + u0, j, &flags);
         pmla_inv_write_item(out, r, &q, chunk, items++, prev, u0, slot, j, flags);
         prev = u0 > prev ? u0 : prev;
         cum += OH + pmla_inv_chunk_blocks(q.len, chunk, j);
@@ -593,28 +474,35 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
       max_pieces = max_pieces > 1 ? max_pieces : 1;
       continue;
     }
-    /* split: chunks 0..a-1 fold into one slot a group on unit u0, the rest
+    /* split: chunks 0..a-1 fold into slot `first` on unit u0, the rest
      * leave a partial each on the units their midpoints fall in */
     const int32_t first = slots;
     out->reduce_indptr[reduces] = first;
     out->reduce_final_map[reduces] = r;
     reduces++;
-    for (int32_t p = 0; p < np; p++)
-      out->reduce_partial_map[first + p] = pmla_inv_map_entry(a, p, first + p);
-    for (int32_t j = 0; j < n; j++) {
+    for (int32_t j = 0; j < a; j++) {
+      int32_t flags;
+      const int32_t slot = pmla_inv_item_slot(n, a, first, 0, j, &flags);
+      pmla_inv_write_item(out, r, &q, chunk, items++, prev, u0, slot, j, flags);
+      prev = u0 > prev ? u0 : prev;
+      cum += OH + pmla_inv_chunk_blocks(q.len, chunk, j);
+    }
+    out->reduce_partial_map[first] = first;
+    slots = first + 1;
+    for (int32_t j = a; j < n; j++) {
       const int64_t cost = OH + pmla_inv_chunk_blocks(q.len, chunk, j);
-      if (j >= a)
-        ucur = pmla_inv_unit_from(ucur, 2 * cum + cost, N, total);
-      const int32_t u = j < a ? u0 : ucur;
+      ucur = pmla_inv_unit_from(ucur, 2 * cum + cost, N, total);
+      const int32_t u = ucur;
       cum += cost;
       int32_t flags;
-      const int32_t slot = pmla_inv_item_slot(n, a, first, 0, N, j, &flags);
+      const int32_t slot = pmla_inv_item_slot(n, a, first, 0, j, &flags);
+      out->reduce_partial_map[slot] = slot;
       pmla_inv_write_item(out, r, &q, chunk, items++, prev, u, slot, j, flags);
       prev = u > prev ? u : prev;
+      slots = slot + 1;
     }
-    slots = first + np;
     /* the partial slots its reduce merges, as the deals count them */
-    max_pieces = np > max_pieces ? np : max_pieces;
+    max_pieces = slots - first > max_pieces ? slots - first : max_pieces;
   }
   pmla_inv_finish(in, out, items, slots, reduces, prev, max_pieces, rows, err, 0, 1);
   return err;

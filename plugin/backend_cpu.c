@@ -299,7 +299,6 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   pb->partial_out = b->buf[PMLA_BUF_PARTIAL_OUT];
   pb->partial_lse = b->buf[PMLA_BUF_PARTIAL_LSE];
   pb->fold = pmla_batch_invariant(b);
-  pb->num_units = (int32_t)b->info.sched_units;
   pmla_workers_run(s->workers, run_unit, b);
   pmla_workers_run(s->workers, reduce_unit, b);
   int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];

@@ -171,12 +171,12 @@ void pmla_size_buffers(pmla_builder *b, uint32_t cu_count, uint32_t sched_units)
   in->sched_units = sched_units;
   in->max_requests = (uint32_t)R;
   /* batch-invariant: a work item per chunk (at most PMLA_INV_MAX_CHUNKS a
-   * request), a split budget (pmla_inv_slot_units a unit) and two
-   * accumulator slots per unit (pmla_inv_budget) */
+   * request), a split budget (pmla_inv_slot_units a unit) and one
+   * accumulator slot per unit */
   const int inv = pmla_batch_invariant(b);
   in->max_work_items = (uint32_t)(inv ? R * PMLA_INV_MAX_CHUNKS + N : R + N);
   in->max_partial_slots =
-      (uint32_t)(inv ? ((uint64_t)pmla_inv_slot_units((int64_t)rows, (int32_t)N) + 2) * N : 2 * N);
+      (uint32_t)(inv ? ((uint64_t)pmla_inv_slot_units((int64_t)rows, (int32_t)N) + 1) * N : 2 * N);
   in->buffer_bytes[PMLA_BUF_WORK_META_DATA] = PMLA_META_WORDS * 4;
   in->buffer_bytes[PMLA_BUF_WORK_INDPTR] = (N + 1) * 4;
   in->buffer_bytes[PMLA_BUF_WORK_INFO_SET] =

@@ -255,11 +255,8 @@ static void run_dense(uint32_t layout, uint64_t seed, uint32_t dtype) {
   req probe;
   req_random(&probe, &rng, 3000);
   /* more than one chunk (longer than the 4096 tokens a dense request keeps
-   * whole; then 2048-token chunks), so that alone it is split: three
-   * chunks, or five to seven (two groups, plan_invariant.h) */
-  req_set_len(&probe, &rng,
-              rng_below(&rng, 2) ? 4200 + (int32_t)rng_below(&rng, 1900)
-                                 : 8300 + (int32_t)rng_below(&rng, 5900));
+   * whole; then 2048-token chunks), so that alone it is split */
+  req_set_len(&probe, &rng, 4200 + (int32_t)rng_below(&rng, 1900));
   result alone = result_make((size_t)probe.q_len * H), got = result_make(alone.rows);
   req *one[1] = {&probe};
   decode_batch(&c, one, 1, 0, layout, 1, alone.out, alone.lse);

@@ -43,8 +43,7 @@ static int64_t heaviest_unit(const pmla_plan_input *in, const inv_buffers *b, in
 
 static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const inv_buffers *b,
                            const char *what) {
-  const int32_t R = in->num_requests, N = in->num_units;
-  const int32_t budget = pmla_inv_budget(in->max_partials, N), G = PMLA_INV_GROUP;
+  const int32_t R = in->num_requests, N = in->num_units, budget = in->max_partials - N;
   const int32_t least = pmla_inv_least(in->uniform_len);
   const int32_t items = b->meta[PMLA_META_NUM_ITEMS], reduces = b->meta[PMLA_META_NUM_REDUCE];
   int32_t scratch = 0;
@@ -89,32 +88,11 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
     EXPECT(place != PMLA_INV_PLACE_PIECES || split == (n > 1),
            "%s: pieces spread, request %d of %d chunks %s", what, r, n,
            split ? "split" : "whole");
-    EXPECT(place != PMLA_INV_PLACE_GROUPS || split == (n > G),
-           "%s: groups spread, request %d of %d chunks %s", what, r, n,
-           split ? "split" : "whole");
     const int32_t *at = item_of + off[r], first_unit = unit_of[at[0]];
-    /* split: chunks 0..a-1 on the first unit (the line: those before the
-     * chunks on later units; pieces: chunk 0; groups: all) */
-    int32_t a = n;
-    if (split && place == PMLA_INV_PLACE_PIECES)
-      a = 1;
-    else if (split && place == PMLA_INV_PLACE_LINE)
-      for (a = 1; a < n && unit_of[at[a]] == first_unit;)
-        a++;
-    /* its pieces: chunks 0..a-1 one a group, then one a chunk */
-    const int32_t segs = (a + G - 1) / G, np = segs + n - a;
-    const int32_t p0 = split ? b->rindptr[red] : 0;
-    if (split) {
-      EXPECT(b->rindptr[red + 1] - p0 == np && a >= 1 && (place != PMLA_INV_PLACE_LINE || a < n),
-             "%s: split request %d of %d chunks, %d on its first unit: %d pieces", what, r, n, a,
-             b->rindptr[red + 1] - p0);
-      for (int32_t q = 0; q < np; q++) { /* a group's first piece is flagged */
-        const int32_t j = q < segs ? q * G : a + q - segs;
-        EXPECT(!!(b->rmap[p0 + q] & PMLA_INV_GROUP_START) == (j % G == 0),
-               "%s: split request %d: piece %d (chunk %d) map entry 0x%x", what, r, q, j,
-               b->rmap[p0 + q]);
-      }
-    }
+    /* split: the first piece, chunks 0..a-1 (one partial), then one each */
+    const int32_t a = split ? n + 1 - (b->rindptr[red + 1] - b->rindptr[red]) : n;
+    EXPECT(!split || (a >= 1 && a < n && (place != PMLA_INV_PLACE_PIECES || a == 1)),
+           "%s: split request %d: first piece %d of %d chunks", what, r, a, n);
     for (int32_t j = 0; j < n; j++) {
       const int32_t k = at[j], *w = b->wi + (int64_t)k * PMLA_WI_WORDS;
       const int32_t kb = (int32_t)((int64_t)j * C < L ? (int64_t)j * C : L);
@@ -122,48 +100,36 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
       EXPECT(w[PMLA_WI_KV_BEGIN] == kb && w[PMLA_WI_KV_END] == ke && w[PMLA_WI_KV_LEN] == L,
              "%s: item %d is not chunk %d [%d, %d) of request %d", what, k, j, kb, ke, r);
       const int32_t flags = w[PMLA_WI_PIECE] & ~PMLA_WI_CHUNK_MASK, slot = w[PMLA_WI_PARTIAL];
-      const int32_t g0 = j / G * G, ge = g0 + G < n ? g0 + G : n; /* its group */
-      const int32_t end = j == n - 1 ? PMLA_WI_FINAL : PMLA_WI_KEEP;
-      if (!split) { /* consecutive on one unit: group 0 folds in its accumulator,
-                     * a later group of several in its group accumulator and
-                     * then into the accumulator */
-        const int32_t acc = budget + first_unit;
-        const int32_t want = n == 1        ? 0
-                             : g0 == 0     ? (j ? PMLA_WI_FOLD : 0) | end
-                             : ge - g0 == 1 ? PMLA_WI_FOLD | end
-                             : (j > g0 ? PMLA_WI_FOLD : 0) |
-                                   (j < ge - 1 ? PMLA_WI_KEEP : PMLA_WI_OUTER | end);
-        const int32_t want_slot = n == 1                     ? -1
-                                  : g0 == 0 || ge - g0 == 1 ? acc
-                                                             : acc + N;
+      if (!split) { /* consecutive on one unit: they fold in its one accumulator */
         EXPECT(unit_of[k] == first_unit && k == at[0] + j,
                "%s: whole request %d: chunk %d is item %d on unit %d, chunk 0 item %d on %d", what,
                r, j, k, unit_of[k], at[0], first_unit);
-        EXPECT(flags == want && slot == want_slot &&
-                   (!(flags & PMLA_WI_OUTER) || pmla_inv_outer_slot(slot, N) == acc),
+        const int32_t want = n == 1       ? 0
+                             : j == 0     ? PMLA_WI_KEEP
+                             : j == n - 1 ? PMLA_WI_FOLD | PMLA_WI_FINAL
+                                          : PMLA_WI_FOLD | PMLA_WI_KEEP;
+        EXPECT(flags == want && slot == (n == 1 ? -1 : budget + first_unit),
                "%s: whole request %d chunk %d: flags 0x%x slot %d", what, r, j, flags, slot);
         continue;
       }
-      if (j < a) { /* a group of the first piece: in order on one unit, folding in its slot */
-        const int32_t se = g0 + G < a ? g0 + G : a;
-        EXPECT(slot == (b->rmap[p0 + j / G] & ~PMLA_INV_GROUP_START) &&
-                   flags == ((j > g0 ? PMLA_WI_FOLD : 0) | (j < se - 1 ? PMLA_WI_KEEP : 0)) &&
-                   unit_of[k] == unit_of[at[g0]] && (j == g0 || k > at[j - 1]) &&
-                   (place == PMLA_INV_PLACE_GROUPS || unit_of[k] == first_unit),
+      const int32_t p0 = b->rindptr[red];
+      if (j < a) { /* the first piece: in order on one unit, folding in its slot */
+        EXPECT(slot == b->rmap[p0] &&
+                   flags == ((j ? PMLA_WI_FOLD : 0) | (j < a - 1 ? PMLA_WI_KEEP : 0)) &&
+                   unit_of[k] == first_unit && (j == 0 || k > at[j - 1]),
                "%s: split request %d first-piece chunk %d: flags 0x%x slot %d item %d unit %d",
                what, r, j, flags, slot, k, unit_of[k]);
       } else {
-        EXPECT(flags == 0 && slot == (b->rmap[p0 + segs + (j - a)] & ~PMLA_INV_GROUP_START) &&
+        EXPECT(flags == 0 && slot == b->rmap[p0 + 1 + (j - a)] &&
                    (place != PMLA_INV_PLACE_LINE || unit_of[k] > first_unit),
                "%s: split request %d chunk %d: flags 0x%x slot %d unit %d", what, r, j, flags,
                slot, unit_of[k]);
       }
     }
     if (split) {
-      for (int32_t q = b->rindptr[red]; q < b->rindptr[red + 1]; q++) {
-        const int32_t sl = b->rmap[q] & ~PMLA_INV_GROUP_START;
-        EXPECT(sl >= 0 && sl < budget, "%s: slot %d outside the budget", what, sl);
-      }
+      for (int32_t q = b->rindptr[red]; q < b->rindptr[red + 1]; q++)
+        EXPECT(b->rmap[q] >= 0 && b->rmap[q] < budget, "%s: slot %d outside the budget", what,
+               b->rmap[q]);
       red++;
     }
   }
@@ -184,9 +150,7 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
   for (int32_t i = 0; i < items; i++)
     chunk_max = item_cost(b, i) > chunk_max ? item_cost(b, i) : chunk_max;
   const int64_t share = (total + N - 1) / N;
-  const int64_t most = place == PMLA_INV_PLACE_WHOLE    ? sums.max_cost
-                       : place == PMLA_INV_PLACE_GROUPS ? sums.max_group
-                                                        : sums.max_piece;
+  const int64_t most = place == PMLA_INV_PLACE_WHOLE ? sums.max_cost : sums.max_piece;
   if (place != PMLA_INV_PLACE_LINE)
     EXPECT(worst <= share + most,
            "%s: spread, a unit holds %lld blocks of work, over the share %lld plus a piece %lld",
@@ -243,7 +207,7 @@ static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int
   in.uniform_len = topk;
   in.page_size = 16;
   in.max_items = R * PMLA_INV_MAX_CHUNKS + N;
-  in.max_partials = (slot_units + 2) * N;
+  in.max_partials = (slot_units + 1) * N;
   in.invariant = 1;
   inv_buffers b;
   memset(&b, 0, sizeof b);
@@ -261,7 +225,7 @@ static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int
   int32_t scratch = 0;
   const pmla_inv_sums sums = pmla_inv_sum(&in, &scratch);
   res.split = b.meta[PMLA_META_NUM_REDUCE];
-  res.place = pmla_inv_placement(R, N, pmla_inv_budget(in.max_partials, N), &sums);
+  res.place = pmla_inv_placement(R, N, in.max_partials - N, &sums);
   int64_t total;
   res.worst = heaviest_unit(&in, &b, &total);
   res.share = (total + N - 1) / N;
@@ -278,7 +242,7 @@ static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int
 START_TEST(test_invariant_schedule_holds_its_layout_on_random_batches) {
   uint64_t rng = harness_seed() ^ 0x1a7u;
   static const int32_t units[] = {1, 2, 7, 66, 132};
-  int splits = 0, places[4] = {0, 0, 0, 0};
+  int splits = 0, places[3] = {0, 0, 0};
   for (int i = 0; i < 300; i++) {
     char what[80];
     const int32_t R = i % 5 == 0 ? 1 : 1 + (int32_t)rng_below(&rng, i % 3 ? 16 : 300);
@@ -320,22 +284,6 @@ START_TEST(test_fewer_requests_than_units_take_one_unit_each) {
          "50 x 16384 tokens on 66 units: placement %d, %d split, heaviest unit %lld against a "
          "share of %lld",
          c.place, c.split, (long long)c.worst, (long long)c.share);
-}
-END_TEST
-
-/* Requests of several groups whose groups fit one a unit: each group on a
- * unit of its own, folded there, so each request leaves one piece a group
- * for the reduce (32 requests of 16384 tokens on 66 units: 64 groups of
- * four 2048-token chunks; on the line 208 pieces) and no unit holds more
- * than a group. */
-START_TEST(test_groups_that_fit_take_one_unit_each) {
-  uint64_t rng = 11;
-  const case_result c = run_case(&rng, 32, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS,
-                                 "32 requests of 16384 tokens, 66 units");
-  EXPECT(c.place == PMLA_INV_PLACE_GROUPS && c.split == 32 &&
-             c.worst == 4 * PMLA_SPLIT_OVERHEAD + 8192 / PMLA_BLOCK_TOKENS,
-         "32 x 16384 tokens on 66 units: placement %d, %d split, heaviest unit %lld", c.place,
-         c.split, (long long)c.worst);
 }
 END_TEST
 
@@ -573,7 +521,6 @@ Suite *suite_plan_invariant(void) {
   tcase_add_test(tc, test_equal_requests_outnumbering_the_units_are_cut);
   tcase_add_test(tc, test_fewer_pieces_than_units_are_spaced_evenly);
   tcase_add_test(tc, test_fewer_requests_than_units_take_one_unit_each);
-  tcase_add_test(tc, test_groups_that_fit_take_one_unit_each);
   tcase_add_test(tc, test_closed_forms_equal_the_serial_walk);
   tcase_add_test(tc, test_the_fold_merges_two_softmax_results);
   suite_add_tcase(s, tc);

@@ -412,18 +412,13 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
     __syncthreads();
 
     /* ---- epilogue (a batch-invariant item with PMLA_WI_FOLD folds into
-     * the accumulator in its slot, fold.h, with PMLA_WI_OUTER that fold
-     * again into the accumulator pmla_inv_outer_slot, which it keeps; with
-     * PMLA_WI_FINAL it writes the fold to out and lse) */
+     * the accumulator in its slot, fold.h; with PMLA_WI_FINAL it writes
+     * the fold to out and lse) */
     const int mfin = (nblk & 1) * ROWS;
     const int64_t obase =
         pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
     const int32_t wflags = FOLD ? w[PMLA_WI_PIECE] : 0;
     const bool fold = FOLD && pslot >= 0 && (wflags & PMLA_WI_FOLD), final = wflags & PMLA_WI_FINAL;
-    const bool outer = fold && (wflags & PMLA_WI_OUTER);
-    /* where a folding item keeps its result: its slot, or the outer one */
-    const int64_t kbase =
-        outer ? (int64_t)pmla_inv_outer_slot(pslot, p.num_units) * p.max_q_len * H + row0 : obase;
     const int64_t fbase = (int64_t)qb * H + row0;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -434,9 +429,8 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
           continue;
         float l = sL[rl], inv = pmla_sum_scale(out_scale, l);
         int64_t ro = (obase + rl) * PMLA_V_DIM;
-        const int64_t ko = (kbase + rl) * PMLA_V_DIM;
         const int64_t fo = (fbase + rl) * PMLA_V_DIM;
-        pmla_fold_w fw = {1.f, 0.f, 0.f}, fw2 = {1.f, 0.f, 0.f};
+        pmla_fold_w fw = {1.f, 0.f, 0.f};
         /* a folding item's accumulator values, all loaded before any store
          * (the stores may alias them: loads interleaved with stores would
          * each wait out a latency) */
@@ -444,8 +438,6 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
         if (fold) {
           fw = pmla_fold_weights(p.partial_lse[obase + rl],
                                  row_lse(sM[mfin + rl], l));
-          if (outer)
-            fw2 = pmla_fold_weights(p.partial_lse[kbase + rl], fw.lse);
 #pragma unroll
           for (int nt = 0; nt < NTV; nt++)
 #pragma unroll
@@ -453,13 +445,6 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
               if (slot_of(e) == sl)
                 acc_in[nt][e] = p.partial_out[ro + warp * DW + nt * MMA_N + acc_col(lane, e)];
         }
-        /* the fold of one value of column col, then (PMLA_WI_OUTER, once a
-         * group: its accumulator read where it is used) of the group into
-         * the outer accumulator */
-        auto folded = [&](int nt, int e, int col, float v) {
-          const float f = pmla_fold(acc_in[nt][e], v, fw);
-          return outer ? pmla_fold(p.partial_out[ko + col], f, fw2) : f;
-        };
 #pragma unroll
         for (int nt = 0; nt < NTV; nt++) {
           if (PAIRED) {
@@ -470,11 +455,12 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
               int col = warp * DW + nt * MMA_N + acc_col(lane, e);
               float v0 = o[mt][nt].x[e] * inv, v1 = o[mt][nt].x[e + 1] * inv;
               if (fold) {
-                const float f0 = folded(nt, e, col, v0), f1 = folded(nt, e + 1, col + 1, v1);
+                const float f0 = pmla_fold(acc_in[nt][e], v0, fw),
+                            f1 = pmla_fold(acc_in[nt][e + 1], v1, fw);
                 if (final)
                   *(uint32_t *)(p.out + fo + col) = pack_bf16x2(f0, f1);
                 else
-                  *(float2 *)(p.partial_out + ko + col) = make_float2(f0, f1);
+                  *(float2 *)(p.partial_out + ro + col) = make_float2(f0, f1);
               } else if (pslot >= 0) {
                 *(float2 *)(p.partial_out + ro + col) = make_float2(v0, v1);
               } else {
@@ -490,11 +476,11 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
               int col = warp * DW + nt * MMA_N + acc_col(lane, e);
               float v0 = o[mt][nt].x[e] * inv;
               if (fold) {
-                const float f0 = folded(nt, e, col, v0);
+                const float f0 = pmla_fold(acc_in[nt][e], v0, fw);
                 if (final)
                   p.out[fo + col] = f_to_bf16(f0);
                 else
-                  p.partial_out[ko + col] = f0;
+                  p.partial_out[ro + col] = f0;
               } else if (pslot >= 0) {
                 p.partial_out[ro + col] = v0;
               } else {
@@ -510,11 +496,9 @@ __device__ __forceinline__ void decode_body(const pmla_gpu_problem &p, float sca
       float l = sL[tid];
       float lse = row_lse(sM[mfin + tid], l);
       if (fold) {
-        pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
-        if (outer)
-          fw = pmla_fold_weights(p.partial_lse[kbase + tid], fw.lse);
+        const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
         if (!final)
-          p.partial_lse[kbase + tid] = fw.lse;
+          p.partial_lse[obase + tid] = fw.lse;
         else if (p.lse)
           p.lse[fbase + tid] = fw.lse;
       } else if (pslot >= 0) {

@@ -315,28 +315,6 @@ __device__ __forceinline__ void keep_o(const pmla_gpu_problem &p, const float (&
                  pol);
   }
 }
-/* acc <- the fold (fold.h) of the kept words w (this thread's of its row
- * slot sl) and acc times inv, with weights fw; FLY words in flight a
- * thread */
-template <int FLY>
-__device__ __forceinline__ void fold_words(float (&o)[128], const float *w, int sl, float inv,
-                                           const pmla_fold_w &fw, uint64_t pol) {
-#pragma unroll
-  for (int h = 0; h < 16 / FLY; h++) {
-    float4 a[FLY];
-#pragma unroll
-    for (int i = 0; i < FLY; i++)
-      a[i] = ld_f4_hint(w + 16 * (FLY * h + i), pol);
-#pragma unroll
-    for (int i = 0; i < FLY; i++) {
-      float *e = o + 8 * (FLY * h + i) + 2 * sl;
-      e[0] = pmla_fold(a[i].x, e[0] * inv, fw);
-      e[1] = pmla_fold(a[i].y, e[1] * inv, fw);
-      e[4] = pmla_fold(a[i].z, e[4] * inv, fw);
-      e[5] = pmla_fold(a[i].w, e[5] * inv, fw);
-    }
-  }
-}
 /* A batch-invariant item with PMLA_WI_FOLD: this warpgroup's O becomes the
  * fold (fold.h) of the kept accumulator (its lse in the slot's) and its
  * own normalised result, in registers. */
@@ -346,6 +324,7 @@ __device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o
                                             float out_scale, bool final) {
   /* read once more only if this fold keeps it again */
   const uint64_t pol = final ? l2_evict_first() : l2_evict_last();
+  constexpr int FLY = 8; /* words in flight a thread (16 measured no faster) */
 #pragma unroll
   for (int sl = 0; sl < 2; sl++) {
     const int rl = myrow[sl];
@@ -353,27 +332,22 @@ __device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o
       continue;
     const float l = sL[rl], inv = pmla_sum_scale(out_scale, l);
     const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + rl], row_lse(sM[rl], l));
-    fold_words<8>(o, kept_words(p, obase + rl, g, lane), sl, inv, fw, pol); /* 16: no faster */
-  }
-}
-/* Then, with PMLA_WI_OUTER, that fold (the group's, whose lse is the fold
- * of the one in obase and the item's) folded into the outer accumulator at
- * obase2 the same way: a call of its own, so that its values are not live
- * through the first fold (one call for both spilled) */
-__device__ __forceinline__ void fold_outer(const pmla_gpu_problem &p, float (&o)[128],
-                                           const float *sM, const float *sL, int g, int lane,
-                                           const int (&myrow)[2], int nrows, int64_t obase,
-                                           int64_t obase2, bool final) {
-  const uint64_t pol = final ? l2_evict_first() : l2_evict_last();
+    const float *w = kept_words(p, obase + rl, g, lane);
 #pragma unroll
-  for (int sl = 0; sl < 2; sl++) {
-    const int rl = myrow[sl];
-    if (rl >= nrows)
-      continue;
-    const float glse =
-        pmla_fold_weights(p.partial_lse[obase + rl], row_lse(sM[rl], sL[rl])).lse;
-    fold_words<4>(o, kept_words(p, obase2 + rl, g, lane), sl, 1.f,
-                  pmla_fold_weights(p.partial_lse[obase2 + rl], glse), pol);
+    for (int h = 0; h < 16 / FLY; h++) {
+      float4 a[FLY];
+#pragma unroll
+      for (int i = 0; i < FLY; i++)
+        a[i] = ld_f4_hint(w + 16 * (FLY * h + i), pol);
+#pragma unroll
+      for (int i = 0; i < FLY; i++) {
+        float *e = o + 8 * (FLY * h + i) + 2 * sl;
+        e[0] = pmla_fold(a[i].x, e[0] * inv, fw);
+        e[1] = pmla_fold(a[i].y, e[1] * inv, fw);
+        e[4] = pmla_fold(a[i].z, e[4] * inv, fw);
+        e[5] = pmla_fold(a[i].w, e[5] * inv, fw);
+      }
+    }
   }
 }
 /* Tiles of at most 16 rows (NARROW): the 64 tokens of a block are the M
@@ -1219,11 +1193,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       char *const sO = b0_kept ? sKV + TILE : sKV;
       const bool fold = FOLD && cslot >= 0 && (piece & PMLA_WI_FOLD);
       const bool keep = FOLD && cslot >= 0 && (piece & PMLA_WI_KEEP);
-      /* PMLA_WI_OUTER: the fold folded again into the outer accumulator,
-       * which the item keeps or writes out */
-      const bool outer = fold && (piece & PMLA_WI_OUTER);
-      const int32_t kslot = outer ? pmla_inv_outer_slot(cslot, p.num_units) : cslot;
-      const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : kslot; /* -1: out */
+      const int32_t dst = fold && (piece & PMLA_WI_FINAL) ? -1 : cslot; /* -1: out */
       const int64_t obase = (int64_t)cslot * p.max_q_len * H + row0;
       const float one[2] = {1.f, 1.f};
       if constexpr (NARROW) {
@@ -1232,13 +1202,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         else
           nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
       } else if (fold) {
-        fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0 || outer);
-        if (outer)
-          fold_outer(p, o, sM, sL, g, lane, myrow, nrows, obase,
-                     (int64_t)kslot * p.max_q_len * H + row0, dst < 0);
+        fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0);
         __syncthreads(); /* every accumulator lse read before store_lse replaces it */
         if (keep)
-          keep_o(p, o, one, g, lane, myrow, nrows, (int64_t)kslot * p.max_q_len * H + row0);
+          keep_o(p, o, one, g, lane, myrow, nrows, obase);
         else if (dst >= 0)
           stage_rows<true>(sKV, o, one, g, lane, myrow, nrows);
         else
@@ -1268,7 +1235,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             send_staged(p, sO, dst, qb, row0, nrows, lane);
         }
       }
-      store_lse<FOLD>(p, sM, sL, tid, nrows, cslot, qb, row0, piece, outer ? kslot : -1);
+      store_lse<FOLD>(p, sM, sL, tid, nrows, cslot, qb, row0, piece);
       __syncthreads();
       if (last)
         break;

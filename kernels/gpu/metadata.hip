@@ -207,8 +207,6 @@ struct InvReqs {
 struct InvSums {
   unsigned long long total, max_cost, chunks, pieces, slots, max_piece;
   unsigned long long not_min; /* ~ the cheapest request's cost: a maximum */
-  unsigned long long groups; /* groups | their slots << 32 */
-  unsigned long long max_group;
 };
 
 /* The dealt placements of a batch-invariant step (plan_invariant.h: at
@@ -232,18 +230,16 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
                            int32_t *s_max_pieces) {
   static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "one piece and one unit a thread");
   const int t = threadIdx.x;
-  const int32_t R = in.num_requests, N = in.num_units;
-  const int32_t budget = pmla_inv_budget(in.max_partials, N);
-  int32_t scratch = 0, rows = 0, n = 0, split = 0, np = 0;
+  const int32_t R = in.num_requests, N = in.num_units, budget = in.max_partials - N;
+  int32_t scratch = 0, rows = 0, n = 0, split = 0;
   if (t < R) {
     const pmla_plan_req q = pmla_plan_describe(&in, t, &scratch);
     n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len));
-    split = pmla_inv_deal_split(place, n);
-    np = split ? pmla_inv_pieces_of(n, pmla_inv_deal_a(place, n)) : 1;
+    split = place == PMLA_INV_PLACE_PIECES && n > 1;
     rows = q.qe - q.qb;
   }
   int64_t sum;
-  const int64_t packed = (int64_t)(t < R ? np : 0) | ((int64_t)(split ? np : 0) << FIELD_BITS) |
+  const int64_t packed = (int64_t)(split ? n : t < R) | ((int64_t)(split ? n : 0) << FIELD_BITS) |
                          ((int64_t)split << (2 * FIELD_BITS));
   const int64_t before = block_exclusive_scan(packed, buf, &sum);
   const int32_t P = (int32_t)(sum & FIELD_MASK), slots = (int32_t)((sum >> FIELD_BITS) & FIELD_MASK);
@@ -257,13 +253,14 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
       const int32_t red = (int32_t)(before >> (2 * FIELD_BITS));
       out.reduce_indptr[red] = first;
       out.reduce_final_map[red] = t;
-      for (int32_t p = 0; p < np; p++)
-        out.reduce_partial_map[first + p] =
-            pmla_inv_map_entry(pmla_inv_deal_a(place, n), p, first + p);
+      for (int32_t j = 0; j < n; j++)
+        out.reduce_partial_map[first + j] = first + j;
+      atomicMax(s_max_pieces, n);
+    } else {
+      atomicMax(s_max_pieces, 1);
     }
-    atomicMax(s_max_pieces, np);
-    for (int32_t p = 0; p < np; p++)
-      a.req_of[a.poff_at[t] + p] = t;
+    for (int32_t j = 0; j < (split ? n : 1); j++)
+      a.req_of[a.poff_at[t] + j] = t;
   }
   __syncthreads();
   int64_t key = INT64_MAX;
@@ -271,9 +268,7 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
     const int32_t r = a.req_of[t], j = t - a.poff_at[r];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
     const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
-    key = pmla_inv_deal_key(pmla_inv_piece_cost(&q, chunk, a.n_at[r], pmla_inv_deal_a(place, a.n_at[r]),
-                                                j, a.first_at[r] >= 0),
-                            t);
+    key = pmla_inv_deal_key(pmla_inv_piece_cost(&q, chunk, a.n_at[r], j, a.first_at[r] >= 0), t);
   }
   buf[t] = key;
   __syncthreads();
@@ -306,17 +301,10 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
     }
   }
   __syncthreads();
-  /* a piece's chunks [j0, *j1): a whole request's, or a split one's piece */
-  auto chunks_of = [&](int32_t i, int32_t *j1) {
-    const int32_t p = a.piece_of[i], r = a.req_of[p], n = a.n_at[r];
-    *j1 = n;
-    return a.first_at[r] < 0 ? 0
-                             : pmla_inv_piece_chunks(pmla_inv_deal_a(place, n), p - a.poff_at[r], j1);
-  };
+  /* a piece's items: a whole request's chunks, or one */
   auto items_of = [&](int32_t i) {
-    int32_t j1;
-    const int32_t j0 = chunks_of(i, &j1);
-    return j1 - j0;
+    const int32_t r = a.req_of[a.piece_of[i]];
+    return a.first_at[r] >= 0 ? 1 : a.n_at[r];
   };
   int64_t count = 0;
   if (t < N)
@@ -340,10 +328,14 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
     const int32_t p = a.piece_of[t], r = a.req_of[p], u = a.unit_of[t];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
     const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
-    int32_t j1;
-    const int32_t j0 = chunks_of(t, &j1);
-    pmla_inv_write_span(&out, r, &q, chunk, a.n_at[r], pmla_inv_deal_a(place, a.n_at[r]),
-                        a.first_at[r], j0, j1, a.item_at[t], u, budget + u, N);
+    if (a.first_at[r] < 0) {
+      pmla_inv_write_whole(&out, r, &q, chunk, a.n_at[r], a.item_at[t], u, budget + u);
+    } else {
+      const int32_t j = p - a.poff_at[r];
+      int32_t flags;
+      const int32_t slot = pmla_inv_item_slot(a.n_at[r], 1, a.first_at[r], 0, j, &flags);
+      pmla_inv_write_item(&out, r, &q, chunk, a.item_at[t], u, u, slot, j, flags);
+    }
   }
   atomicAdd(s_rows, rows);
   __syncthreads();
@@ -367,15 +359,15 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
                                int32_t *s_max_pieces) {
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units;
-  const int32_t budget = pmla_inv_budget(in.max_partials, N); /* slots for splits */
+  const int32_t budget = in.max_partials - N; /* slots for splits; then one per unit */
   if (t == 0) {
     ss->total = ss->max_cost = ss->chunks = ss->pieces = ss->slots = ss->max_piece = 0;
-    ss->not_min = ss->groups = ss->max_group = 0;
+    ss->not_min = 0;
     *s_err = *s_rows = *s_max_pieces = 0;
   }
   __syncthreads();
   int32_t err = 0, scratch = 0;
-  pmla_inv_sums mine = PMLA_INV_SUMS_ZERO; /* this thread's requests' */
+  pmla_inv_sums mine = {0, 0, 0, 0, 0, 0, INT64_MAX}; /* this thread's requests' */
   for (int32_t r = t; r < R; r += PLAN_THREADS) {
     const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
     const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
@@ -385,9 +377,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   block_sum_max((u64)mine.total, (u64)mine.max_cost, &ss->total, &ss->max_cost);
   block_sum_max((u64)mine.chunks, (u64)mine.max_piece, &ss->chunks, &ss->max_piece);
   block_sum_max((u64)mine.pieces, ~(u64)mine.min_cost, &ss->pieces, &ss->not_min);
-  block_sum_max((u64)mine.slots, (u64)mine.max_group, &ss->slots, &ss->max_group);
-  /* groups and their slots in one sum: each below 2^32 (R x 16) */
-  block_sum_max((u64)mine.groups | (u64)mine.gslots << 32, 0, &ss->groups, NULL);
+  block_sum_max((u64)mine.slots, 0, &ss->slots, NULL);
   atomicOr(s_err, err);
   __syncthreads();
   const int64_t total = ss->total > 0 ? (int64_t)ss->total : 1;
@@ -401,10 +391,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
                               (int64_t)ss->pieces,
                               (int64_t)ss->slots,
                               (int64_t)ss->max_piece,
-                              (int64_t)~ss->not_min,
-                              (int64_t)(ss->groups & 0xffffffffu),
-                              (int64_t)(ss->groups >> 32),
-                              (int64_t)ss->max_group};
+                              (int64_t)~ss->not_min};
   const int place = pmla_inv_placement(R, N, budget, &sums);
   if (place != PMLA_INV_PLACE_LINE) {
     const DealArrays sa = {want,  rq.item, rq.slot0, rq.len, split_at, last_unit, rq.qb,
@@ -433,7 +420,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
     if (valid) {
       u0 = pmla_inv_chunk_unit(cum, chunk, q.len, 0, N, total);
       a = pmla_inv_first_piece(&q, chunk, n, cum, u0, N, total);
-      need = a < n ? pmla_inv_pieces_of(n, a) : 0;
+      need = a < n ? 1 + (n - a) : 0;
     }
     /* the split budget, in request order, as the serial planner spends it */
     int64_t need_sum;
@@ -475,15 +462,14 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
       rq.u0[t] = u0;
       static_assert(PMLA_INV_MAX_CHUNKS < 256, "n and a packed in 8 bits each");
       rq.na[t] = n | a << 8;
-      /* the partial slots its reduce merges: one a group of the first
-       * piece's chunks, then one a chunk */
-      const int32_t slots_merged = split ? need : 1;
+      /* the partial slots its reduce merges: the first piece's, then one
+       * a chunk */
+      const int32_t slots_merged = split ? 1 + n - a : 1;
       max_pieces = slots_merged > max_pieces ? slots_merged : max_pieces;
       if (split) {
         out.reduce_indptr[red0] = slot0;
         out.reduce_final_map[red0] = r;
-        for (int32_t p = 0; p < pmla_inv_segments(a); p++)
-          out.reduce_partial_map[slot0 + p] = pmla_inv_map_entry(a, p, slot0 + p);
+        out.reduce_partial_map[slot0] = slot0;
       }
     }
     __syncthreads();
@@ -516,10 +502,9 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
         prev = up > prev ? up : prev;
       }
       int32_t flags;
-      const int32_t slot = pmla_inv_item_slot(ni, ai, s0, budget + ui, N, j, &flags);
+      const int32_t slot = pmla_inv_item_slot(ni, ai, s0, budget + ui, j, &flags);
       if (s0 >= 0 && j >= ai) /* a partial of its own */
-        out.reduce_partial_map[slot] =
-            pmla_inv_map_entry(ai, pmla_inv_segments(ai) + j - ai, slot);
+        out.reduce_partial_map[slot] = slot;
       pmla_inv_write_item(&out, c0 + i, &qi, ci, at_items + k, prev, u, slot, j, flags);
     }
     __syncthreads();

@@ -14,7 +14,6 @@
 #include "mma.h"
 #include "pdl.h"
 #include "fold.h"
-#include "plan_invariant.h"
 
 namespace {
 
@@ -249,79 +248,44 @@ __device__ __forceinline__ void reduce_row_grouped(const pmla_gpu_problem &p, in
   }
   __syncthreads(); /* sh is reused by the block's next pair */
 }
-/* whether any lane's v is nonzero */
-__device__ __forceinline__ bool warp_any(int v) {
-#ifdef PMLA_PLATFORM_NVIDIA
-  return __any_sync(0xffffffffu, v);
-#else
-  return __any(v);
-#endif
-}
-/* The folds' shared parts. A piece's slot from its map entry (flag bits
- * off), or -1 where it is out of range (never planned: flagged, folded as
- * empty). */
-__device__ __forceinline__ int fold_slot(const pmla_gpu_problem &p, int e) {
-  const int s = e & ~PMLA_INV_GROUP_START;
-  if (e < 0 || s >= p.max_slots) {
+/* The folds' shared parts. A piece's slot from the map, or -1 where it is
+ * out of range (never planned: flagged, folded as empty). */
+__device__ __forceinline__ int fold_slot(const pmla_gpu_problem &p, int s) {
+  if (s < 0 || s >= p.max_slots) {
     atomicOr(p.work_meta_data + PMLA_META_ERROR, (int)PMLA_PLAN_ERR_OVERFLOW);
     return -1;
   }
   return s;
 }
 /* piece q's slot (-1 for none: at or past p1, or never planned, which is
- * flagged), its lse in row i, and whether it starts a group (the first
- * piece, a flagged one, and every one past p1); entry_of(q) reads its map
- * entry */
-template <typename EntryOf>
+ * flagged) and its lse in row i; slot_of(q) reads its map entry */
+template <typename SlotOf>
 __device__ __forceinline__ void fold_piece(const pmla_gpu_problem &p, int i, int64_t rows_max,
-                                           int q, int p0, int p1, EntryOf entry_of, int &slot,
-                                           float &l, int &start) {
+                                           int q, int p1, SlotOf slot_of, int &slot, float &l) {
   slot = -1;
   l = -INFINITY;
-  start = 1;
   if (q >= p1)
     return;
-  const int e = entry_of(q);
-  start = q == p0 || (e >= 0 && (e & PMLA_INV_GROUP_START));
-  const int s = fold_slot(p, e);
+  const int s = fold_slot(p, slot_of(q));
   if (s < 0)
     return;
   slot = s;
   l = ld_past_l1(p.partial_lse + (int64_t)s * rows_max + i);
 }
-/* acc and lse <- their fold with piece x of lse l (where `take`; else as
- * they are): the arithmetic of the decode epilogues' folds (fold.h),
- * column by column */
+/* acc and lse <- their fold with piece x of lse l: the arithmetic of the
+ * decode epilogues' folds (fold.h), column by column */
 template <int V4>
 __device__ __forceinline__ void fold_in(float4 (&acc)[V4], float &lse, const float4 (&x)[V4],
-                                        float l, bool take = true) {
+                                        float l) {
   const pmla_fold_w fw = pmla_fold_weights(lse, l);
 #pragma unroll
   for (int v = 0; v < V4; v++) {
-    const float4 a = acc[v];
-    acc[v].x = take ? pmla_fold(a.x, x[v].x, fw) : a.x;
-    acc[v].y = take ? pmla_fold(a.y, x[v].y, fw) : a.y;
-    acc[v].z = take ? pmla_fold(a.z, x[v].z, fw) : a.z;
-    acc[v].w = take ? pmla_fold(a.w, x[v].w, fw) : a.w;
+    acc[v].x = pmla_fold(acc[v].x, x[v].x, fw);
+    acc[v].y = pmla_fold(acc[v].y, x[v].y, fw);
+    acc[v].z = pmla_fold(acc[v].z, x[v].z, fw);
+    acc[v].w = pmla_fold(acc[v].w, x[v].w, fw);
   }
-  lse = take ? fw.lse : lse;
-}
-/* the request's fold o (of lse ol; none yet unless `have`) <- its fold
- * with the group g of lse gl, where `take` */
-template <int V4>
-__device__ __forceinline__ void fold_group(float4 (&o)[V4], float &ol, bool &have,
-                                           const float4 (&g)[V4], float gl, bool take) {
-  float4 f[V4];
-  float fl = ol;
-#pragma unroll
-  for (int v = 0; v < V4; v++)
-    f[v] = o[v];
-  fold_in(f, fl, g, gl);
-#pragma unroll
-  for (int v = 0; v < V4; v++)
-    o[v] = take ? (have ? f[v] : g[v]) : o[v];
-  ol = take ? (have ? fl : gl) : ol;
-  have = have || take;
+  lse = fw.lse;
 }
 /* a folded row's columns (this lane's, from col4) into bf16 out, its lse
  * by one lane of the row */
@@ -340,38 +304,30 @@ __device__ __forceinline__ void store_folded(const pmla_gpu_problem &p, int i, i
   if (writes_lse && p.lse)
     p.lse[(int64_t)qb * p.num_heads + i] = lse;
 }
-/* Batch-invariant: the left fold of each group's pieces, then of the
- * groups (plan_invariant.h), the same folds the decode items of a whole
- * request perform, so a split request gets the bits it would get whole.
- * A group's first piece is flagged in the map. Every lane computes the
- * weights. A warp folds a PARTS-th of the row's columns (PARTS warps a
- * row; the columns fold independently, so the bits do not depend on
- * PARTS). Few rows (a lone or small batch of long requests,
- * FOLD_SPLIT_ROWS) take SPLIT warps a row here: a long request's pieces
- * are folded one after another, so the row's work is spread over more
- * warps instead; more rows take one warp a row (reduce_rows_fold, below).
+/* Batch-invariant: the left fold of the pieces in order (fold.h), the same
+ * fold the decode items of a whole request perform, so a split request
+ * gets the bits it would get whole. Every lane computes the weights. A warp
+ * folds a PARTS-th of the row's columns (PARTS warps a row; the columns
+ * fold independently, so the bits do not depend on PARTS). Few rows (a
+ * lone or small batch of long requests, FOLD_SPLIT_ROWS) take SPLIT warps
+ * a row here: a long request's pieces are folded one after another, so the
+ * row's work is spread over more warps instead; more rows take one warp a
+ * row (reduce_rows_fold, below).
  *
  * Such a warp is alone on its scheduler, so every instruction of its chain
  * waits out the latency of the one before unless the scheduler can move
- * independent work between them: the steps of a round are one basic block,
- * each step both folds (the piece into its group's fold g, and g into the
- * request's fold o) and keeps by selects what the piece's flag asks, so o
- * and g are two chains of one fold a step. The pieces' slots (as row
- * offsets), lse and flags are read WARP at a time, two batches ahead, into
- * a ring in shared memory that every step reads with plain loads: a shuffle
- * brings a branch for a diverged warp, and a step per basic block ran ~60
- * instructions at 4.7 cycles each (H200, ncu). The loads of a round are
- * not guarded either: pieces past the last are none (their rows never
- * folded). The first batch's slots are read before the wait for the decode
- * (schedule data). */
-template <int PARTS>
-__device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
-                                                int p1, int part, int lane);
+ * independent work between them: the steps of a round are one basic block.
+ * The pieces' slots (as row offsets) and lse are read WARP at a time, two
+ * batches ahead, into a ring in shared memory that every step reads with
+ * plain loads: a shuffle brings a branch for a diverged warp, and a step
+ * per basic block ran ~60 instructions at 4.7 cycles each (H200, ncu). The
+ * loads of a round are not guarded either: pieces past the last are none
+ * (their rows never folded). The first batch's slots are read before the
+ * wait for the decode (schedule data). */
 template <int PARTS>
 __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
                                                int p1, int part, int lane, int pre) {
   constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS;
-  constexpr int G = PMLA_INV_GROUP;
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
   constexpr int D = 8; /* pieces in flight */
@@ -381,65 +337,38 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
   const float4 *row0 = (const float4 *)(p.partial_out + (int64_t)i * PMLA_V_DIM) + col4;
   const int64_t stride4 = rows_max * (PMLA_V_DIM / 4);
   /* this lane's piece of the batch from c (fold_piece) */
-  auto batch = [&](int c, int &slot, float &l, int &st) {
-    fold_piece(p, i, rows_max, c + lane, p0, p1, [&](int q) {
+  auto batch = [&](int c, int &slot, float &l) {
+    fold_piece(p, i, rows_max, c + lane, p1, [&](int q) {
       return p0 == c && pre != NOT_READ ? pre : ld_past_l1(p.reduce_partial_map + q);
-    }, slot, l, st);
+    }, slot, l);
   };
   /* pieces c0 .. c0 + 2 WARP - 1 in the warp's ring in shared memory (the
-   * offset of the piece's row from slot 0's, -1 for none, its lse and
-   * whether it starts a group), the next WARP in (sf, lf, tf) */
+   * offset of the piece's row from slot 0's, -1 for none, and its lse),
+   * the next WARP in (sf, lf) */
   __shared__ int64_t ring_off[REDUCE_THREADS / WARP][2 * WARP];
   __shared__ float ring_l[REDUCE_THREADS / WARP][2 * WARP];
-  __shared__ int ring_st[REDUCE_THREADS / WARP][2 * WARP];
   int64_t *r_off = ring_off[threadIdx.x / WARP];
   float *r_l = ring_l[threadIdx.x / WARP];
-  int *r_st = ring_st[threadIdx.x / WARP];
-  auto put = [&](int c, int slot, float l, int st) {
+  auto put = [&](int c, int slot, float l) {
     const int j = (c - p0 + lane) & (2 * WARP - 1);
     r_off[j] = slot >= 0 ? (int64_t)slot * stride4 : -1;
     r_l[j] = l;
-    r_st[j] = st;
   };
   int c0 = p0;
-  int sf, tf;
+  int sf;
   float lf;
-  /* the shape of the pieces, from the flags of the first three batches
-   * (a request has at most PMLA_INV_MAX_CHUNKS pieces): every piece a
-   * group (the deal of groups, or of chunks of at most G), groups of G
-   * single chunks from the first (the line's split of a long request), or
-   * another */
-  int not_all = 0, not_single = 0;
-  auto shape_of = [&](int c) {
-    const int q = c + lane;
-    not_all |= q < p1 && !tf;
-    not_single |= q < p1 && tf != ((q - p0) % G == 0);
-  };
-  batch(c0, sf, lf, tf);
-  shape_of(c0);
+  batch(c0, sf, lf);
   warp_sync(); /* a warp's previous row read the ring to its end */
-  put(c0, sf, lf, tf);
-  batch(c0 + WARP, sf, lf, tf);
-  shape_of(c0 + WARP);
-  put(c0 + WARP, sf, lf, tf);
-  batch(c0 + 2 * WARP, sf, lf, tf);
-  shape_of(c0 + 2 * WARP);
+  put(c0, sf, lf);
+  batch(c0 + WARP, sf, lf);
+  put(c0 + WARP, sf, lf);
+  batch(c0 + 2 * WARP, sf, lf);
   warp_sync();
-  enum { ALL_GROUPS, SINGLE_CHUNKS, OTHER };
-  const int shape = p1 - p0 > 3 * WARP ? OTHER
-                    : !warp_any(not_all)  ? ALL_GROUPS
-                    : !warp_any(not_single) ? SINGLE_CHUNKS
-                                          : OTHER;
-  if (shape == OTHER) { /* a step at a time, as for many rows */
-    reduce_rows_fold<PARTS>(p, i, qb, p0, p1, part, lane);
-    return;
-  }
-  /* piece q's row (zeros for none), lse and flag, from the ring */
-  auto load = [&](int q, float4 (&x)[V4], float &l, bool &st) {
+  /* piece q's row (zeros for none) and lse, from the ring */
+  auto load = [&](int q, float4 (&x)[V4], float &l) {
     const int j = (q - p0) & (2 * WARP - 1);
     const int64_t off = r_off[j];
     l = r_l[j];
-    st = r_st[j] != 0;
     /* none reads slot 0's row and keeps zeros: no branch */
     const float4 *src = row0 + (off >= 0 ? off : 0);
 #pragma unroll
@@ -448,98 +377,73 @@ __device__ __forceinline__ void reduce_row_fold(const pmla_gpu_problem &p, int i
       x[v] = off >= 0 ? y : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
-  auto refill = [&](int q) { /* batch c0 is done: (sf, lf, tf) takes its place */
-    if (q - c0 < WARP)
-      return;
-    warp_sync();
-    put(c0 + 2 * WARP, sf, lf, tf);
-    c0 += WARP;
-    batch(c0 + 2 * WARP, sf, lf, tf);
-    warp_sync();
-  };
-  /* the request's fold o, and in the other shape the group's fold g
-   * (gvalid: it holds a piece); rounds of D pieces from p0 without a
-   * branch between the steps, so one step's loads and columns overlap the
-   * next step's weights, the next round's pieces read as each is used */
-  float4 o[V4], buf[D][V4];
-  float ol = -INFINITY, bl[D];
-  bool bt[D], have = false;
-#pragma unroll
-  for (int v = 0; v < V4; v++)
-    o[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+  /* the fold starts from the first piece as it is; the next D are read
+   * before it is waited for */
+  float4 acc[V4], buf[D][V4];
+  float lse, bl[D];
+  load(p0, acc, lse);
 #pragma unroll
   for (int d = 0; d < D; d++)
-    load(p0 + d, buf[d], bl[d], bt[d]);
-  for (int q = p0; q < p1; q += D) {
-    refill(q);
-    if (shape == ALL_GROUPS) { /* one chain: o <- the fold of o and each piece */
+    if (p0 + 1 + d < p1)
+      load(p0 + 1 + d, buf[d], bl[d]);
+  /* whole rounds of D pieces without a branch between the steps, so one
+   * step's loads and columns overlap the next step's weights (a row's
+   * steps are one dependent chain, and a lone request's rows are few) */
+  int q = p0 + 1;
+  for (; q + D <= p1; q += D) {
+    if (q - c0 >= WARP) { /* batch c0 is done: (sf, lf) takes its place */
+      warp_sync();
+      put(c0 + 2 * WARP, sf, lf);
+      c0 += WARP;
+      batch(c0 + 2 * WARP, sf, lf);
+      warp_sync();
+    }
+    /* one basic block a round: no shuffle (each brings a branch for a
+     * diverged warp) and no test between the steps, so the scheduler can
+     * fill one step's latencies with the next one's loads */
 #pragma unroll
-      for (int d = 0; d < D; d++) {
-        fold_group(o, ol, have, buf[d], bl[d], q + d < p1);
-        load(q + D + d, buf[d], bl[d], bt[d]); /* past p1: none, never folded */
-      }
-    } else if (shape == SINGLE_CHUNKS) {
-      /* two groups: their chains of G - 1 folds beside each other, then
-       * two steps of the request's fold */
-      static_assert(D == 2 * G, "a round is two groups");
-      float4 ga[V4], gb[V4];
-      float la = bl[0], lb = bl[G];
-#pragma unroll
-      for (int v = 0; v < V4; v++) {
-        ga[v] = buf[0][v];
-        gb[v] = buf[G][v];
-      }
-      load(q + D, buf[0], bl[0], bt[0]);
-      load(q + D + G, buf[G], bl[G], bt[G]);
-#pragma unroll
-      for (int k = 1; k < G; k++) {
-        fold_in(ga, la, buf[k], bl[k], q + k < p1);
-        load(q + D + k, buf[k], bl[k], bt[k]);
-        fold_in(gb, lb, buf[G + k], bl[G + k], q + G + k < p1);
-        load(q + D + G + k, buf[G + k], bl[G + k], bt[G + k]);
-      }
-      fold_group(o, ol, have, ga, la, true);
-      fold_group(o, ol, have, gb, lb, q + G < p1);
+    for (int d = 0; d < D; d++) {
+      fold_in(acc, lse, buf[d], bl[d]);
+      load(q + D + d, buf[d], bl[d]); /* past p1: none, never folded */
     }
   }
-  store_folded(p, i, qb, col4, lane == 0 && part == 0, o, ol);
+#pragma unroll
+  for (int d = 0; d < D; d++) /* the last pieces, read by the last round */
+    if (q + d < p1)
+      fold_in(acc, lse, buf[d], bl[d]);
+  store_folded(p, i, qb, col4, lane == 0 && part == 0, acc, lse);
 }
 
-/* The same folds for many rows, one warp a row (the columns of four float4
- * a lane), a step at a time: many warps share each scheduler, so the
- * shuffles and branches of a step cost little, and the ring above was
- * slower here (H200, batch-invariant b=32 L=16384 h=128: 302.7 -> 307.0
- * us). One piece in flight a warp and one fold in registers, the group's
- * (72 registers a thread with one fold; four pieces took 128): alone the
- * reduce is no faster so (ncu), but in the step, where its warps start
- * beside the decode's last work-groups, it is (H200, side by side: b=24
- * L=16384 h=128 230.2 -> 224.6 us, b=32 L=16384 299.0 -> 297.3). The
- * request's fold of the groups before lives in the first piece's row,
- * which this lane has read (its columns of it are its own): read, folded
- * and written back once a group. */
-template <int PARTS>
+/* The same fold for many rows, one warp a row (the columns of four float4
+ * a lane). Many warps share each scheduler, so the shuffles and branches
+ * of a step cost little, and the ring above was slower here (H200,
+ * batch-invariant b=32 L=16384 h=128: 302.7 -> 307.0 us). One piece in
+ * flight a warp (72 registers a thread; four took 128): alone the reduce
+ * is no faster so (ncu), but in the step, where its warps start beside the
+ * decode's last work-groups, it is (H200, side by side: b=24 L=16384 h=128
+ * 230.2 -> 224.6 us, b=32 L=16384 299.0 -> 297.3). */
 __device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int i, int qb, int p0,
-                                                int p1, int part, int lane) {
-  constexpr int V4 = PMLA_V_DIM / 4 / WARP / PARTS;
+                                                int p1, int lane) {
+  constexpr int V4 = PMLA_V_DIM / 4 / WARP;
   const int H = p.num_heads;
   const int64_t rows_max = (int64_t)p.max_q_len * H;
-  const int col4 = lane + part * WARP * V4; /* this lane's first float4 column */
+  constexpr int D = 1; /* pieces in flight */
+  static_assert(WARP % D == 0 && 2 * D <= WARP, "a round's loads stay within two batches");
+  const int col4 = lane; /* this lane's first float4 column */
   /* this lane's first float4 of the row in slot 0, and a slot's stride */
-  float4 *row0 = (float4 *)(p.partial_out + (int64_t)i * PMLA_V_DIM) + col4;
+  const float4 *row0 = (const float4 *)(p.partial_out + (int64_t)i * PMLA_V_DIM) + col4;
   const int64_t stride4 = rows_max * (PMLA_V_DIM / 4);
   /* this lane's piece of the batch from c (fold_piece) */
-  auto batch = [&](int c, int &slot, float &l, int &st) {
-    fold_piece(p, i, rows_max, c + lane, p0, p1,
-               [&](int q) { return p.reduce_partial_map[q]; }, slot, l, st);
+  auto batch = [&](int c, int &slot, float &l) {
+    fold_piece(p, i, rows_max, c + lane, p1, [&](int q) { return p.reduce_partial_map[q]; },
+               slot, l);
   };
-  /* pieces c0 .. c0 + WARP - 1 are in (sc, lc, tc), the next WARP in (sn,
-   * ln, tn) */
-  int c0 = p0;
-  int sc, tc, sn = -1, tn = 1;
+  int c0 = p0; /* pieces c0 .. c0 + WARP - 1 are in (sc, lc), the next WARP in (sn, ln) */
+  int sc, sn = -1;
   float lc, ln = -INFINITY;
-  batch(c0, sc, lc, tc);
+  batch(c0, sc, lc);
   if (c0 + WARP < p1)
-    batch(c0 + WARP, sn, ln, tn);
+    batch(c0 + WARP, sn, ln);
   auto load = [&](int q, float4 (&x)[V4], float &l) {
     const int j = q - c0; /* < 2 WARP, the same on every lane */
     const int slot = lane_value(j < WARP ? sc : sn, j & (WARP - 1));
@@ -549,72 +453,41 @@ __device__ __forceinline__ void reduce_rows_fold(const pmla_gpu_problem &p, int 
     for (int v = 0; v < V4; v++)
       x[v] = slot >= 0 ? ld_past_l1(src + v * WARP) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
-  /* piece q's flag, without its row */
-  auto starts = [&](int q) {
-    const int j = q - c0;
-    return lane_value(j < WARP ? tc : tn, j & (WARP - 1)) != 0;
-  };
-  /* the request's fold of the groups so far: in the first piece's row (none
-   * for a piece never planned: then nowhere, and nothing to fold) */
-  const int s0 = lane_value(sc, 0);
-  float4 *orow = s0 >= 0 ? row0 + (int64_t)s0 * stride4 : nullptr;
-  float ol = -INFINITY;
-  bool have = false;
-  /* the group's fold g into the request's fold, kept in orow unless `last`
-   * (then left in g) */
-  float4 g[V4];
-  float gl;
-  auto close_group = [&](bool last) {
-    if (have) {
-      float4 o[V4];
+  /* the fold starts from the first piece as it is; the next D are read
+   * before it is waited for */
+  float4 acc[V4], buf[D][V4];
+  float lse, bl[D];
+  load(p0, acc, lse);
 #pragma unroll
-      for (int v = 0; v < V4; v++)
-        o[v] = orow ? ld_past_l1(orow + v * WARP) : make_float4(0.f, 0.f, 0.f, 0.f);
-      fold_in(o, ol, g, gl);
-#pragma unroll
-      for (int v = 0; v < V4; v++)
-        g[v] = o[v];
-      gl = ol;
-    }
-    have = true;
-    ol = gl;
-    if (!last && orow)
-#pragma unroll
-      for (int v = 0; v < V4; v++)
-        orow[v * WARP] = g[v];
-  };
-  /* the group's fold g starts from the first piece as it is; the next is
-   * read before it is waited for, and a group is closed before the next
-   * one's first piece is read (so no more than two rows are in registers) */
-  float4 buf[V4];
-  float bl = -INFINITY;
-  load(p0, g, gl);
-  if (p0 + 1 < p1 && !starts(p0 + 1))
-    load(p0 + 1, buf, bl);
-#pragma unroll 1
-  for (int q = p0 + 1; q < p1; q++) {
+  for (int d = 0; d < D; d++)
+    if (p0 + 1 + d < p1)
+      load(p0 + 1 + d, buf[d], bl[d]);
+  /* whole rounds of D pieces without a branch between the steps, so one
+   * step's loads and columns overlap the next step's weights (a row's
+   * steps are one dependent chain, and a lone request's rows are few) */
+  int q = p0 + 1;
+  for (; q + D <= p1; q += D) {
     if (q - c0 >= WARP) { /* the next batch becomes current; read the one after */
       c0 += WARP;
       sc = sn;
       lc = ln;
-      tc = tn;
       sn = -1;
       ln = -INFINITY;
-      tn = 1;
       if (c0 + WARP < p1)
-        batch(c0 + WARP, sn, ln, tn);
+        batch(c0 + WARP, sn, ln);
     }
-    if (starts(q)) { /* the group before is closed: q's row starts the next */
-      close_group(false);
-      load(q, g, gl);
-    } else {
-      fold_in(g, gl, buf, bl);
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+      fold_in(acc, lse, buf[d], bl[d]);
+      if (q + D + d < p1)
+        load(q + D + d, buf[d], bl[d]);
     }
-    if (q + 1 < p1 && !starts(q + 1))
-      load(q + 1, buf, bl);
   }
-  close_group(true);
-  store_folded(p, i, qb, col4, lane == 0 && part == 0, g, gl);
+#pragma unroll
+  for (int d = 0; d < D; d++) /* the last pieces, read by the last round */
+    if (q + d < p1)
+      fold_in(acc, lse, buf[d], bl[d]);
+  store_folded(p, i, qb, col4, lane == 0, acc, lse);
 }
 
 /* A reduce entry: its request, pieces [p0, p1) and query rows [qb, qe). */
@@ -638,7 +511,7 @@ __device__ __forceinline__ Entry entry_at(const pmla_gpu_problem &p, int k) {
  * waiting for the decode: under programmatic dependent launch that chain of
  * loads runs while the decode finishes. */
 template <int PARTS, bool FOLD, bool GROUPED, int FLY>
-__global__ void __launch_bounds__(REDUCE_THREADS, FOLD && PARTS == 1 ? 6 : 0) pmla_reduce_kernel(pmla_gpu_problem p) {
+__global__ void __launch_bounds__(REDUCE_THREADS) pmla_reduce_kernel(pmla_gpu_problem p) {
   constexpr int G = GROUPED ? REDUCE_THREADS / WARP : 1; /* warps per pair */
   const int H = p.num_heads, mq = p.max_q_len;
   const int64_t rows_max = (int64_t)mq * H;
@@ -674,7 +547,7 @@ __global__ void __launch_bounds__(REDUCE_THREADS, FOLD && PARTS == 1 ? 6 : 0) pm
     if (i >= (e.qe - e.qb) * H)
       continue;
     if (FOLD && PARTS == 1)
-      reduce_rows_fold<1>(p, i, e.qb, e.p0, e.p1, 0, lane);
+      reduce_rows_fold(p, i, e.qb, e.p0, e.p1, lane);
     else if (FOLD)
       reduce_row_fold<PARTS>(p, i, e.qb, e.p0, e.p1, part, lane, pair == first ? pre : NOT_READ);
     else if (GROUPED)

@@ -189,13 +189,11 @@ __device__ __forceinline__ void send_staged(const pmla_gpu_problem &p, const cha
   pmla_sm90::bulk_commit();
 }
 /* the lse of row tid of the tile (tid < nrows); in a folding item it
- * replaces the accumulator's (with PMLA_WI_OUTER the outer one's in slot
- * kslot, after both folds), which fold_into_o reads first */
+ * replaces the accumulator's, which fold_into_o reads first */
 template <bool FOLD>
 __device__ __forceinline__ void store_lse(const pmla_gpu_problem &p, const float *sM,
                                           const float *sL, int tid, int nrows, int32_t pslot,
-                                          int32_t qb, int row0, int32_t flags,
-                                          int32_t kslot = -1) {
+                                          int32_t qb, int row0, int32_t flags) {
   const int H = p.num_heads;
   const int64_t obase =
       pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
@@ -205,14 +203,9 @@ __device__ __forceinline__ void store_lse(const pmla_gpu_problem &p, const float
     float l = sL[tid];
     float lse = row_lse(sM[tid], l);
     if (fold) {
-      pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
-      /* the accumulator the item keeps: its slot, or with PMLA_WI_OUTER
-       * the outer one, kslot */
-      const int64_t kbase = kslot >= 0 ? (int64_t)kslot * p.max_q_len * H + row0 : obase;
-      if (kslot >= 0)
-        fw = pmla_fold_weights(p.partial_lse[kbase + tid], fw.lse);
+      const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
       if (!final)
-        p.partial_lse[kbase + tid] = fw.lse;
+        p.partial_lse[obase + tid] = fw.lse;
       else if (p.lse)
         p.lse[fbase + tid] = fw.lse;
     } else if (pslot >= 0) {
