@@ -48,7 +48,16 @@ tests_noalloc_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi -I$(top_srcdir)/test
 tests_noalloc_LDADD = abi/libpmla-registry.la $(LIBM)
 tests_noalloc_LDFLAGS = -export-dynamic
 
-TESTS += tests/pmla-conformance tests/pmla-unit tests/noalloc
+# ---- noimage: a GPU the build has no kernels for is refused; it defines
+# the runtime's function-attribute query, so it is its own program (no Check)
+check_PROGRAMS += tests/noimage
+tests_noimage_SOURCES = tests/noimage.c tests/test_config.c tests/test_config.h
+tests_noimage_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi -I$(top_srcdir)/tests \
+	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so"'
+tests_noimage_LDADD = abi/libpmla-registry.la $(DL_LIBS) $(LIBM)
+tests_noimage_LDFLAGS = -export-dynamic
+
+TESTS += tests/pmla-conformance tests/pmla-unit tests/noalloc tests/noimage
 
 # ---- plan-emu: the GPU metadata kernel's source run on the CPU (its
 # work-group as contexts of one thread) against the host planner, so CI,
