@@ -54,30 +54,33 @@ static int find_lib(struct dl_phdr_info *info, size_t size, void *data) {
   return 0;
 }
 typedef int (*attr_fn)(void *attr, const void *func);
-static int query(const char *lib, const char *name, void *attr, const void *func) {
+/* the query `name` of runtime `lib`; *next caches the runtime's own */
+static int query(const char *lib, const char *name, attr_fn *next, void *attr,
+                 const void *func) {
   asked++;
   if (no_image)
     return NO_IMAGE;
-  static attr_fn next;
-  if (!next) {
+  if (!*next) {
     struct find f = {lib, ""};
     dl_iterate_phdr(find_lib, &f);
     void *h = f.path[0] ? dlopen(f.path, RTLD_NOW | RTLD_NOLOAD) : NULL;
-    next = h ? (attr_fn)dlsym(h, name) : NULL;
-    if (!next) {
+    *next = h ? (attr_fn)dlsym(h, name) : NULL;
+    if (!*next) {
       fprintf(stderr, "noimage: %s not found in a loaded %s\n", name, lib);
       exit(99);
     }
   }
-  return next(attr, func);
+  return (*next)(attr, func);
 }
 int cudaFuncGetAttributes(void *attr, const void *func);
 int cudaFuncGetAttributes(void *attr, const void *func) {
-  return query("libcudart", "cudaFuncGetAttributes", attr, func);
+  static attr_fn next;
+  return query("libcudart", "cudaFuncGetAttributes", &next, attr, func);
 }
 int hipFuncGetAttributes(void *attr, const void *func);
 int hipFuncGetAttributes(void *attr, const void *func) {
-  return query("libamdhip64", "hipFuncGetAttributes", attr, func);
+  static attr_fn next;
+  return query("libamdhip64", "hipFuncGetAttributes", &next, attr, func);
 }
 
 static int failures;
@@ -133,7 +136,7 @@ int main(int argc, char **argv) {
          (int)st, (void *)b, (int)PMLA_ERR_NO_DEVICE, (void *)poison);
   if (!msg || !strstr(msg, "device 0") || !strstr(msg, "cannot run this plugin's kernels") ||
       !strstr(msg, "rebuild"))
-    fail("the refusal names neither the device, the cause nor the fix: \"%s\"",
+    fail("the refusal does not name the device, the cause and the fix: \"%s\"",
          msg ? msg : "(null)");
   else
     printf("ok: refused: %s\n", msg);
