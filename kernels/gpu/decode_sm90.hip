@@ -317,19 +317,11 @@ __device__ __forceinline__ void keep_o(const pmla_gpu_problem &p, const float (&
 }
 /* A batch-invariant item with PMLA_WI_FOLD: this warpgroup's O becomes the
  * fold (fold.h) of the kept accumulator (its lse in the slot's) and its
- * own normalised result, in registers. With keep, each folded word is also
- * kept again right after it is made (what keep_o would store, in place of
- * the word read): the accumulator's reads and its writes overlap, where a
- * keep_o after the fold sent the writes only once every read had come
- * back (every work-group of a uniform batch folds at once, so each half was
- * bound by L2's bandwidth; docs/performance.md). The merged lse of row rl
- * goes to sFold[rl] (by the thread holding the row's first columns), which
- * store_lse then writes without reading the accumulator's again. */
+ * own normalised result, in registers. */
 __device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o)[128],
-                                            const float *sM, const float *sL, float *sFold, int g,
-                                            int lane, const int (&myrow)[2], int nrows,
-                                            int64_t obase, float out_scale, bool final,
-                                            bool keep) {
+                                            const float *sM, const float *sL, int g, int lane,
+                                            const int (&myrow)[2], int nrows, int64_t obase,
+                                            float out_scale, bool final) {
   /* read once more only if this fold keeps it again */
   const uint64_t pol = final ? l2_evict_first() : l2_evict_last();
   constexpr int FLY = 8; /* words in flight a thread (16 measured no faster) */
@@ -340,9 +332,7 @@ __device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o
       continue;
     const float l = sL[rl], inv = pmla_sum_scale(out_scale, l);
     const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + rl], row_lse(sM[rl], l));
-    if (g == 0 && (lane & 3) == 0)
-      sFold[rl] = fw.lse;
-    float *w = kept_words(p, obase + rl, g, lane);
+    const float *w = kept_words(p, obase + rl, g, lane);
 #pragma unroll
     for (int h = 0; h < 16 / FLY; h++) {
       float4 a[FLY];
@@ -356,8 +346,6 @@ __device__ __forceinline__ void fold_into_o(const pmla_gpu_problem &p, float (&o
         e[1] = pmla_fold(a[i].y, e[1] * inv, fw);
         e[4] = pmla_fold(a[i].z, e[4] * inv, fw);
         e[5] = pmla_fold(a[i].w, e[5] * inv, fw);
-        if (keep)
-          st_f4_hint(w + 16 * (FLY * h + i), make_float4(e[0], e[1], e[4], e[5]), pol);
       }
     }
   }
@@ -466,9 +454,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* RING: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
-  /* FOLD: [ROWS] floats after those mbarriers, a folding item's merged lse
-   * (fold_into_o), addressed from sL (live there) */
-  auto fold_lse = [](float *l) { return (float *)((uint64_t *)(l + ROWS) + 12 + ROWS / 2) + 132; };
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
 #if PMLA_WG_TMA
@@ -1217,11 +1202,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         else
           nar_stage_o<false>(sKV, o, sL, g, wi, lane, nrows, out_scale);
       } else if (fold) {
-        fold_into_o(p, o, sM, sL, fold_lse(sL), g, lane, myrow, nrows, obase, out_scale, dst < 0, keep);
+        fold_into_o(p, o, sM, sL, g, lane, myrow, nrows, obase, out_scale, dst < 0);
         __syncthreads(); /* every accumulator lse read before store_lse replaces it */
-        if (keep) {
-          /* kept by fold_into_o */
-        } else if (dst >= 0)
+        if (keep)
+          keep_o(p, o, one, g, lane, myrow, nrows, obase);
+        else if (dst >= 0)
           stage_rows<true>(sKV, o, one, g, lane, myrow, nrows);
         else
           stage_rows<false>(sKV, o, one, g, lane, myrow, nrows);
@@ -1250,7 +1235,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             send_staged(p, sO, dst, qb, row0, nrows, lane);
         }
       }
-      store_lse<FOLD>(p, sM, sL, fold_lse(sL), tid, nrows, cslot, qb, row0, piece);
+      store_lse<FOLD>(p, sM, sL, tid, nrows, cslot, qb, row0, piece);
       __syncthreads();
       if (last)
         break;

@@ -569,7 +569,7 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
       if (wi == 0)
         send_staged(p, sSt, pslot, qb, row0, nrows, lane);
     }
-    store_lse<false>(p, sM, sL, nullptr, tid, nrows, pslot, qb, row0, 0);
+    store_lse<false>(p, sM, sL, tid, nrows, pslot, qb, row0, 0);
     __syncthreads();
   }
   if (staged && wi == 0)

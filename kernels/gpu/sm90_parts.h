@@ -188,12 +188,12 @@ __device__ __forceinline__ void send_staged(const pmla_gpu_problem &p, const cha
     pmla_sm90::bulk_store(dst + (int64_t)rr * rowb, pmla_mma::smem_u32(sO) + rr * stride, rowb);
   pmla_sm90::bulk_commit();
 }
-/* the lse of row tid of the tile (tid < nrows); in a folding item the
- * merged one fold_into_o left in sFold, which replaces the accumulator's */
+/* the lse of row tid of the tile (tid < nrows); in a folding item it
+ * replaces the accumulator's, which fold_into_o reads first */
 template <bool FOLD>
 __device__ __forceinline__ void store_lse(const pmla_gpu_problem &p, const float *sM,
-                                          const float *sL, const float *sFold, int tid, int nrows,
-                                          int32_t pslot, int32_t qb, int row0, int32_t flags) {
+                                          const float *sL, int tid, int nrows, int32_t pslot,
+                                          int32_t qb, int row0, int32_t flags) {
   const int H = p.num_heads;
   const int64_t obase =
       pslot >= 0 ? (int64_t)pslot * p.max_q_len * H + row0 : (int64_t)qb * H + row0;
@@ -203,10 +203,11 @@ __device__ __forceinline__ void store_lse(const pmla_gpu_problem &p, const float
     float l = sL[tid];
     float lse = row_lse(sM[tid], l);
     if (fold) {
+      const pmla_fold_w fw = pmla_fold_weights(p.partial_lse[obase + tid], lse);
       if (!final)
-        p.partial_lse[obase + tid] = sFold[tid];
+        p.partial_lse[obase + tid] = fw.lse;
       else if (p.lse)
-        p.lse[fbase + tid] = sFold[tid];
+        p.lse[fbase + tid] = fw.lse;
     } else if (pslot >= 0) {
       p.partial_lse[obase + tid] = lse;
     } else if (p.lse) {
