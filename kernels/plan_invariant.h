@@ -48,8 +48,6 @@
 #define PMLA_INV_MIN_CHUNK 2048        /* tokens, dense steps */
 #define PMLA_INV_MIN_CHUNK_SPARSE 1024 /* top-k positions, sparse steps */
 #define PMLA_INV_WHOLE 4096            /* tokens: a dense request this short is one chunk */
-#define PMLA_INV_MID 16384        /* tokens: a dense request this short (and longer than */
-#define PMLA_INV_MID_CHUNK 4096   /* PMLA_INV_WHOLE) is read in chunks of this many */
 #define PMLA_INV_MAX_CHUNKS 64  /* per request */
 #define PMLA_INV_SLOT_UNITS 8   /* the split budget: at least 8 slots per unit, */
 #define PMLA_INV_SLOT_UNITS_MAX 64 /* at most 64, */
@@ -95,8 +93,6 @@ PMLA_HD static inline int32_t pmla_inv_chunk(int32_t len, int sparse) {
   const int32_t least = pmla_inv_least(sparse);
   if (!sparse && len <= PMLA_INV_WHOLE)
     return PMLA_INV_WHOLE;
-  if (!sparse && len <= PMLA_INV_MID)
-    return PMLA_INV_MID_CHUNK;
   int64_t c = ((int64_t)len + PMLA_INV_MAX_CHUNKS - 1) / PMLA_INV_MAX_CHUNKS;
   c = (c + PMLA_BLOCK_TOKENS - 1) / PMLA_BLOCK_TOKENS * PMLA_BLOCK_TOKENS;
   return c < least ? least : (int32_t)c;
