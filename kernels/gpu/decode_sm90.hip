@@ -854,18 +854,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             mbar_arrive(aFull + 8 * (blk & 1));
             pending &= ~(1u << (blk & 1));
           };
-          /* B0_NEXT: the next item's Q (when other rows) and block 0 go to
-           * L2 PF_BLOCKS (4) blocks before this item ends, so that the
-           * item boundary of every work-group at once reads them from L2;
-           * the block's page entry is read here, long before */
-          const int pf_at = nblk - 4 > 0 ? nblk - 4 : 0;
-          int32_t pf_raw = -1;
-          if (B0_NEXT && b0_next && t == 0 && b0 == 0) {
-            const int32_t *wn = item_at(it + 1);
-            const int32_t r2 = wn[PMLA_WI_REQUEST], kb2 = wn[PMLA_WI_KV_BEGIN];
-            const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
-            pf_raw = kv_raw(p.map, r2, kb2, csr2);
-          }
           if (b0 == 0) {
             if (b0_pre) /* block 0 came under the last item's epilogue */
               raw_next = raw_at(1);
@@ -875,18 +863,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             cp_commit();
           }
           for (int b = b0; b < b1; b++) {
-            if (B0_NEXT && b0_next && t == 0 && b == pf_at) {
-              const int32_t *wn = item_at(it + 1);
-              if (nq_b >= 0) {
-                const int rows2 = (nq_e - nq_b) * H - row0;
-                l2_prefetch_bulk(p.q + ((int64_t)nq_b * H + row0) * PMLA_QK_DIM,
-                                 (uint32_t)(rows2 < ROWS ? rows2 : ROWS) * PITCH);
-              }
-              const int64_t first =
-                  whole_page_slot(p.map, pf_raw, wn[PMLA_WI_KV_BEGIN], wn[PMLA_WI_KV_END]);
-              if (first >= 0)
-                l2_prefetch_bulk(kvbase + first * PITCH, BN * PITCH);
-            }
             if (pending & (1u << (b & 1)))
               publish(b);
             if (b + 1 < nblk) {

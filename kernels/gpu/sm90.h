@@ -273,10 +273,6 @@ __device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t byt
                "r"(src), "r"(bytes)
                : "memory");
 }
-/* bytes [src, src + n) into L2 (n a multiple of 16), no completion to wait for */
-__device__ __forceinline__ void l2_prefetch_bulk(const void *src, uint32_t n) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(n) : "memory");
-}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
