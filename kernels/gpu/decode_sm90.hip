@@ -117,24 +117,12 @@ static_assert(SMEM <= 232448, "shared memory per block (sm_90)");
  * the copy bandwidth the hint cost more than it kept. */
 constexpr int KV_FIRST_MIN_ROWS = 33;
 
-#ifdef PMLA_TIMELINE
-__device__ unsigned int g_tl_launch;
-__device__ long long g_tl_buf[160][2][48];
-#endif
 #ifdef PMLA_SM90_DEVICE
 using namespace pmla_mma;
 using namespace pmla_kv;
 using namespace pmla_sm90;
 
 constexpr int KSTEPS = PMLA_QK_DIM / 16;
-
-#ifdef PMLA_TIMELINE
-__device__ __forceinline__ unsigned long long tl_now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-#endif
 
 /* byte offset of 16-byte chunk c (0..71) of row r (0..63) */
 __device__ __forceinline__ uint32_t off(int r, int c) {
@@ -500,11 +488,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-#ifdef PMLA_TIMELINE
-  unsigned long long tl_t0 = tl_now(), tl_a[8], tl_b[8], tl_c[8], tl_d[8], tl_e[8];
-  int tl_n = 0, tl_nb[8], tl_fl[8];
-  const unsigned int tl_launch = g_tl_launch;
-#endif
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t conv_before = 0; /* RING: blocks converted before the item */
   uint32_t wait_phase = 0; /* bit s: parity of the next completion of stage s's
@@ -929,9 +912,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             reg_fence<OR>(o);
           }
         }
-#ifdef PMLA_TIMELINE
-        if (tid == 128 && tl_n < 8) tl_d[tl_n] = tl_now();
-#endif
         cp_wait<0>();
         /* warpgroup 0's row sums, read in the epilogue: an acquire of their
          * release, besides the block barrier (racecheck does not see the
@@ -1138,16 +1118,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
          * P V is done, so the loader can refill it while S(b + 1) is
          * computed; DS_MLA: the next block is converted once both P V are
          * done (ring_convert) */
-#ifdef PMLA_TIMELINE
-        if (tid == 0 && tl_n < 8) tl_a[tl_n] = tl_now();
-#endif
         for (int b = b0; b < b1; b++) {
           if (RING)
             ring_convert(b);
           issue_qk(b);
-#ifdef PMLA_TIMELINE
-          if (tid == 0 && b == b0 && tl_n < 8) tl_e[tl_n] = tl_now();
-#endif
           if (F16 && b == 0) /* block 0 came with Q and its row factors */
 #pragma unroll
             for (int sl = 0; sl < 2; sl++)
@@ -1168,9 +1142,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           if (!RING && b + 2 < nblk)
             nb_arrive(EMPTY + (b & 1));
         }
-#ifdef PMLA_TIMELINE
-        if (tid == 0 && tl_n < 8) tl_b[tl_n] = tl_now();
-#endif
         if (PREFETCH_Q && nblk == 0 && nq_b >= 0) {
           load_q(sQ, nq_b, nq_e, t_q);
           cp_commit(); /* cp_wait covers committed groups only */
@@ -1266,12 +1237,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       }
       store_lse<FOLD>(p, sM, sL, tid, nrows, cslot, qb, row0, piece);
       __syncthreads();
-#ifdef PMLA_TIMELINE
-      if (tl_n < 8) {
-        if (tid == 0) { tl_c[tl_n] = tl_now(); tl_nb[tl_n] = b1 - b0; tl_fl[tl_n] = (fold ? 1 : 0) | (keep ? 2 : 0) | (rows_now ? 4 : 0) | (dst < 0 ? 8 : 0) | (run ? 16 : 0); }
-        if (tid == 0 || tid == 128) tl_n++;
-      }
-#endif
       if (last)
         break;
       b0 = b1;
@@ -1281,26 +1246,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       q_rows[1] = nq_e;
     }
   }
-#ifdef PMLA_TIMELINE
-  if (tl_launch == 7 && blockIdx.x == 0 && (tid == 0 || tid == 128) && blockIdx.y < 160) {
-    long long *bf = g_tl_buf[blockIdx.y][tid ? 1 : 0];
-    bf[0] = tl_n;
-    bf[47] = (long long)tl_t0;
-    bf[1] = (long long)(tl_now() - tl_t0);
-    for (int i = 0; i < tl_n; i++) {
-      if (tid == 0) {
-        bf[2 + 5 * i] = tl_nb[i] | (tl_fl[i] << 16);
-        bf[3 + 5 * i] = (long long)(tl_a[i] - tl_t0);
-        bf[4 + 5 * i] = (long long)(tl_b[i] - tl_t0);
-        bf[5 + 5 * i] = (long long)(tl_c[i] - tl_t0);
-        bf[6 + 5 * i] = (long long)(tl_e[i] - tl_t0);
-      } else
-        bf[2 + 5 * i] = (long long)(tl_d[i] - tl_t0);
-    }
-  }
-  __syncthreads();
-  if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) atomicAdd(&g_tl_launch, 1u);
-#endif
   /* the bulk copies have read shared memory before the work-group leaves
    * (the kernel's end makes their writes visible to the next kernel) */
   if (staged && wi == 0)
@@ -1384,28 +1329,7 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
 
 void *pmla_sm90_tensor_map_encoder() { return (void *)tensor_map_encoder(); }
 
-#ifdef PMLA_TIMELINE
-__device__ int g_tl_printed;
-__global__ void tl_print_kernel() {
-#ifdef PMLA_SM90_DEVICE
-  if (g_tl_launch == 9 && !g_tl_printed) {
-    for (int u = 0; u < 160; u++) {
-      const long long *b0 = g_tl_buf[u][0], *b1 = g_tl_buf[u][1];
-      if (b0[0] == 0 && b0[1] == 0) continue;
-      printf("TLE u=%d n=%lld end0=%lld end1=%lld t0=%lld\n", u, b0[0], b0[1], b1[1], b0[47]);
-      for (int i = 0; i < (int)b0[0] && i < 7; i++)
-        printf("TL u=%d i=%d nb=%lld fl=%lld A=%lld B=%lld C=%lld D=%lld E=%lld\n", u, i, b0[2 + 5 * i] & 0xffff,
-               b0[2 + 5 * i] >> 16, b0[3 + 5 * i], b0[4 + 5 * i], b0[5 + 5 * i], b1[2 + 5 * i], b0[6 + 5 * i]);
-    }
-  }
-  if (g_tl_launch == 9) g_tl_printed = 1;
-#endif
-}
-#endif
 hipError_t pmla_launch_decode_sm90(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
-#ifdef PMLA_TIMELINE
-  tl_print_kernel<<<1, 1, 0, st>>>();
-#endif
   /* the batch-invariant epilogue is a variant of its own: its registers
    * would otherwise spill in the default one */
   /* tiles of at most 16 rows (a step's rows: heads x query tokens) take
