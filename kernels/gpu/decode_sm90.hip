@@ -454,9 +454,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   /* RING: [2] mbarriers, by converted-block parity: every thread has read
    * the block's raw halves (ring_convert), so the loader may refill them */
   const uint32_t aRawRead = smem_u32(sMx + 128);
-  /* B0_NEXT: the next item's block 0, its first slot (whole_page_slot), read
-   * under this item's first block rather than in its epilogue */
-  int64_t *sB0n = (int64_t *)(sMx + 132);
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
 #if PMLA_WG_TMA
@@ -857,13 +854,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             mbar_arrive(aFull + 8 * (blk & 1));
             pending &= ~(1u << (blk & 1));
           };
-          int32_t b0n_raw = -1;
-          if (B0_NEXT && b0_next && t == 0 && b0 == 0) {
-            const int32_t *wn = item_at(it + 1);
-            const int32_t r2 = wn[PMLA_WI_REQUEST];
-            const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
-            b0n_raw = kv_raw(p.map, r2, wn[PMLA_WI_KV_BEGIN], csr2);
-          }
           if (b0 == 0) {
             if (b0_pre) /* block 0 came under the last item's epilogue */
               raw_next = raw_at(1);
@@ -894,10 +884,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             }
             cp_commit();
             pv(b);
-            if (B0_NEXT && b0_next && t == 0 && b == 0) {
-              const int32_t *wn = item_at(it + 1);
-              *sB0n = whole_page_slot(p.map, b0n_raw, wn[PMLA_WI_KV_BEGIN], wn[PMLA_WI_KV_END]);
-            }
             /* block b + 1 is published while this P V runs, not after it:
              * its landing wait is off warpgroup 0's path */
             if (pending & (1u << ((b + 1) & 1)))
@@ -1178,7 +1164,11 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #if PMLA_WG_TMA
       /* every P V of the item is done: the next item's block 0 into stage 0 */
       if (B0_NEXT && b0_next && last && g == 1) {
-        const int64_t first = *sB0n;
+        const int32_t *wn = item_at(it + 1);
+        const int32_t r2 = wn[PMLA_WI_REQUEST], kb2 = wn[PMLA_WI_KV_BEGIN];
+        const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
+        const int64_t first =
+            whole_page_slot(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
         if (first >= 0) {
           page_boxes(std::integral_constant<int, 0>(), 0, first, KV_FIRST, true);
           b0_pre = true;
