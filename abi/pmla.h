@@ -202,6 +202,17 @@ typedef struct pmla_builder_config {
    * tail of a larger struct): a host that needs a flag checks that the
    * backend's agreed version is 1.1 or later. */
   uint32_t flags;
+  /* Batch-invariant builders: the least chunk, in KV positions (tokens;
+   * top-k positions on sparse steps), a multiple of 64 in 64..1048576; 0 =
+   * pmla's, 2048 (dense) and 1024 (sparse). A request of L positions is
+   * read in chunks of max(invariant_chunk, L / 64 rounded up to a multiple
+   * of 64), and a dense request of at most 2 * invariant_chunk tokens in
+   * one. Results depend on it (it is part of the fixed configuration): a
+   * larger chunk merges fewer pieces, faster for large batches, and splits
+   * long requests of small batches over fewer units (docs/design.md,
+   * "Batch-invariant mode"). Must be 0 without PMLA_BUILDER_BATCH_INVARIANT;
+   * absent (a host built before it) = 0. */
+  uint32_t invariant_chunk;
 } pmla_builder_config;
 
 /* The 1.0 size of pmla_builder_config: a host built against 1.0 passes it. */
@@ -364,7 +375,7 @@ _Static_assert(sizeof(pmla_backend) == 96, "1.0 layout");
 _Static_assert(offsetof(pmla_builder_config, softmax_scale) == 44, "1.0 layout");
 _Static_assert(offsetof(pmla_builder_config, flags) == PMLA_BUILDER_CONFIG_SIZE_1_0,
                "1.1 layout");
-_Static_assert(sizeof(pmla_builder_config) == 60, "1.1 layout");
+_Static_assert(sizeof(pmla_builder_config) == 64, "1.1 layout");
 _Static_assert(offsetof(pmla_builder_info, buffer_bytes) == 32, "1.0 layout");
 _Static_assert(sizeof(pmla_builder_info) == 104, "1.0 layout");
 _Static_assert(offsetof(pmla_decode_batch, stream) == 56, "1.0 layout");

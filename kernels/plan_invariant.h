@@ -47,7 +47,7 @@
 
 #define PMLA_INV_MIN_CHUNK 2048        /* tokens, dense steps */
 #define PMLA_INV_MIN_CHUNK_SPARSE 1024 /* top-k positions, sparse steps */
-#define PMLA_INV_WHOLE 4096            /* tokens: a dense request this short is one chunk */
+#define PMLA_INV_MAX_LEAST (1 << 20)   /* the largest least chunk a builder may ask */
 #define PMLA_INV_MAX_CHUNKS 64  /* per request */
 #define PMLA_INV_SLOT_UNITS 8   /* the split budget: at least 8 slots per unit, */
 #define PMLA_INV_SLOT_UNITS_MAX 64 /* at most 64, */
@@ -79,20 +79,21 @@ PMLA_HD static inline int32_t pmla_inv_slot_units(int64_t rows, int32_t N) {
                                          : (int32_t)fit;
 }
 
-/* The least chunk of a dense or sparse step. */
-PMLA_HD static inline int32_t pmla_inv_least(int sparse) {
-  return sparse ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
+/* The least chunk of a dense or sparse step: the builder's invariant_chunk
+ * (asked, a multiple of PMLA_BLOCK_TOKENS), or pmla's when it is 0. */
+PMLA_HD static inline int32_t pmla_inv_least(int sparse, int32_t asked) {
+  return asked > 0 ? asked : sparse ? PMLA_INV_MIN_CHUNK_SPARSE : PMLA_INV_MIN_CHUNK;
 }
 /* Chunk size (positions, a multiple of PMLA_BLOCK_TOKENS, at least
- * pmla_inv_least) of a request of len. A dense request of at most
- * PMLA_INV_WHOLE tokens is one chunk: full batches of such requests then
- * fold nothing (b=128 L=4096 h=128: 1.14x the default mode's time in
- * 2048-token chunks, 1.02x whole), at the price of parallelism in small
- * batches of them (b=1 L=4096 h=16: 71 -> 130 us; docs/performance.md). */
-PMLA_HD static inline int32_t pmla_inv_chunk(int32_t len, int sparse) {
-  const int32_t least = pmla_inv_least(sparse);
-  if (!sparse && len <= PMLA_INV_WHOLE)
-    return PMLA_INV_WHOLE;
+ * pmla_inv_least) of a request of len. A dense request of at most twice
+ * the least chunk is one chunk: full batches of such requests then fold
+ * nothing (b=128 L=4096 h=128: 1.14x the default mode's time in 2048-token
+ * chunks, 1.02x whole), at the price of parallelism in small batches of
+ * them (b=1 L=4096 h=16: 71 -> 130 us; docs/performance.md). */
+PMLA_HD static inline int32_t pmla_inv_chunk(int32_t len, int sparse, int32_t asked) {
+  const int32_t least = pmla_inv_least(sparse, asked);
+  if (!sparse && len <= 2 * least)
+    return 2 * least;
   int64_t c = ((int64_t)len + PMLA_INV_MAX_CHUNKS - 1) / PMLA_INV_MAX_CHUNKS;
   c = (c + PMLA_BLOCK_TOKENS - 1) / PMLA_BLOCK_TOKENS * PMLA_BLOCK_TOKENS;
   return c < least ? least : (int32_t)c;
@@ -229,7 +230,7 @@ PMLA_HD static inline pmla_inv_sums pmla_inv_sum(const pmla_plan_input *in, int3
   pmla_inv_sums s = {0, 0, 0, 0, 0, 0, INT64_MAX};
   for (int32_t r = 0; r < in->num_requests; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, err);
-    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
+    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len, in->inv_least);
     pmla_inv_sum_add(&s, &q, chunk, pmla_inv_chunks(q.len, chunk));
   }
   if (s.total < 1)
@@ -361,7 +362,7 @@ PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla
   int32_t P = 0, rows = 0, slots = 0, reduces = 0, max_pieces = 1;
   for (int32_t r = 0; r < R; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
+    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len, in->inv_least), n = pmla_inv_chunks(q.len, chunk);
     const int split = place == PMLA_INV_PLACE_PIECES && n > 1;
     rows += q.qe - q.qb;
     first_of[r] = split ? slots : -1;
@@ -407,7 +408,7 @@ PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla
         continue;
       const int32_t p = (int32_t)(key[i] & 0xffffffff), r = req_of[p];
       const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-      const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len);
+      const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len, in->inv_least);
       const int32_t n = pmla_inv_chunks(q.len, chunk);
       if (first_of[r] < 0) { /* whole */
         pmla_inv_write_whole(out, r, &q, chunk, n, items, u, budget + u);
@@ -454,7 +455,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   int32_t ucur = 0; /* the unit of the last chunk placed */
   for (int32_t r = 0; r < R; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len), n = pmla_inv_chunks(q.len, chunk);
+    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len, in->inv_least), n = pmla_inv_chunks(q.len, chunk);
     rows += q.qe - q.qb;
     /* the first piece: the chunks on the unit of chunk 0 (units only grow
      * along the line, so they are a prefix) */

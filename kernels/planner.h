@@ -106,6 +106,7 @@ typedef struct pmla_plan_input {
   int32_t max_items;
   int32_t max_partials;
   int32_t invariant;        /* plan with pmla_plan_invariant (plan_invariant.h) */
+  int32_t inv_least;        /* its least chunk (pmla_inv_least); 0: pmla's */
 } pmla_plan_input;
 
 typedef struct pmla_plan_output {

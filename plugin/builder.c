@@ -106,6 +106,8 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
   memcpy(&c, cfg, PMLA_BUILDER_CONFIG_SIZE_1_0);
   if (PMLA_HAS_MEMBER(cfg, pmla_builder_config, flags))
     c.flags = cfg->flags;
+  if (PMLA_HAS_MEMBER(cfg, pmla_builder_config, invariant_chunk))
+    c.invariant_chunk = cfg->invariant_chunk;
   cfg = &c;
   uint32_t h = cfg->num_heads;
   if (h < 1 || h > PMLA_MAX_HEADS)
@@ -156,6 +158,18 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
                      "init_builder: config.flags = 0x%x; accepted: 0 or "
                      "PMLA_BUILDER_BATCH_INVARIANT (0x%x)",
                      cfg->flags, (unsigned)PMLA_BUILDER_BATCH_INVARIANT);
+  if (cfg->invariant_chunk % PMLA_BLOCK_TOKENS || cfg->invariant_chunk > PMLA_INV_MAX_LEAST)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.invariant_chunk = %u; accepted: 0 (pmla's) or a "
+                     "multiple of %d in %d..%d",
+                     cfg->invariant_chunk, PMLA_BLOCK_TOKENS, PMLA_BLOCK_TOKENS,
+                     PMLA_INV_MAX_LEAST);
+  if (cfg->invariant_chunk && !(cfg->flags & PMLA_BUILDER_BATCH_INVARIANT))
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "init_builder: config.invariant_chunk = %u without "
+                     "PMLA_BUILDER_BATCH_INVARIANT in config.flags; accepted: 0, or the flag "
+                     "with it",
+                     cfg->invariant_chunk);
   memcpy(out, cfg, sizeof *out);
   out->struct_size = sizeof *out;
   return PMLA_OK;
@@ -202,6 +216,7 @@ void pmla_step_plan_input(const pmla_builder *b, int32_t split_cap, pmla_plan_in
   in->max_items = (int32_t)b->info.max_work_items;
   in->max_partials = (int32_t)b->info.max_partial_slots;
   in->invariant = pmla_batch_invariant(b);
+  in->inv_least = (int32_t)b->cfg.invariant_chunk;
   if (s->topk_stride > 0) { /* sparse: each token its own request over its top-k list */
     in->uniform_len = s->topk_stride;
     return;

@@ -85,8 +85,9 @@ static void cache_free(cache *c) {
 }
 
 /* builds in which some request was split (several pieces, merged by the
- * reduce): the invariance must hold across split and whole */
-static int g_split_builds, g_max_pieces;
+ * reduce): the invariance must hold across split and whole; the last
+ * build's work items */
+static int g_split_builds, g_max_pieces, g_items;
 
 static void count_split(pmla_builder *b) {
   int32_t meta[PMLA_META_WORDS];
@@ -94,7 +95,11 @@ static void count_split(pmla_builder *b) {
   g_split_builds += meta[4] > 1; /* most pieces of one request */
   if (meta[4] > g_max_pieces)
     g_max_pieces = meta[4];
+  g_items = meta[0];
 }
+
+/* the builders' invariant_chunk (0: pmla's) */
+static uint32_t g_chunk;
 
 /* One dense request: its query rows and pages. */
 typedef struct req {
@@ -160,6 +165,7 @@ static void decode_batch(const cache *c, req *const *reqs, int32_t n, int32_t pr
                          uint32_t layout, uint32_t cu, uint16_t *got_out, float *got_lse) {
   pmla_builder_config cfg = harness_config(H, PS, MAXB, MAXQ, 0, cu);
   cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
+  cfg.invariant_chunk = g_chunk;
   cfg.kv_dtype = c->dtype;
   pmla_builder *b = harness_init(&cfg);
   int32_t qo[MAXB + 1] = {0}, lens[MAXB], kvp[MAXB + 1] = {0}, last[MAXB], width = 1;
@@ -260,6 +266,11 @@ static void run_dense(uint32_t layout, uint64_t seed, uint32_t dtype) {
   result alone = result_make((size_t)probe.q_len * H), got = result_make(alone.rows);
   req *one[1] = {&probe};
   decode_batch(&c, one, 1, 0, layout, 1, alone.out, alone.lse);
+  /* alone on one unit: one work item a chunk of the least size (2048
+   * tokens, or the builder's) */
+  const int32_t least = g_chunk ? (int32_t)g_chunk : 2048;
+  ck_assert_msg(g_items == (probe.kv_len + least - 1) / least,
+                "kv_len %d in chunks of %d: %d work items", probe.kv_len, least, g_items);
   check_reference(&c, &probe, alone.out, alone.lse);
   static req pool[MAXB];
   req *batch[MAXB];
@@ -290,9 +301,9 @@ static void run_dense(uint32_t layout, uint64_t seed, uint32_t dtype) {
         free(pool[i].q);
   }
   printf("invariance %s %s: %d batches (sizes 1..256, cu_count 1/2/7/all), q_len %d, "
-         "kv_len %d, %d builds split a request\n",
+         "kv_len %d in chunks of %d, %d builds split a request\n",
          dtype_name(dtype), layout == PMLA_KV_CSR ? "CSR" : "block table", TRIALS, probe.q_len,
-         probe.kv_len, g_split_builds);
+         probe.kv_len, least, g_split_builds);
   ck_assert_msg(g_split_builds > 0, "no build split a request: the test proves too little");
   free(probe.q);
   result_free(&alone);
@@ -320,6 +331,7 @@ static void decode_sparse(const cache *c, const int32_t *lists, const uint16_t *
                           int32_t probe, uint32_t cu, uint16_t *out1, float *lse1) {
   pmla_builder_config cfg = harness_config(H, PS, MAXB, 1, SPARSE_TOPK, cu);
   cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
+  cfg.invariant_chunk = g_chunk;
   cfg.kv_dtype = c->dtype;
   pmla_builder *b = harness_init(&cfg);
   test_tensor t_idx;
@@ -337,12 +349,8 @@ static void decode_sparse(const cache *c, const int32_t *lists, const uint16_t *
   g_be->destroy_builder(b);
 }
 
-/* bf16, fp8_ds_mla (DeepSeek V3.2's sparse cache) and fp8_e4m3 */
-START_TEST(test_sparse_output_is_independent_of_the_batch) {
-  REQUIRE_BACKEND();
-  static const uint32_t dtypes[] = {PMLA_DTYPE_BF16, PMLA_DTYPE_FP8_DS_MLA, PMLA_DTYPE_FP8_E4M3};
-  const uint32_t dtype = dtypes[_i];
-  uint64_t rng = harness_seed() ^ (0x5a11u + (uint64_t)_i);
+static void run_sparse(uint32_t dtype, uint64_t seed) {
+  uint64_t rng = seed;
   cache c;
   cache_make_as(&c, &rng, dtype);
   int32_t *lists = malloc(sizeof(int32_t) * MAXB * SPARSE_TOPK);
@@ -358,6 +366,9 @@ START_TEST(test_sparse_output_is_independent_of_the_batch) {
   float alone_lse[H], got_lse[H];
   g_split_builds = 0;
   decode_sparse(&c, probe_list, probe_q, 1, 0, 1, alone, alone_lse);
+  const int32_t least = g_chunk ? (int32_t)g_chunk : 1024; /* top-k positions */
+  ck_assert_msg(g_items == (SPARSE_TOPK + least - 1) / least,
+                "top-k %d in chunks of %d: %d work items", SPARSE_TOPK, least, g_items);
   for (int t = 0; t < TRIALS; t++) {
     static const int32_t sizes[] = {1, 3, 40, 128, 256};
     /* trial 1 (two units) has the token alone, which splits it: every seed
@@ -383,12 +394,35 @@ START_TEST(test_sparse_output_is_independent_of_the_batch) {
                   "sparse %s: token at %d of %d, cu_count %u: out or lse differs from alone",
                   dtype_name(dtype), at, n, cus[t % 4]);
   }
-  printf("invariance sparse %s: %d batches (1..256 tokens, cu_count 1/2/7/all), %d builds "
-         "split a token\n", dtype_name(dtype), TRIALS, g_split_builds);
+  printf("invariance sparse %s: %d batches (1..256 tokens, cu_count 1/2/7/all), chunks of "
+         "%d, %d builds split a token\n", dtype_name(dtype), TRIALS, least, g_split_builds);
   ck_assert_msg(g_split_builds > 0, "no build split a token: the test proves too little");
   free(lists);
   free(q);
   cache_free(&c);
+}
+
+/* bf16, fp8_ds_mla (DeepSeek V3.2's sparse cache) and fp8_e4m3 */
+START_TEST(test_sparse_output_is_independent_of_the_batch) {
+  REQUIRE_BACKEND();
+  static const uint32_t dtypes[] = {PMLA_DTYPE_BF16, PMLA_DTYPE_FP8_DS_MLA, PMLA_DTYPE_FP8_E4M3};
+  run_sparse(dtypes[_i], harness_seed() ^ (0x5a11u + (uint64_t)_i));
+}
+END_TEST
+
+/* A least chunk of the host's (config.invariant_chunk): requests read in
+ * chunks of that size, and the same promise */
+START_TEST(test_a_chunk_of_the_hosts_keeps_the_promise) {
+  REQUIRE_BACKEND();
+  const uint64_t seed = harness_seed() ^ (0xc4u + (uint64_t)_i);
+  g_chunk = _i == 1 ? 1024 : 512;
+  if (_i == 0)
+    run_dense(PMLA_KV_BLOCK_TABLE, seed, PMLA_DTYPE_BF16);
+  else if (_i == 1)
+    run_dense(PMLA_KV_CSR, seed, PMLA_DTYPE_FP8_E4M3);
+  else
+    run_sparse(PMLA_DTYPE_BF16, seed);
+  g_chunk = 0;
 }
 END_TEST
 
@@ -457,6 +491,30 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
   cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
   b = harness_init(&cfg);
   g_be->destroy_builder(b);
+  /* invariant_chunk: a multiple of 64 up to 2^20, only with the flag */
+  static const struct {
+    uint32_t flags, chunk;
+    int ok;
+  } chunks[] = {{PMLA_BUILDER_BATCH_INVARIANT, 64, 1},
+                {PMLA_BUILDER_BATCH_INVARIANT, 1u << 20, 1},
+                {PMLA_BUILDER_BATCH_INVARIANT, 100, 0},
+                {PMLA_BUILDER_BATCH_INVARIANT, 32, 0},
+                {PMLA_BUILDER_BATCH_INVARIANT, (1u << 20) + 64, 0},
+                {PMLA_BUILDER_BATCH_INVARIANT, 0xffffffc0u, 0},
+                {0, 2048, 0}};
+  for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
+    cfg.flags = chunks[i].flags;
+    cfg.invariant_chunk = chunks[i].chunk;
+    b = NULL;
+    st = g_be->init_builder(&cfg, &b);
+    ck_assert_msg(chunks[i].ok ? st == PMLA_OK
+                               : st == PMLA_ERR_INVALID_ARGUMENT && !b &&
+                                     strstr(g_be->last_error(NULL), "invariant_chunk"),
+                  "invariant_chunk %u, flags 0x%x: %s %s", chunks[i].chunk, chunks[i].flags,
+                  harness_status_name(st), chunks[i].ok ? "" : g_be->last_error(NULL));
+    g_be->destroy_builder(b);
+  }
+  cfg.invariant_chunk = 0;
   cfg.flags = 0;
   void *old = harness_sized_copy(&cfg, PMLA_BUILDER_CONFIG_SIZE_1_0);
   b = NULL;
@@ -465,7 +523,9 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
   g_be->destroy_builder(b);
   free(old);
   /* 57..59 bytes hold part of flags: absent, so a default builder (its
-   * schedule mode, work_meta_data word 3, is 0 or 1; an invariant one's 2) */
+   * schedule mode, work_meta_data word 3, is 0 or 1; an invariant one's 2);
+   * 60..63 hold flags whole and part of invariant_chunk (absent, 0: an
+   * invalid chunk in those bytes is never read) */
   const int32_t qo[2] = {0, 1}, bt[1] = {0}, lens[1] = {5};
   test_tensor t_qo, t_bt, t_lens;
   tt_make1(&t_qo, TT_I32, qo, 2);
@@ -480,7 +540,9 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
   batch.kv_lens = &t_lens.t;
   batch.stream = harness_stream();
   cfg.flags = PMLA_BUILDER_BATCH_INVARIANT;
-  for (uint32_t n = PMLA_BUILDER_CONFIG_SIZE_1_0 + 1; n <= sizeof cfg; n++) {
+  cfg.invariant_chunk = 100;
+  const uint32_t with_flags = (uint32_t)offsetof(pmla_builder_config, invariant_chunk);
+  for (uint32_t n = PMLA_BUILDER_CONFIG_SIZE_1_0 + 1; n < sizeof cfg; n++) {
     void *p = harness_sized_copy(&cfg, n);
     b = NULL;
     st = g_be->init_builder(p, &b);
@@ -489,8 +551,8 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
     int32_t meta[PMLA_META_WORDS];
     ck_assert_int_eq(g_be->copy_buffer(b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta), PMLA_OK);
     const int invariant = meta[3] == 2;
-    ck_assert_msg(invariant == (n == sizeof cfg), "%u-byte config: schedule mode %d (flags %s)",
-                  n, meta[3], n == sizeof cfg ? "present" : "absent");
+    ck_assert_msg(invariant == (n >= with_flags), "%u-byte config: schedule mode %d (flags %s)",
+                  n, meta[3], n >= with_flags ? "present" : "absent");
     g_be->destroy_builder(b);
     free(p);
   }
@@ -508,6 +570,7 @@ Suite *suite_invariance(void) {
   tcase_add_loop_test(tc, test_dense_output_is_independent_of_the_batch, 0, 4);
   tcase_add_loop_test(tc, test_fp8_output_is_independent_of_the_batch, 0, 4);
   tcase_add_loop_test(tc, test_sparse_output_is_independent_of_the_batch, 0, 3);
+  tcase_add_loop_test(tc, test_a_chunk_of_the_hosts_keeps_the_promise, 0, 3);
   tcase_add_test(tc, test_a_long_request_folds_alike_in_many_pieces);
   suite_add_tcase(s, tc);
   return s;

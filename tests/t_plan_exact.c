@@ -77,6 +77,7 @@ static void expect_dense_schedule(const pmla_builder_config *cfg, int32_t B, int
   in.max_kv_len = width * (int32_t)cfg->page_size;
   in.page_size = (int32_t)cfg->page_size;
   in.invariant = (cfg->flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
+  in.inv_least = (int32_t)cfg->invariant_chunk;
   expect_host_schedule(b, &in, what);
   tt_free(&t_qo);
   tt_free(&t_bt);
@@ -104,6 +105,8 @@ START_TEST(test_schedule_equals_host_planner) {
     pmla_builder_config cfg = harness_config(round % 2 ? 128 : 16, (uint32_t)ps, MAXB, 2, 0,
                                              (uint32_t)cu);
     cfg.flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
+    /* half of those with a least chunk of the host's, 256..2048 */
+    cfg.invariant_chunk = inv && round % 10 == 9 ? 256u << (round / 10 % 4) : 0;
     char what[64];
     snprintf(what, sizeof what, "dense round %d (B=%d, cu=%d%s)", round, B, cu,
              inv ? ", invariant" : "");
@@ -114,6 +117,7 @@ START_TEST(test_schedule_equals_host_planner) {
     int64_t max_seq = (int64_t)rng_below(&rng, 8192);
     cfg = harness_config(16, (uint32_t)ps, 256, 1, (uint32_t)topk, (uint32_t)cu);
     cfg.flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
+    cfg.invariant_chunk = inv && round % 10 == 9 ? 256u << (round / 10 % 4) : 0;
     pmla_builder *b = harness_init(&cfg);
     int32_t *idx = calloc((size_t)tokens * (size_t)topk, sizeof(int32_t));
     test_tensor t_idx;
@@ -128,6 +132,7 @@ START_TEST(test_schedule_equals_host_planner) {
     in.uniform_len = topk;
     in.split_cap = (int32_t)harness_query(b).split_cap;
     in.invariant = inv;
+    in.inv_least = (int32_t)cfg.invariant_chunk;
     snprintf(what, sizeof what, "sparse round %d (tokens=%d, cap=%d)", round, tokens, in.split_cap);
     expect_host_schedule(b, &in, what);
     tt_free(&t_idx);

@@ -44,7 +44,7 @@ static int64_t heaviest_unit(const pmla_plan_input *in, const inv_buffers *b, in
 static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const inv_buffers *b,
                            const char *what) {
   const int32_t R = in->num_requests, N = in->num_units, budget = in->max_partials - N;
-  const int32_t least = pmla_inv_least(in->uniform_len);
+  const int32_t least = pmla_inv_least(in->uniform_len, in->inv_least);
   const int32_t items = b->meta[PMLA_META_NUM_ITEMS], reduces = b->meta[PMLA_META_NUM_REDUCE];
   int32_t scratch = 0;
   const pmla_inv_sums sums = pmla_inv_sum(in, &scratch);
@@ -68,7 +68,7 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
   }
   off[0] = 0;
   for (int32_t r = 0; r < R; r++)
-    off[r + 1] = off[r] + pmla_inv_chunks(lens[r], pmla_inv_chunk(lens[r], in->uniform_len));
+    off[r + 1] = off[r] + pmla_inv_chunks(lens[r], pmla_inv_chunk(lens[r], in->uniform_len, in->inv_least));
   for (int32_t i = 0; i < items; i++)
     item_of[i] = -1;
   for (int32_t k = 0; k < items; k++) {
@@ -81,7 +81,7 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
   }
   int32_t red = 0;
   for (int32_t r = 0; r < R; r++) {
-    const int32_t L = lens[r], C = pmla_inv_chunk(L, in->uniform_len), n = pmla_inv_chunks(L, C);
+    const int32_t L = lens[r], C = pmla_inv_chunk(L, in->uniform_len, in->inv_least), n = pmla_inv_chunks(L, C);
     EXPECT(n <= PMLA_INV_MAX_CHUNKS && C % PMLA_BLOCK_TOKENS == 0 && C >= least,
            "%s: request %d (len %d): chunk %d, %d chunks", what, r, L, C, n);
     const int split = red < reduces && b->rfinal[red] == r;
@@ -177,9 +177,10 @@ static const int32_t equal_len[] = {[LENS_16K] = 16384, [LENS_32K] = 32768,
 
 /* Plans one random batch and checks it: lengths of every kind from 0 to
  * 300000 (LENS_MIXED), 2048..6144 tokens (LENS_RAGGED) or all one length
- * (LENS_16K .. LENS_128K); slot_units: the split budget's slots per unit. */
+ * (LENS_16K .. LENS_128K); slot_units: the split budget's slots per unit;
+ * asked: the builder's invariant_chunk (0: pmla's). */
 static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int lens_kind,
-                            int32_t slot_units, const char *what) {
+                            int32_t slot_units, int32_t asked, const char *what) {
   int32_t *lens = malloc(sizeof(int32_t) * (size_t)(R + 1));
   int32_t *qo = malloc(sizeof(int32_t) * (size_t)(R + 1));
   ck_assert(lens && qo);
@@ -209,6 +210,7 @@ static case_result run_case(uint64_t *rng, int32_t R, int32_t N, int sparse, int
   in.max_items = R * PMLA_INV_MAX_CHUNKS + N;
   in.max_partials = (slot_units + 1) * N;
   in.invariant = 1;
+  in.inv_least = asked;
   inv_buffers b;
   memset(&b, 0, sizeof b);
   b.indptr = calloc((size_t)N + 1, sizeof(int32_t));
@@ -248,10 +250,12 @@ START_TEST(test_invariant_schedule_holds_its_layout_on_random_batches) {
     const int32_t R = i % 5 == 0 ? 1 : 1 + (int32_t)rng_below(&rng, i % 3 ? 16 : 300);
     const int32_t N = units[rng_below(&rng, 5)];
     const int sparse = i % 4 == 3, ragged = i % 7 == 2;
-    snprintf(what, sizeof what, "case %d (%d requests, %d units%s%s)", i, R, N,
-             sparse ? ", sparse" : "", ragged ? ", ragged" : "");
+    snprintf(what, sizeof what, "case %d (%d requests, %d units%s%s%s)", i, R, N,
+             sparse ? ", sparse" : "", ragged ? ", ragged" : "", i % 3 == 1 ? ", asked chunk" : "");
+    /* every third batch with a least chunk of the host's, 64..8192 */
+    const int32_t asked = i % 3 == 1 ? 64 << rng_below(&rng, 8) : 0;
     const case_result c = run_case(&rng, R, N, sparse, ragged ? LENS_RAGGED : LENS_MIXED,
-                                   PMLA_INV_SLOT_UNITS, what);
+                                   PMLA_INV_SLOT_UNITS, asked, what);
     splits += c.split > 0;
     places[c.place] += N > 1;
   }
@@ -270,7 +274,7 @@ END_TEST
  * slots, the requests left over stayed whole: 2x the share). */
 START_TEST(test_fewer_requests_than_units_take_one_unit_each) {
   uint64_t rng = 7;
-  case_result c = run_case(&rng, 60, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS,
+  case_result c = run_case(&rng, 60, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS, 0,
                            "60 requests of 16384 tokens, 66 units");
   /* one request a unit: 8 chunks of 2048 tokens */
   EXPECT(c.place == PMLA_INV_PLACE_WHOLE && c.split == 0 &&
@@ -278,7 +282,7 @@ START_TEST(test_fewer_requests_than_units_take_one_unit_each) {
          "60 x 16384 tokens on 66 units: %s, %d split, heaviest unit %lld",
          c.place == PMLA_INV_PLACE_WHOLE ? "spread" : "not spread whole", c.split,
          (long long)c.worst);
-  c = run_case(&rng, 50, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS,
+  c = run_case(&rng, 50, 66, 0, LENS_16K, PMLA_INV_SLOT_UNITS, 0,
                "50 requests of 16384 tokens, 66 units");
   EXPECT(c.place == PMLA_INV_PLACE_PIECES && c.split == 50 && c.worst * 100 <= c.share * 120,
          "50 x 16384 tokens on 66 units: placement %d, %d split, heaviest unit %lld against a "
@@ -334,7 +338,7 @@ START_TEST(test_a_ragged_batch_is_spread_evenly) {
       snprintf(what, sizeof what, "ragged batch on %d units, seed %llu", wide ? 132 : 66,
                (unsigned long long)seed);
       const case_result c = run_case(&rng, 128, wide ? 132 : 66, 0, LENS_RAGGED,
-                                     PMLA_INV_SLOT_UNITS, what);
+                                     PMLA_INV_SLOT_UNITS, 0, what);
       EXPECT(c.place == (wide ? PMLA_INV_PLACE_PIECES : PMLA_INV_PLACE_WHOLE) &&
                  c.worst * 100 <= c.share * 115,
              "%s: placement %d, the heaviest unit holds %lld blocks of work against a share of "
@@ -349,7 +353,7 @@ static case_result run_equal(uint64_t seed, int32_t R, int32_t N, int lens_kind,
                              int32_t slot_units, char *what, size_t size) {
   uint64_t rng = seed;
   snprintf(what, size, "%d requests of %d tokens, %d units", R, equal_len[lens_kind], N);
-  return run_case(&rng, R, N, 0, lens_kind, slot_units, what);
+  return run_case(&rng, R, N, 0, lens_kind, slot_units, 0, what);
 }
 
 /* Equal requests a little more than the units: dealt whole, some unit
@@ -410,7 +414,7 @@ START_TEST(test_long_requests_fit_the_budget_of_small_slots) {
     snprintf(what, sizeof what,
              "%d requests of 131072 tokens, %d units, %d rows a slot (%d slots a unit)",
              cases[i].R, cases[i].N, cases[i].rows, units);
-    const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, LENS_128K, units, what);
+    const case_result c = run_case(&rng, cases[i].R, cases[i].N, 0, LENS_128K, units, 0, what);
     EXPECT(c.place == PMLA_INV_PLACE_LINE && c.split == cases[i].R &&
                c.worst * 100 <= c.share * 105,
            "%s: placement %d, %d requests split, the heaviest unit holds %lld blocks of work "
@@ -427,20 +431,30 @@ START_TEST(test_long_requests_fit_the_budget_of_small_slots) {
 }
 END_TEST
 
-/* The chunk boundaries: a function of the length (and dense / sparse)
- * alone, at most PMLA_INV_MAX_CHUNKS, whole blocks, covering the request */
+/* The chunk boundaries: a function of the length (and dense / sparse, and
+ * the builder's invariant_chunk) alone, at most PMLA_INV_MAX_CHUNKS, whole
+ * blocks, covering the request; a dense request of at most twice the least
+ * chunk is one */
 START_TEST(test_chunk_size_is_a_function_of_the_length) {
-  for (int32_t L = 0; L < 5000000; L = L * 3 / 2 + 1) {
-    for (int sparse = 0; sparse < 2; sparse++) {
-      const int32_t least = pmla_inv_least(sparse);
-      const int32_t C = pmla_inv_chunk(L, sparse), n = pmla_inv_chunks(L, C);
-      EXPECT(C >= least && C % PMLA_BLOCK_TOKENS == 0, "len %d: chunk %d", L, C);
-      EXPECT(n >= 1 && n <= PMLA_INV_MAX_CHUNKS, "len %d: %d chunks", L, n);
-      EXPECT(sparse || L > PMLA_INV_WHOLE || n == 1, "len %d: %d dense chunks", L, n);
-      EXPECT(L == 0 || ((int64_t)(n - 1) * C < L && (int64_t)n * C >= L),
-             "len %d: %d chunks of %d do not cover it exactly", L, n, C);
+  static const int32_t asked[] = {0, 64, 1024, 4096, 8192, PMLA_INV_MAX_LEAST};
+  EXPECT(pmla_inv_least(0, 0) == PMLA_INV_MIN_CHUNK &&
+             pmla_inv_least(1, 0) == PMLA_INV_MIN_CHUNK_SPARSE && pmla_inv_least(1, 4096) == 4096,
+         "least chunks %d %d %d", pmla_inv_least(0, 0), pmla_inv_least(1, 0),
+         pmla_inv_least(1, 4096));
+  for (size_t a = 0; a < sizeof asked / sizeof asked[0]; a++)
+    for (int32_t L = 0; L < 5000000; L = L * 3 / 2 + 1) {
+      for (int sparse = 0; sparse < 2; sparse++) {
+        const int32_t least = pmla_inv_least(sparse, asked[a]);
+        const int32_t C = pmla_inv_chunk(L, sparse, asked[a]), n = pmla_inv_chunks(L, C);
+        EXPECT(C >= least && C % PMLA_BLOCK_TOKENS == 0, "len %d: chunk %d", L, C);
+        EXPECT(n >= 1 && n <= PMLA_INV_MAX_CHUNKS, "len %d: %d chunks", L, n);
+        EXPECT(sparse || L > 2 * least || n == 1, "len %d: %d dense chunks", L, n);
+        EXPECT(n == 1 || C == least || (int64_t)(C - PMLA_BLOCK_TOKENS) * PMLA_INV_MAX_CHUNKS < L,
+               "len %d, least %d: chunk %d larger than 64 chunks need", L, least, C);
+        EXPECT(L == 0 || ((int64_t)(n - 1) * C < L && (int64_t)n * C >= L),
+               "len %d: %d chunks of %d do not cover it exactly", L, n, C);
+      }
     }
-  }
 }
 END_TEST
 
@@ -451,7 +465,7 @@ START_TEST(test_closed_forms_equal_the_serial_walk) {
   uint64_t rng = harness_seed() ^ 0x2b8u;
   for (int i = 0; i < 200000; i++) {
     const int32_t L = (int32_t)rng_below(&rng, i % 2 ? 5000 : 3000000);
-    const int32_t C = pmla_inv_chunk(L, i % 3 == 0), n = pmla_inv_chunks(L, C);
+    const int32_t C = pmla_inv_chunk(L, i % 3 == 0, i % 4 ? 0 : 64 << (i % 9)), n = pmla_inv_chunks(L, C);
     const int64_t cum = (int64_t)rng_below(&rng, 1u << 30);
     int64_t c = cum;
     for (int32_t j = 0; j < n; j++) {

@@ -234,7 +234,7 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
   int32_t scratch = 0, rows = 0, n = 0, split = 0;
   if (t < R) {
     const pmla_plan_req q = pmla_plan_describe(&in, t, &scratch);
-    n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len));
+    n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len, in.inv_least));
     split = place == PMLA_INV_PLACE_PIECES && n > 1;
     rows = q.qe - q.qb;
   }
@@ -267,7 +267,7 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
   if (t < P) {
     const int32_t r = a.req_of[t], j = t - a.poff_at[r];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, in.inv_least);
     key = pmla_inv_deal_key(pmla_inv_piece_cost(&q, chunk, a.n_at[r], j, a.first_at[r] >= 0), t);
   }
   buf[t] = key;
@@ -327,7 +327,7 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
   if (t < P) {
     const int32_t p = a.piece_of[t], r = a.req_of[p], u = a.unit_of[t];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, in.inv_least);
     if (a.first_at[r] < 0) {
       pmla_inv_write_whole(&out, r, &q, chunk, a.n_at[r], a.item_at[t], u, budget + u);
     } else {
@@ -370,7 +370,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   pmla_inv_sums mine = {0, 0, 0, 0, 0, 0, INT64_MAX}; /* this thread's requests' */
   for (int32_t r = t; r < R; r += PLAN_THREADS) {
     const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
-    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len);
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, in.inv_least);
     pmla_inv_sum_add(&mine, &q, chunk, pmla_inv_chunks(q.len, chunk));
   }
   typedef unsigned long long u64;
@@ -409,7 +409,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
     int32_t chunk = 0, n = 0;
     if (valid) {
       q = pmla_plan_describe(&in, r, &scratch);
-      chunk = pmla_inv_chunk(q.len, in.uniform_len);
+      chunk = pmla_inv_chunk(q.len, in.uniform_len, in.inv_least);
       n = pmla_inv_chunks(q.len, chunk);
     }
     int64_t cost_sum;

@@ -91,7 +91,7 @@ class BuilderConfig(Structure):
                 ("kv_dtype", c_uint32), ("out_dtype", c_uint32), ("page_size", c_uint32),
                 ("max_batch", c_uint32), ("max_q_len", c_uint32), ("topk", c_uint32),
                 ("softmax_scale", c_float), ("device", c_int32), ("cu_count", c_uint32),
-                ("flags", c_uint32)]
+                ("flags", c_uint32), ("invariant_chunk", c_uint32)]
 
 
 class BuilderInfo(Structure):
@@ -150,7 +150,7 @@ def _check_layout():
         return
     assert Backend.init_builder.offset == 24 and Backend.copy_buffer.offset == 88
     assert ctypes.sizeof(Backend) == 96
-    assert BuilderConfig.softmax_scale.offset == 44 and ctypes.sizeof(BuilderConfig) == 60
+    assert BuilderConfig.softmax_scale.offset == 44 and ctypes.sizeof(BuilderConfig) == 64
     assert BuilderInfo.buffer_bytes.offset == 32 and ctypes.sizeof(BuilderInfo) == 104
     assert DecodeBatch.stream.offset == 56 and ctypes.sizeof(DecodeBatch) == 64
     assert SparseBatch.max_seq_len.offset == 16 and ctypes.sizeof(SparseBatch) == 32

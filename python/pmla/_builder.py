@@ -106,6 +106,8 @@ class Builder:
     cu_count: 0 = every CU / online CPU. plugin: a pmla.Plugin (default: load()).
     batch_invariant: a request's out and lse do not depend on the rest of
     the step nor on cu_count (PMLA_BUILDER_BATCH_INVARIANT).
+    invariant_chunk: with batch_invariant, the least chunk a request is read
+    in, in KV positions (a multiple of 64 up to 2**20; 0: the plugin's).
     kv_dtype: the KV cache's storage, "bf16", "fp8_e4m3" (576 e4m3 per token;
     run() then needs kv_scale) or "fp8_ds_mla" (DeepSeek V3.2's 656 bytes).
 
@@ -115,7 +117,7 @@ class Builder:
 
     def __init__(self, num_heads, *, backend="pmla", page_size=64, max_batch=256, max_q_len=1,
                  topk=0, softmax_scale=None, device=0, cu_count=0, plugin=None,
-                 batch_invariant=False, kv_dtype="bf16"):
+                 batch_invariant=False, kv_dtype="bf16", invariant_chunk=0):
         self._h = None
         self._plugin = plugin if plugin is not None else default_plugin()
         be = self._plugin.backend(backend)
@@ -124,10 +126,11 @@ class Builder:
         if dev is None or not -2**31 <= dev < 2**31:
             raise InvalidArgument("Builder: device = %r; accepted: an int ordinal" % (device,))
         device = dev
-        num_heads, page_size, max_batch, max_q_len, topk, cu_count = (
+        num_heads, page_size, max_batch, max_q_len, topk, cu_count, invariant_chunk = (
             _uint(n, v) for n, v in (("num_heads", num_heads), ("page_size", page_size),
                                      ("max_batch", max_batch), ("max_q_len", max_q_len),
-                                     ("topk", topk), ("cu_count", cu_count)))
+                                     ("topk", topk), ("cu_count", cu_count),
+                                     ("invariant_chunk", invariant_chunk)))
         kvd = _kv_dtype(kv_dtype)
         if batch_invariant or kvd != _abi.DTYPE_BF16:
             # 1.1 features: a 1.0 plugin would ignore flags (the tail of a
@@ -145,7 +148,8 @@ class Builder:
             page_size=page_size, max_batch=max_batch,
             max_q_len=max_q_len, topk=topk,
             softmax_scale=scale, device=device, cu_count=cu_count,
-            flags=_abi.BUILDER_BATCH_INVARIANT if batch_invariant else 0)
+            flags=_abi.BUILDER_BATCH_INVARIANT if batch_invariant else 0,
+            invariant_chunk=invariant_chunk)
         handle = ctypes.c_void_p()
         st = be.init_builder(ctypes.addressof(cfg), ctypes.byref(handle))
         if st != _abi.OK:
@@ -158,7 +162,8 @@ class Builder:
         self.config = {"num_heads": num_heads, "page_size": page_size, "max_batch": max_batch,
                        "max_q_len": max_q_len, "topk": topk, "softmax_scale": cfg.softmax_scale,
                        "device": device, "cu_count": cu_count,
-                       "batch_invariant": bool(batch_invariant), "kv_dtype": kv_dtype}
+                       "batch_invariant": bool(batch_invariant), "kv_dtype": kv_dtype,
+                       "invariant_chunk": invariant_chunk}
         self._batch = _abi.DecodeBatch(struct_size=ctypes.sizeof(_abi.DecodeBatch))
         self._sparse = _abi.SparseBatch(struct_size=ctypes.sizeof(_abi.SparseBatch))
         self._args = _abi.DecodeArgs(struct_size=ctypes.sizeof(_abi.DecodeArgs))

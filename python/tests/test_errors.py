@@ -71,6 +71,15 @@ class TestInitErrors(unittest.TestCase):
             self.assertIn("agreed 1.0", cm.exception.message)
         pmla.Builder(16, backend="pmla-cpu", plugin=real, batch_invariant=True).close()
 
+    def test_invalid_invariant_chunk(self):
+        # a multiple of 64 up to 2^20, and only for batch-invariant builders
+        for kw, what in (({"batch_invariant": True, "invariant_chunk": 100}, "100; accepted"),
+                         ({"invariant_chunk": 2048}, "2048 without PMLA_BUILDER_BATCH_INVARIANT")):
+            with self.assertRaises(pmla.InvalidArgument) as cm:
+                cpu(**kw)
+            self.assertIn("config.invariant_chunk = " + what, cm.exception.message)
+        cpu(batch_invariant=True, invariant_chunk=1 << 20).close()
+
     def test_invalid_page_size(self):
         with self.assertRaises(pmla.InvalidArgument) as cm:
             cpu(page_size=3)

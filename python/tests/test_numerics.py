@@ -87,6 +87,28 @@ class TestNumpy(unittest.TestCase):
         self.assertFalse((got[False, 1][0] == got[False, len(lens)][0]).all()
                          and (got[False, 1][1] == got[False, len(lens)][1]).all())
 
+    def test_batch_invariant_chunk(self):
+        # the host's least chunk: request 0 (1500 tokens) in chunks of 256,
+        # the same bits alone and first of 9, and still the reference's
+        page = 16
+        lens = [1500, 30, 700, 5, 0, 260, 900, 44, 1200]
+        pb, qo, table = dense_case(8, lens, 2, page)
+        got = {}
+        for n in (1, len(lens)):
+            b = cpu(page_size=page, max_batch=16, max_q_len=2, cu_count=4,
+                    batch_invariant=True, invariant_chunk=256)
+            self.assertEqual(b.config["invariant_chunk"], 256)
+            b.plan(np.array(qo[:n + 1], np.int32), block_table=np.array(table[:n], np.int32),
+                   kv_lens=np.array(lens[:n], np.int32))
+            out, lse = b.run(pb.q_bits[:2 * n], pb.kv_bits)
+            got[n] = (out[:2].copy(), lse[:2].copy())
+            b.close()
+        alone, inside = got[1], got[len(lens)]
+        self.assertTrue((alone[0] == inside[0]).all() and (alone[1] == inside[1]).all())
+        ref_out, ref_lse = ref_decode(pb.q[:2], pb.kv,
+                                      lists_block_table(qo[:2], table[:1], lens[:1], page))
+        assert_close(self, bits_f64(alone[0]), alone[1], ref_out, ref_lse, "chunks of 256")
+
     def test_fp8_e4m3_cache(self):
         # per-tensor e4m3 bytes with one fp32 scale, as vLLM's fp8 cache
         page, lens = 16, [30, 0, 50]

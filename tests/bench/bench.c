@@ -56,6 +56,7 @@ typedef struct options {
   int iters, warmup, check, json, cu, seed, flush, device;
   int kv; /* --kv: the cache dtype of shapes that do not name one */
   int invariant; /* --batch-invariant: builders with PMLA_BUILDER_BATCH_INVARIANT */
+  int chunk;     /* --invariant-chunk: their config.invariant_chunk (0: the plugin's) */
   bench_shape shapes[64];
   int nshapes;
 } options;
@@ -393,6 +394,7 @@ static void run_shape(const options *o, const pmla_backend *const *be, int nb, c
   cfg.device = m->device_id;
   cfg.kv_dtype = (uint32_t)kv_dtype;
   cfg.flags = o->invariant ? PMLA_BUILDER_BATCH_INVARIANT : 0;
+  cfg.invariant_chunk = (uint32_t)o->chunk;
   plugin_run pr[MAX_PLUGINS];
   memset(pr, 0, sizeof pr);
   for (int k = 0; k < nb; k++) {
@@ -750,7 +752,7 @@ static void usage(void) {
   puts("usage: pmla-bench [--backend NAME] [--plugin PATH]... [--shape SPEC]... [--suite dense|sparse]\n"
        "                  [--iters N] [--warmup N] [--cu N] [--device N] [--check] [--no-flush]\n"
        "                  [--json]\n"
-       "                  [--kv bf16|fp8|ds_mla] [--batch-invariant]\n"
+       "                  [--kv bf16|fp8|ds_mla] [--batch-invariant [--invariant-chunk N]]\n"
        "SPEC: b=128,L=4096,h=16[,sq=2][,kv=fp8][,page=16] (L=2048-6144 for uniform lengths;\n"
        "      page: the page size in slots, default 64),\n"
        "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)\n"
@@ -759,13 +761,15 @@ static void usage(void) {
        "--plugin PATH: a plugin file or directory (repeat to compare side by side);\n"
        "      without it, $PMLA_PLUGIN_PATH, else the installed plugin directory\n"
        "--device N: the GPU to run on (default 0; pmla-cpu has device 0 only)\n"
-       "--batch-invariant: every builder made with PMLA_BUILDER_BATCH_INVARIANT");
+       "--batch-invariant: every builder made with PMLA_BUILDER_BATCH_INVARIANT\n"
+       "--invariant-chunk N: and config.invariant_chunk = N, the least chunk in KV positions\n"
+       "      (a multiple of 64 up to 1048576; default 0, the plugin's)");
 }
 
 int main(int argc, char **argv) {
   options o = {.backend = "pmla-cpu", .iters = 0, .warmup = -1, .flush = 1,
                .kv = PMLA_DTYPE_BF16};
-  enum { OPT_NO_FLUSH = 256, OPT_KV, OPT_INVARIANT };
+  enum { OPT_NO_FLUSH = 256, OPT_KV, OPT_INVARIANT, OPT_CHUNK };
   static const struct option longopts[] = {
       {"backend", required_argument, NULL, 'b'}, {"plugin", required_argument, NULL, 'p'},
       {"shape", required_argument, NULL, 's'},   {"suite", required_argument, NULL, 'S'},
@@ -775,12 +779,14 @@ int main(int argc, char **argv) {
       {"device", required_argument, NULL, 'd'},  {"help", no_argument, NULL, 'h'},
       {"kv", required_argument, NULL, OPT_KV},
       {"batch-invariant", no_argument, NULL, OPT_INVARIANT},
+      {"invariant-chunk", required_argument, NULL, OPT_CHUNK},
       {NULL, 0, NULL, 0}};
   int opt;
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (opt) {
     case 'b': o.backend = optarg; break;
     case OPT_INVARIANT: o.invariant = 1; break;
+    case OPT_CHUNK: o.chunk = option_int("invariant-chunk", optarg, 0, INT_MAX); break;
     case OPT_KV:
       if ((o.kv = kv_dtype_of(optarg)) == 0) {
         fprintf(stderr, "pmla-bench: --kv: '%s' is not bf16, fp8 or ds_mla\n", optarg);
@@ -813,6 +819,10 @@ int main(int argc, char **argv) {
   if (optind < argc) {
     fprintf(stderr, "pmla-bench: unexpected argument '%s' (see pmla-bench --help)\n",
             argv[optind]);
+    return 2;
+  }
+  if (o.chunk && !o.invariant) {
+    fprintf(stderr, "pmla-bench: --invariant-chunk %d needs --batch-invariant\n", o.chunk);
     return 2;
   }
   int gpu = strcmp(o.backend, "pmla-cpu") != 0, ngpus = gpu ? devmem_gpu_count() : 0;
@@ -880,14 +890,19 @@ int main(int argc, char **argv) {
     printf("{\n \"backend\": ");
     json_string(o.backend);
     printf(", \"memory\": \"%s\", \"device\": %d, \"copy_GBps\": %.1f, \"iters\": %d, "
-           "\"warmup\": %d,\n \"l2_flushed\": %s, \"batch_invariant\": %s,\n \"results\": [\n",
+           "\"warmup\": %d,\n \"l2_flushed\": %s, \"batch_invariant\": %s, "
+           "\"invariant_chunk\": %d,\n \"results\": [\n",
            m->name, o.device, copy_gbps, o.iters, o.warmup, cpu || !o.flush ? "false" : "true",
-           o.invariant ? "true" : "false");
+           o.invariant ? "true" : "false", o.chunk);
     json_open = 1;
-  } else
+  } else {
+    char mode[80] = "";
+    if (o.invariant)
+      snprintf(mode, sizeof mode, ", batch-invariant builders (invariant_chunk %d)", o.chunk);
     printf("pmla-bench: backend %s (%s), copy bandwidth %.1f GB/s, median of %d runs%s%s\n",
            o.backend, m->name, copy_gbps, o.iters, cpu || !o.flush ? "" : ", L2 flushed before each",
-           o.invariant ? ", batch-invariant builders" : "");
+           mode);
+  }
   if (!o.json && o.nplugins > 1)
     for (int k = 0; k < o.nplugins; k++)
       printf("plugin @%d: %s\n", k, file[k]);
