@@ -714,6 +714,7 @@ static void drive_backend(input *in, const pmla_backend *be) {
   c.device = (int32_t)PICK(in, 0, 0, 0, 1, (uint32_t)-1);
   c.cu_count = PICK(in, 1, 2, 3, 4, 0, 1025);
   c.flags = PICK(in, 0, 0, PMLA_BUILDER_BATCH_INVARIANT, 2, 0x80000001u);
+  c.invariant_chunk = PICK(in, 0, 0, 0, 64, 1024, 100, 1u << 20, (1u << 20) + 64);
   /* valid values that would make a run slow are brought down */
   if (c.cu_count > MAX_UNITS && c.cu_count <= 1024)
     c.cu_count = 1 + c.cu_count % MAX_UNITS;
