@@ -362,7 +362,8 @@ PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla
   int32_t P = 0, rows = 0, slots = 0, reduces = 0, max_pieces = 1;
   for (int32_t r = 0; r < R; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len, in->inv_least), n = pmla_inv_chunks(q.len, chunk);
+    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len, in->inv_least);
+    const int32_t n = pmla_inv_chunks(q.len, chunk);
     const int split = place == PMLA_INV_PLACE_PIECES && n > 1;
     rows += q.qe - q.qb;
     first_of[r] = split ? slots : -1;
@@ -455,7 +456,8 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   int32_t ucur = 0; /* the unit of the last chunk placed */
   for (int32_t r = 0; r < R; r++) {
     const pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len, in->inv_least), n = pmla_inv_chunks(q.len, chunk);
+    const int32_t chunk = pmla_inv_chunk(q.len, in->uniform_len, in->inv_least);
+    const int32_t n = pmla_inv_chunks(q.len, chunk);
     rows += q.qe - q.qb;
     /* the first piece: the chunks on the unit of chunk 0 (units only grow
      * along the line, so they are a prefix) */

@@ -68,7 +68,8 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
   }
   off[0] = 0;
   for (int32_t r = 0; r < R; r++)
-    off[r + 1] = off[r] + pmla_inv_chunks(lens[r], pmla_inv_chunk(lens[r], in->uniform_len, in->inv_least));
+    off[r + 1] =
+        off[r] + pmla_inv_chunks(lens[r], pmla_inv_chunk(lens[r], in->uniform_len, in->inv_least));
   for (int32_t i = 0; i < items; i++)
     item_of[i] = -1;
   for (int32_t k = 0; k < items; k++) {
@@ -81,7 +82,8 @@ static void check_schedule(const pmla_plan_input *in, const int32_t *lens, const
   }
   int32_t red = 0;
   for (int32_t r = 0; r < R; r++) {
-    const int32_t L = lens[r], C = pmla_inv_chunk(L, in->uniform_len, in->inv_least), n = pmla_inv_chunks(L, C);
+    const int32_t L = lens[r], C = pmla_inv_chunk(L, in->uniform_len, in->inv_least);
+    const int32_t n = pmla_inv_chunks(L, C);
     EXPECT(n <= PMLA_INV_MAX_CHUNKS && C % PMLA_BLOCK_TOKENS == 0 && C >= least,
            "%s: request %d (len %d): chunk %d, %d chunks", what, r, L, C, n);
     const int split = red < reduces && b->rfinal[red] == r;
@@ -465,7 +467,8 @@ START_TEST(test_closed_forms_equal_the_serial_walk) {
   uint64_t rng = harness_seed() ^ 0x2b8u;
   for (int i = 0; i < 200000; i++) {
     const int32_t L = (int32_t)rng_below(&rng, i % 2 ? 5000 : 3000000);
-    const int32_t C = pmla_inv_chunk(L, i % 3 == 0, i % 4 ? 0 : 64 << (i % 9)), n = pmla_inv_chunks(L, C);
+    const int32_t C = pmla_inv_chunk(L, i % 3 == 0, i % 4 ? 0 : 64 << (i % 9));
+    const int32_t n = pmla_inv_chunks(L, C);
     const int64_t cum = (int64_t)rng_below(&rng, 1u << 30);
     int64_t c = cum;
     for (int32_t j = 0; j < n; j++) {
