@@ -67,6 +67,8 @@ typedef struct result {
   double max_abs_err, cosine; /* --check: output against the fp64 reference */
   int lse_ok;
   uint32_t cap;
+  int32_t mode, splits; /* the last step's schedule mode and split requests (pmla.h's
+                           work_meta_data words 3 and 1); -1: not read */
   char note[400];
 } result;
 
@@ -525,6 +527,11 @@ static void run_shape(const options *o, const pmla_backend *const *be, int nb, c
     info.struct_size = sizeof info;
     if (be[k]->query_builder(r->b, &info) == PMLA_OK)
       res[k].cap = info.split_cap;
+    int32_t meta[PMLA_META_WORDS];
+    const int meta_ok =
+        be[k]->copy_buffer(r->b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta) == PMLA_OK;
+    res[k].mode = meta_ok ? meta[3] : -1;
+    res[k].splits = meta_ok ? meta[1] : -1;
     if (o->check) {
       uint16_t *out = xmalloc(out_bytes, "the output read back");
       float *lse = xmalloc(lse_bytes, "the lse read back");
@@ -943,8 +950,9 @@ int main(int argc, char **argv) {
           json_string(file[k]);
           printf(", \"median_us\": %.2f, "
                  "\"tflops\": %.2f, \"gbps\": %.1f, \"copy_frac\": %.3f, \"build_us\": %.2f, "
-                 "\"split_cap\": %u, \"checked\": %s, \"ok\": %s",
-                 r.us, r.tflops, r.gbps, r.copy_frac, r.meta_us, r.cap,
+                 "\"split_cap\": %u, \"schedule_mode\": %d, \"split_requests\": %d, "
+                 "\"checked\": %s, \"ok\": %s",
+                 r.us, r.tflops, r.gbps, r.copy_frac, r.meta_us, r.cap, r.mode, r.splits,
                  r.checked ? "true" : "false", r.ok || !r.checked ? "true" : "false");
           if (r.checked) {
             json_number("max_abs_err", "%.3e", r.max_abs_err);
