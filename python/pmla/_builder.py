@@ -132,14 +132,15 @@ class Builder:
                                      ("topk", topk), ("cu_count", cu_count),
                                      ("invariant_chunk", invariant_chunk)))
         kvd = _kv_dtype(kv_dtype)
-        if batch_invariant or kvd != _abi.DTYPE_BF16:
+        if batch_invariant or invariant_chunk or kvd != _abi.DTYPE_BF16:
             # 1.1 features: a 1.0 plugin would ignore flags (the tail of a
             # larger config) and refuses FP8 caches
             agreed = next((b.agreed_version for b in self._plugin.backends
                            if b.name == backend), None)
             if agreed is not None and tuple(int(x) for x in agreed.split(".")) < (1, 1):
                 raise Unsupported("Builder: %s needs ABI 1.1; backend %r agreed %s" % (
-                    "batch_invariant" if batch_invariant else "kv_dtype=%r" % (kv_dtype,),
+                    "batch_invariant" if batch_invariant
+                    else "invariant_chunk" if invariant_chunk else "kv_dtype=%r" % (kv_dtype,),
                     backend, agreed), call="init_builder")
         cfg = _abi.BuilderConfig(
             struct_size=ctypes.sizeof(_abi.BuilderConfig), num_heads=num_heads,

@@ -64,7 +64,8 @@ class TestInitErrors(unittest.TestCase):
             backends = [b._replace(agreed_version="1.0") for b in real.backends]
             backend = staticmethod(real.backend)
 
-        for kw in ({"batch_invariant": True}, {"kv_dtype": "fp8_ds_mla"}):
+        for kw in ({"batch_invariant": True}, {"kv_dtype": "fp8_ds_mla"},
+                   {"invariant_chunk": 2048}):
             with self.assertRaises(pmla.Unsupported) as cm:
                 pmla.Builder(16, backend="pmla-cpu", plugin=Old(), **kw)
             self.assertIn("needs ABI 1.1", cm.exception.message)
