@@ -102,11 +102,12 @@ START_TEST(test_schedule_equals_host_planner) {
     }
     /* every fifth round batch-invariant: its own planner (plan_invariant.h) */
     const int inv = round % 5 == 4;
+    /* half of those with a least chunk of the host's, 256..2048 */
+    const uint32_t asked = inv && round % 10 == 9 ? 256u << (round / 10 % 4) : 0;
     pmla_builder_config cfg = harness_config(round % 2 ? 128 : 16, (uint32_t)ps, MAXB, 2, 0,
                                              (uint32_t)cu);
     cfg.flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
-    /* half of those with a least chunk of the host's, 256..2048 */
-    cfg.invariant_chunk = inv && round % 10 == 9 ? 256u << (round / 10 % 4) : 0;
+    cfg.invariant_chunk = asked;
     char what[64];
     snprintf(what, sizeof what, "dense round %d (B=%d, cu=%d%s)", round, B, cu,
              inv ? ", invariant" : "");
@@ -117,7 +118,7 @@ START_TEST(test_schedule_equals_host_planner) {
     int64_t max_seq = (int64_t)rng_below(&rng, 8192);
     cfg = harness_config(16, (uint32_t)ps, 256, 1, (uint32_t)topk, (uint32_t)cu);
     cfg.flags = inv ? PMLA_BUILDER_BATCH_INVARIANT : 0;
-    cfg.invariant_chunk = inv && round % 10 == 9 ? 256u << (round / 10 % 4) : 0;
+    cfg.invariant_chunk = asked;
     pmla_builder *b = harness_init(&cfg);
     int32_t *idx = calloc((size_t)tokens * (size_t)topk, sizeof(int32_t));
     test_tensor t_idx;
