@@ -355,7 +355,8 @@ typedef pmla_status (*pmla_entry_fn)(pmla_negotiation *negotiation);
  * 0 items, 1 reduce entries, 2 partial slots used, 3 schedule mode (0 units
  * filled in order, 1 capped pieces, 2 batch-invariant chunks: word 7 of an
  * item then also carries flags above bit 16, and an item may fold into its
- * slot instead of overwriting it), 4 the most partial slots one request's
+ * slot instead of overwriting it, 3 (1.1) every request whole, one item
+ * each, the units' items in no request order), 4 the most partial slots one request's
  * reduce entry merges (1 where no request splits, 0 in a step of no
  * requests), 5 requests,
  * 6 the device error word, 7 query rows. Reduce entry k merges partial

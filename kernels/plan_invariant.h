@@ -48,6 +48,9 @@
 #define PMLA_INV_MIN_CHUNK 2048        /* tokens, dense steps */
 #define PMLA_INV_MIN_CHUNK_SPARSE 1024 /* top-k positions, sparse steps */
 #define PMLA_INV_MAX_LEAST (1 << 20)   /* the largest least chunk a builder may ask */
+/* a least chunk that makes every request one chunk (twice it is 2^30, the
+ * longest request): the default mode's whole deal (pmla_plan_step) */
+#define PMLA_INV_ONE_CHUNK (1 << 29)
 #define PMLA_INV_MAX_CHUNKS 64  /* per request */
 #define PMLA_INV_SLOT_UNITS 8   /* the split budget: at least 8 slots per unit, */
 #define PMLA_INV_SLOT_UNITS_MAX 64 /* at most 64, */
@@ -326,19 +329,29 @@ PMLA_HD static inline void pmla_inv_write_whole(const pmla_plan_output *out, int
   }
 }
 
-/* PMLA_META_MODE of an invariant step */
-enum { PMLA_INV_MODE = 2 };
+/* PMLA_META_MODE of an invariant step, and of a default step whose
+ * requests are dealt whole (pmla_plan_step) */
+enum { PMLA_INV_MODE = 2, PMLA_DEALT_MODE = 3 };
 
-/* The end of an invariant schedule: pmla_plan_finish after `items` items,
- * `slots` partial slots and `reduces` reduce entries, the last item on
- * unit `unit` (-1: none). */
+/* The end of a dealt or invariant schedule: pmla_plan_finish after `items`
+ * items, `slots` partial slots and `reduces` reduce entries, the last item
+ * on unit `unit` (-1: none); the mode word of an invariant step unless
+ * `mode` says otherwise. */
+PMLA_HD static inline void pmla_inv_finish_as(const pmla_plan_input *in,
+                                              const pmla_plan_output *out, int32_t mode,
+                                              int32_t items, int32_t slots, int32_t reduces,
+                                              int32_t unit, int32_t max_pieces, int32_t rows,
+                                              int32_t err, int32_t lane, int32_t lanes) {
+  pmla_plan_base end = {0, {0, 0}, items, slots, reduces, unit};
+  pmla_plan_finish(in, out, mode, &end, max_pieces, rows, err, lane, lanes);
+}
 PMLA_HD static inline void pmla_inv_finish(const pmla_plan_input *in,
                                            const pmla_plan_output *out, int32_t items,
                                            int32_t slots, int32_t reduces, int32_t unit,
                                            int32_t max_pieces, int32_t rows, int32_t err,
                                            int32_t lane, int32_t lanes) {
-  pmla_plan_base end = {0, {0, 0}, items, slots, reduces, unit};
-  pmla_plan_finish(in, out, PMLA_INV_MODE, &end, max_pieces, rows, err, lane, lanes);
+  pmla_inv_finish_as(in, out, PMLA_INV_MODE, items, slots, reduces, unit, max_pieces, rows, err,
+                     lane, lanes);
 }
 
 /* The schedule of a step whose chunks do not fit the item buffer (never
@@ -352,9 +365,11 @@ PMLA_HD static inline void pmla_inv_empty(const pmla_plan_input *in, const pmla_
 /* The step on the units by a deal (place: PMLA_INV_PLACE_WHOLE or
  * _PIECES): the pieces by decreasing cost (insertion sort: at most
  * PMLA_INV_DEAL_MAX), dealt a round at a time; a split request's slots and
- * reduce entry in request order. err: the input errors found. */
-PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla_plan_output *out,
-                                           int place, int32_t err) {
+ * reduce entry in request order. err: the input errors found; mode: the
+ * PMLA_META_MODE word. A whole deal whose fullest unit would hold more
+ * than `limit` writes nothing and returns 0; else returns 1. */
+PMLA_HD static inline int pmla_plan_dealt(const pmla_plan_input *in, const pmla_plan_output *out,
+                                          int place, int32_t err, int64_t limit, int32_t mode) {
   const int32_t R = in->num_requests, N = in->num_units, budget = in->max_partials - N;
   int32_t scratch = 0;
   int64_t key[PMLA_INV_DEAL_MAX];
@@ -400,6 +415,10 @@ PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla
       load[u] += i >= 0 ? pmla_inv_key_cost(key[i]) : 0;
     }
   }
+  if (place == PMLA_INV_PLACE_WHOLE) /* nothing written yet: no request split */
+    for (int32_t u = 0; u < N; u++)
+      if (load[u] > limit)
+        return 0;
   int32_t items = 0;
   for (int32_t u = 0; u < N; u++) {
     out->work_indptr[u] = items;
@@ -422,7 +441,8 @@ PMLA_HD static inline void pmla_plan_dealt(const pmla_plan_input *in, const pmla
       }
     }
   }
-  pmla_inv_finish(in, out, items, slots, reduces, N - 1, max_pieces, rows, err, 0, 1);
+  pmla_inv_finish_as(in, out, mode, items, slots, reduces, N - 1, max_pieces, rows, err, 0, 1);
+  return 1;
 }
 
 /* Fills every output buffer for one batch-invariant step. Returns the error
@@ -441,7 +461,7 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   }
   const int place = pmla_inv_placement(R, N, budget, &sums);
   if (place != PMLA_INV_PLACE_LINE) {
-    pmla_plan_dealt(in, out, place, err);
+    pmla_plan_dealt(in, out, place, err, INT64_MAX, PMLA_INV_MODE);
     return err;
   }
   int32_t items = 0, slots = 0, reduces = 0, rows = 0, max_pieces = 0, prev = 0;
@@ -509,6 +529,34 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   }
   pmla_inv_finish(in, out, items, slots, reduces, prev, max_pieces, rows, err, 0, 1);
   return err;
+}
+
+/* The default mode's step: the fill (pmla_plan), or every request whole,
+ * dealt by decreasing cost a round at a time as a batch-invariant step's
+ * whole requests are (pmla_plan_dealt), when the deal's fullest unit holds
+ * at most the fill's capacity P plus PMLA_SPLIT_OVERHEAD: then no request
+ * is split, so no partial is written and the reduce has nothing to do, for
+ * at most one overhead more on the fullest unit than the fill's bound. A
+ * ragged batch (b=128 L=2048..6144 on 66 units) is dealt within 0-3
+ * blocks of P where the fill splits about one request a unit. Not in piece
+ * mode (a split cap binds), and for at most PMLA_INV_DEAL_MAX requests and
+ * units. Batch-invariant steps: pmla_plan_invariant. Returns the error
+ * bits found. */
+PMLA_HD static inline int32_t pmla_plan_step(const pmla_plan_input *in,
+                                             const pmla_plan_output *out) {
+  if (in->invariant)
+    return pmla_plan_invariant(in, out);
+  int32_t err = 0;
+  const pmla_plan_shape sh = pmla_plan_shape_for(in, &err);
+  if (!sh.piece_mode && in->num_requests >= 1 && in->num_requests <= PMLA_INV_DEAL_MAX &&
+      in->num_units <= PMLA_INV_DEAL_MAX && in->num_requests <= in->max_items) {
+    pmla_plan_input whole = *in;
+    whole.inv_least = PMLA_INV_ONE_CHUNK;
+    if (pmla_plan_dealt(&whole, out, PMLA_INV_PLACE_WHOLE, err,
+                        sh.capacity + PMLA_SPLIT_OVERHEAD, PMLA_DEALT_MODE))
+      return err;
+  }
+  return pmla_plan(in, out);
 }
 
 #endif

@@ -27,6 +27,12 @@
  *   - each split ends a unit, so at most N - 1 splits: at most R + N - 1
  *     work items and 2(N - 1) partial slots.
  *
+ * Dealt (plan_invariant.h, pmla_plan_step): where every request whole,
+ * dealt by decreasing cost a round of N at a time to the least loaded
+ * units, leaves no unit above P + OH, the step takes that deal instead of
+ * the fill: no partials and no reduce, for at most OH blocks more on the
+ * fullest unit than the fill's bound (PMLA_META_MODE 3).
+ *
  * Piece mode (a split cap binds, i.e. the fill would give some request more
  * pieces than the cap): request i gets n_i = min(cap, blocks_i,
  * ceil(N * cost_i / C)) (at least 1) near-equal pieces, each placed on the
@@ -67,7 +73,8 @@ enum {
   PMLA_META_NUM_ITEMS = 0,
   PMLA_META_NUM_REDUCE = 1,
   PMLA_META_NUM_PARTIALS = 2,
-  PMLA_META_MODE = 3, /* 0 fill mode, 1 piece mode, 2 batch-invariant (plan_invariant.h) */
+  PMLA_META_MODE = 3, /* 0 fill mode, 1 piece mode, 2 batch-invariant, 3 dealt whole
+                          (plan_invariant.h) */
   PMLA_META_MAX_PIECES = 4,
   PMLA_META_NUM_REQUESTS = 5,
   PMLA_META_ERROR = 6, /* sticky device error word; the planner only ORs */
@@ -591,16 +598,16 @@ PMLA_HD static inline int pmla_plan_cap_applies(const pmla_plan_input *in) {
   return in->split_cap > 0 && in->split_cap < in->num_units;
 }
 
-/* Fills every output buffer for one step (the serial driver; the device
- * runs the same per-request functions in parallel). Returns the error bits
- * it found (also ORed into work_meta_data[PMLA_META_ERROR]). */
-PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_plan_output *out) {
+/* The step's shape (C, P, piece mode), serially; ORs the input errors
+ * into *err. */
+PMLA_HD static inline pmla_plan_shape pmla_plan_shape_for(const pmla_plan_input *in,
+                                                          int32_t *err) {
   const int32_t R = in->num_requests;
   const int32_t N = in->num_units;
-  int32_t err = 0, scratch = 0;
+  int32_t scratch = 0;
   int64_t total = 0;
   for (int32_t r = 0; r < R; r++)
-    total += PMLA_SPLIT_OVERHEAD + pmla_plan_describe(in, r, &err).blocks;
+    total += PMLA_SPLIT_OVERHEAD + pmla_plan_describe(in, r, err).blocks;
   pmla_plan_shape sh = pmla_plan_shape_of(total, N);
   if (pmla_plan_cap_applies(in)) {
     pmla_plan_fill f = pmla_plan_fill_start(&sh);
@@ -618,6 +625,19 @@ PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_pl
         sh.piece_total = 1;
     }
   }
+  return sh;
+}
+
+/* Fills every output buffer for one step by the fill, or pieces where a
+ * cap binds (the serial driver; the device runs the same per-request
+ * functions in parallel; pmla_plan_step in plan_invariant.h chooses
+ * between this and a deal). Returns the error bits it found (also ORed
+ * into work_meta_data[PMLA_META_ERROR]). */
+PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_plan_output *out) {
+  const int32_t R = in->num_requests;
+  const int32_t N = in->num_units;
+  int32_t err = 0, scratch = 0;
+  const pmla_plan_shape sh = pmla_plan_shape_for(in, &err);
   pmla_plan_base at = {0, pmla_plan_fill_start(&sh), 0, 0, 0, 0};
   int32_t max_pieces = 0, rows = 0;
   for (int32_t r = 0; r < R; r++) {

@@ -193,7 +193,7 @@ static pmla_status cpu_plan(pmla_builder *b, int32_t cap, void *stream, const ch
   pmla_plan_output o;
   pmla_step_plan_input(b, cap, &in);
   pmla_plan_buffers(b, &o);
-  if (in.invariant ? pmla_plan_invariant(&in, &o) : pmla_plan(&in, &o))
+  if (pmla_plan_step(&in, &o))
     return pmla_fail(b, PMLA_ERR_INTERNAL, "%s: the planner rejected a validated batch", what);
   return PMLA_OK;
 }

@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
   /* odd and distinct for distinct seeds (the generator needs a nonzero state) */
   g_rng = argc > 2 ? strtoull(argv[2], NULL, 10) * 2 + 1 : 1;
   static const int32_t edge_r[] = {0, 1, 511, 512, 513, 1024, 1025};
-  int fails = 0, kinds[3] = {0, 0, 0}, splits = 0, places[3] = {0, 0, 0};
+  int fails = 0, kinds[4] = {0, 0, 0, 0}, splits = 0, places[3] = {0, 0, 0};
   for (int it = 0; it < plans; it++) {
     pmla_plan_input in;
     memset(&in, 0, sizeof in);
@@ -273,13 +273,15 @@ int main(int argc, char **argv) {
                                  host[3].data(), host[4].data(), host[5].data()};
     const pmla_plan_output dout = {dev[0].data(), dev[1].data(), dev[2].data(),
                                    dev[3].data(), dev[4].data(), dev[5].data()};
-    const int32_t err = in.invariant ? pmla_plan_invariant(&in, &ho) : pmla_plan(&in, &ho);
+    const int32_t err = pmla_plan_step(&in, &ho);
     if (pmla_gpu_plan(&in, &dout, NULL) != 0) {
       printf("plan %d: the launch was refused (R=%d N=%d)\n", it, R, N);
       fails++;
       continue;
     }
-    kinds[in.invariant ? 2 : host[0][PMLA_META_MODE] ? 1 : 0]++;
+    /* fill, piece mode, invariant, default requests dealt whole */
+    kinds[in.invariant ? 2 : host[0][PMLA_META_MODE] == PMLA_DEALT_MODE ? 3
+                             : host[0][PMLA_META_MODE] ? 1 : 0]++;
     if (in.invariant && host[0][PMLA_META_NUM_ITEMS] > 0) {
       int32_t scratch = 0;
       const pmla_inv_sums s = pmla_inv_sum(&in, &scratch);
@@ -298,10 +300,12 @@ int main(int argc, char **argv) {
           break;
         }
   }
-  printf("plan-emu: %d plans (fill %d, piece %d, invariant %d: line %d, whole requests spread %d, "
-         "pieces spread %d; %d with splits), %d differ\n",
-         plans, kinds[0], kinds[1], kinds[2], places[0], places[1], places[2], splits, fails);
+  printf("plan-emu: %d plans (fill %d, dealt whole %d, piece %d, invariant %d: line %d, whole "
+         "requests spread %d, pieces spread %d; %d with splits), %d differ\n",
+         plans, kinds[0], kinds[3], kinds[1], kinds[2], places[0], places[1], places[2], splits,
+         fails);
   /* a run that never reached a mode proves nothing about it */
-  return fails != 0 || kinds[0] == 0 || kinds[1] == 0 || kinds[2] == 0 || splits == 0 ||
+  return fails != 0 || kinds[0] == 0 || kinds[1] == 0 || kinds[2] == 0 || kinds[3] == 0 ||
+         splits == 0 ||
          places[0] == 0 || places[1] == 0 || places[2] == 0;
 }

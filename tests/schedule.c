@@ -66,8 +66,13 @@ sched_summary sched_check(pmla_builder *b, const sched_step *step, const char *w
   EXPECT(partials >= 0 && (uint32_t)partials <= info.max_partial_slots,
          "%s: %d partial slots used, max_partial_slots %u", what, partials,
          info.max_partial_slots);
-  EXPECT(mode == 0 || mode == 1, "%s: schedule mode %d is neither 0 nor 1", what, mode);
-  EXPECT(info.split_cap != 0 || mode == 0, "%s: capped-pieces mode %d with split_cap 0", what,
+  EXPECT(mode == 0 || mode == 1 || mode == 3, "%s: schedule mode %d is not 0, 1 or 3", what,
+         mode);
+  EXPECT(mode != 3 || (reduces == 0 && partials == 0 && items == R),
+         "%s: mode 3 (requests dealt whole) with %d reduce entries, %d partial slots and %d "
+         "items for %d requests",
+         what, reduces, partials, items, R);
+  EXPECT(info.split_cap != 0 || mode != 1, "%s: capped-pieces mode %d with split_cap 0", what,
          mode);
   EXPECT(meta[SCHED_META_ERROR] == 0, "%s: device error word 0x%x after a valid build", what,
          (unsigned)meta[SCHED_META_ERROR]);

@@ -27,7 +27,7 @@ enum {
   SCHED_META_ITEMS = 0,
   SCHED_META_REDUCE = 1,
   SCHED_META_PARTIALS = 2,
-  SCHED_META_MODE = 3, /* 0 units filled in order, 1 capped pieces */
+  SCHED_META_MODE = 3, /* 0 units filled in order, 1 capped pieces, 3 requests dealt whole */
   SCHED_META_MAX_PIECES = 4,
   SCHED_META_REQUESTS = 5,
   SCHED_META_ERROR = 6,

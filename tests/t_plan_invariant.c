@@ -526,6 +526,107 @@ START_TEST(test_the_fold_merges_two_softmax_results) {
 }
 END_TEST
 
+/* Plans a default-mode dense step of lens on N units with pmla_plan_step;
+ * returns its mode word. When it deals the requests whole (mode 3): one
+ * item a request over its whole range with no partial slot, no reduce, and
+ * no unit above P + OH (P = ceil(C/N) + OH, the fill's capacity). */
+static int32_t default_step(const int32_t *lens, int32_t R, int32_t N, const char *what) {
+  int32_t *qo = malloc(sizeof(int32_t) * (size_t)(R + 1));
+  int32_t *meta = calloc(PMLA_META_WORDS_, sizeof(int32_t));
+  int32_t *indptr = calloc((size_t)N + 1, sizeof(int32_t));
+  int32_t *wi = calloc((size_t)(R + N) * PMLA_WI_WORDS, sizeof(int32_t));
+  int32_t *rindptr = calloc((size_t)R + 1, sizeof(int32_t));
+  int32_t *rfinal = calloc((size_t)R + 1, sizeof(int32_t));
+  int32_t *rmap = calloc((size_t)2 * N + 1, sizeof(int32_t));
+  ck_assert(qo && meta && indptr && wi && rindptr && rfinal && rmap);
+  int64_t C = 0;
+  for (int32_t r = 0; r <= R; r++)
+    qo[r] = r;
+  for (int32_t r = 0; r < R; r++)
+    C += PMLA_SPLIT_OVERHEAD + pmla_plan_blocks(lens[r]);
+  pmla_plan_input in;
+  memset(&in, 0, sizeof in);
+  in.num_requests = R;
+  in.num_units = N;
+  in.max_q_len = 1;
+  in.qo_indptr = qo;
+  in.kv_lens = lens;
+  in.max_kv_len = INT32_MAX;
+  in.page_size = 64;
+  in.max_items = R + N;
+  in.max_partials = 2 * N;
+  pmla_plan_output out = {meta, indptr, wi, rindptr, rfinal, rmap};
+  EXPECT(pmla_plan_step(&in, &out) == 0, "%s: planner error", what);
+  const int32_t mode = meta[PMLA_META_MODE];
+  if (mode == PMLA_DEALT_MODE) {
+    const int64_t limit = (C + N - 1) / N + 2 * PMLA_SPLIT_OVERHEAD;
+    EXPECT(meta[PMLA_META_NUM_ITEMS] == R && meta[PMLA_META_NUM_REDUCE] == 0 &&
+               meta[PMLA_META_NUM_PARTIALS] == 0 && indptr[0] == 0 && indptr[N] == R,
+           "%s: dealt whole, yet %d items, %d reduce entries", what, meta[PMLA_META_NUM_ITEMS],
+           meta[PMLA_META_NUM_REDUCE]);
+    int32_t *seen = calloc((size_t)R + 1, sizeof(int32_t));
+    ck_assert(seen);
+    for (int32_t u = 0; u < N; u++) {
+      int64_t load = 0;
+      EXPECT(indptr[u] <= indptr[u + 1], "%s: work_indptr falls at unit %d", what, u);
+      for (int32_t k = indptr[u]; k < indptr[u + 1]; k++) {
+        const int32_t *w = wi + (int64_t)k * PMLA_WI_WORDS, r = w[PMLA_WI_REQUEST];
+        EXPECT(r >= 0 && r < R && !seen[r]++ && w[PMLA_WI_PARTIAL] == -1 &&
+                   w[PMLA_WI_KV_BEGIN] == 0 && w[PMLA_WI_KV_END] == lens[r] &&
+                   w[PMLA_WI_PIECE] == 0,
+               "%s: item %d (request %d) is not its request whole", what, k, r);
+        load += PMLA_SPLIT_OVERHEAD + pmla_plan_blocks(lens[r]);
+      }
+      EXPECT(load <= limit, "%s: unit %d holds %" PRId64 " blocks of work, above P + OH = %" PRId64,
+             what, u, load, limit);
+    }
+    free(seen);
+  }
+  free(qo);
+  free(meta);
+  free(indptr);
+  free(wi);
+  free(rindptr);
+  free(rfinal);
+  free(rmap);
+  return mode;
+}
+
+/* The default mode deals a step's requests whole where the fullest unit
+ * then stays within one overhead of the fill's capacity: ragged batches,
+ * which the fill splits about one request a unit; equal requests that do
+ * not pack into the fill's capacity (100 of 4096 tokens on 66 units: the
+ * deal would put two on 34 units) are filled and split. */
+START_TEST(test_default_steps_deal_requests_whole_within_one_overhead) {
+  int32_t lens[512];
+  for (uint64_t seed = 1; seed <= 20; seed++) {
+    uint64_t rng = seed * 0x9e3779b97f4a7c15ull;
+    for (int32_t r = 0; r < 128; r++)
+      lens[r] = 2048 + (int32_t)rng_below(&rng, 4097);
+    char what[64];
+    snprintf(what, sizeof what, "ragged batch on 66 units, seed %llu", (unsigned long long)seed);
+    const int32_t mode = default_step(lens, 128, 66, what);
+    EXPECT(mode == PMLA_DEALT_MODE, "%s: mode %d, want the deal", what, mode);
+  }
+  for (int32_t r = 0; r < 128; r++)
+    lens[r] = 4096;
+  EXPECT(default_step(lens, 100, 66, "100 x 4096 on 66 units") == 0, "100 x 4096 dealt");
+  EXPECT(default_step(lens, 128, 33, "128 x 4096 on 33 units") == PMLA_DEALT_MODE,
+         "128 x 4096 on 33 units filled");
+  /* random batches: whatever is dealt keeps the bound */
+  uint64_t rng = harness_seed() ^ 0xdea1u;
+  for (int i = 0; i < 400; i++) {
+    const int32_t R = 1 + (int32_t)rng_below(&rng, 512), N = 1 + (int32_t)rng_below(&rng, 300);
+    const uint32_t spread = i % 3 == 0 ? 300 : i % 3 == 1 ? 8000 : 200000;
+    for (int32_t r = 0; r < R; r++)
+      lens[r] = (int32_t)rng_below(&rng, spread);
+    char what[64];
+    snprintf(what, sizeof what, "random batch %d (%d requests, %d units)", i, R, N);
+    default_step(lens, R, N, what);
+  }
+}
+END_TEST
+
 Suite *suite_plan_invariant(void) {
   Suite *s = suite_create("plan_invariant");
   TCase *tc = tcase_create("layout");
@@ -539,6 +640,7 @@ Suite *suite_plan_invariant(void) {
   tcase_add_test(tc, test_fewer_pieces_than_units_are_spaced_evenly);
   tcase_add_test(tc, test_fewer_requests_than_units_take_one_unit_each);
   tcase_add_test(tc, test_closed_forms_equal_the_serial_walk);
+  tcase_add_test(tc, test_default_steps_deal_requests_whole_within_one_overhead);
   tcase_add_test(tc, test_the_fold_merges_two_softmax_results);
   suite_add_tcase(s, tc);
   return s;

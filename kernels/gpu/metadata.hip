@@ -225,9 +225,9 @@ struct DealArrays {
   int32_t *perm; /* 2 PLAN_THREADS */
   int64_t *load; /* by unit */
 };
-__device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out, int place,
-                           int64_t *buf, const DealArrays &a, int32_t *s_err, int32_t *s_rows,
-                           int32_t *s_max_pieces) {
+__device__ int plan_deal(const pmla_plan_input &in, const pmla_plan_output &out, int place,
+                          int64_t *buf, const DealArrays &a, int32_t *s_err, int32_t *s_rows,
+                          int32_t *s_max_pieces, int64_t limit, int32_t mode) {
   static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "one piece and one unit a thread");
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units, budget = in.max_partials - N;
@@ -301,6 +301,20 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
     }
   }
   __syncthreads();
+  /* a whole deal over the limit writes nothing (no request split: nothing
+   * written yet); the keys in buf are no longer needed */
+  if (place == PMLA_INV_PLACE_WHOLE && limit < INT64_MAX) {
+    if (t == 0)
+      buf[0] = 0;
+    __syncthreads();
+    if (t < N && a.load[t] > limit)
+      buf[0] = 1;
+    __syncthreads();
+    const int over = buf[0] != 0;
+    __syncthreads();
+    if (over)
+      return 0;
+  }
   /* a piece's items: a whole request's chunks, or one */
   auto items_of = [&](int32_t i) {
     const int32_t r = a.req_of[a.piece_of[i]];
@@ -339,8 +353,9 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
   }
   atomicAdd(s_rows, rows);
   __syncthreads();
-  pmla_inv_finish(&in, &out, (int32_t)all, slots, reduces, N - 1, *s_max_pieces, *s_rows, *s_err,
-                  t, PLAN_THREADS);
+  pmla_inv_finish_as(&in, &out, mode, (int32_t)all, slots, reduces, N - 1, *s_max_pieces, *s_rows,
+                     *s_err, t, PLAN_THREADS);
+  return 1;
 }
 
 /* The batch-invariant schedule (plan_invariant.h) placed by the whole
@@ -396,7 +411,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   if (place != PMLA_INV_PLACE_LINE) {
     const DealArrays sa = {want,  rq.item, rq.slot0, rq.len, split_at, last_unit, rq.qb,
                              (int32_t *)rq.cum, rq.chunk};
-    plan_deal(in, out, place, buf, sa, s_err, s_rows, s_max_pieces);
+    plan_deal(in, out, place, buf, sa, s_err, s_rows, s_max_pieces, INT64_MAX, PMLA_INV_MODE);
     return;
   }
   int64_t at_cum = 0; /* the prefix before the chunk of requests */
@@ -606,6 +621,20 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       __syncthreads();
       sh.piece_total = s_piece_total ? (int64_t)s_piece_total : 1;
     }
+  }
+
+  /* Every request whole, dealt, where the fullest unit stays within P + OH
+   * (pmla_plan_step); the deal's arrays are the placement's */
+  if (!sh.piece_mode && R >= 1 && R <= PMLA_INV_DEAL_MAX && N <= PMLA_INV_DEAL_MAX &&
+      R <= in.max_items) {
+    pmla_plan_input whole = in;
+    whole.inv_least = PMLA_INV_ONE_CHUNK;
+    const DealArrays da = {len_at, qb_at, qe_at, item_at, part_at, last_unit, unit_at,
+                           (int32_t *)blocks, room_at};
+    if (plan_deal(whole, out, PMLA_INV_PLACE_WHOLE, buf, da, &s_err, &s_rows, &s_max_pieces,
+                  sh.capacity + OH, PMLA_DEALT_MODE))
+      return;
+    __syncthreads();
   }
 
   /* Placement, a chunk of requests at a time; `at` is the prefix before it. */
