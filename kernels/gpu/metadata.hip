@@ -574,7 +574,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int32_t item_at[PLAN_THREADS]; /* first item, relative to the chunk's */
   __shared__ int32_t part_at[PLAN_THREADS]; /* first partial slot; -1 unsplit, -2 no room */
   __shared__ int32_t last_unit[PLAN_THREADS];
-  __shared__ unsigned long long s_total, s_piece_total, s_max_blocks;
+  __shared__ unsigned long long s_total, s_piece_total, s_max_blocks, s_not_min;
   __shared__ int32_t s_err, s_piece_mode, s_rows, s_max_pieces, s_unit_end;
   pdl_wait();
   pdl_trigger();
@@ -582,14 +582,14 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   const int32_t R = in.num_requests, N = in.num_units;
   const int64_t OH = PMLA_SPLIT_OVERHEAD;
   if (t == 0) {
-    s_total = s_piece_total = s_max_blocks = 0;
+    s_total = s_piece_total = s_max_blocks = s_not_min = 0;
     s_err = s_piece_mode = s_rows = s_max_pieces = 0;
   }
   __syncthreads();
 
   /* C, and the input errors (counted once, as serially). */
   int32_t err = 0, scratch = 0;
-  unsigned long long part = 0, longest = 0;
+  unsigned long long part = 0, longest = 0, not_min = 0; /* ~ the shortest: a maximum */
   pmla_plan_req q0 = {0, 0, 0, 0}; /* request t, which the first chunk places */
   for (int32_t r = t; r < R; r += PLAN_THREADS) {
     const pmla_plan_req q = pmla_plan_describe(&in, r, &err);
@@ -597,6 +597,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       q0 = q;
     part += OH + (unsigned long long)q.blocks;
     longest = (unsigned long long)q.blocks > longest ? (unsigned long long)q.blocks : longest;
+    not_min = ~(unsigned long long)q.blocks > not_min ? ~(unsigned long long)q.blocks : not_min;
   }
   block_sum_max(part, longest, &s_total, &s_max_blocks);
   atomicOr(&s_err, err);
@@ -624,15 +625,21 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   }
 
   /* Every request whole, dealt, where the fullest unit stays within P + OH
-   * (pmla_plan_step); the deal's arrays are the placement's */
+   * (pmla_plan_step); the deal's arrays are the placement's. Not tried
+   * where it must give way: some unit then holds the longest request, and
+   * with more requests than units one holds two (the shortest or longer) */
+  block_sum_max(0, not_min, &s_piece_total, &s_not_min); /* adds 0 to s_piece_total */
+  __syncthreads();
+  const int64_t limit = sh.capacity + OH;
   if (!sh.piece_mode && R >= 1 && R <= PMLA_INV_DEAL_MAX && N <= PMLA_INV_DEAL_MAX &&
-      R <= in.max_items) {
+      R <= in.max_items && OH + (int64_t)s_max_blocks <= limit &&
+      (R <= N || 2 * (OH + (int64_t)~s_not_min) <= limit)) {
     pmla_plan_input whole = in;
     whole.inv_least = PMLA_INV_ONE_CHUNK;
     const DealArrays da = {len_at, qb_at, qe_at, item_at, part_at, last_unit, unit_at,
                            (int32_t *)blocks, room_at};
     if (plan_deal(whole, out, PMLA_INV_PLACE_WHOLE, buf, da, &s_err, &s_rows, &s_max_pieces,
-                  sh.capacity + OH, PMLA_DEALT_MODE))
+                  limit, PMLA_DEALT_MODE))
       return;
     __syncthreads();
   }
