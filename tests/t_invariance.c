@@ -523,7 +523,7 @@ START_TEST(test_builder_flags_and_a_1_0_config) {
   g_be->destroy_builder(b);
   free(old);
   /* 57..59 bytes hold part of flags: absent, so a default builder (its
-   * schedule mode, work_meta_data word 3, is 0 or 1; an invariant one's 2);
+   * schedule mode, work_meta_data word 3, is 0, 1 or 3; an invariant one's 2);
    * 60..63 hold flags whole and part of invariant_chunk (absent, 0: an
    * invalid chunk in those bytes is never read) */
   const int32_t qo[2] = {0, 1}, bt[1] = {0}, lens[1] = {5};
