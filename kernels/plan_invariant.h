@@ -556,7 +556,7 @@ PMLA_HD static inline int32_t pmla_plan_step(const pmla_plan_input *in,
                         sh.capacity + PMLA_SPLIT_OVERHEAD, PMLA_DEALT_MODE))
       return err;
   }
-  return pmla_plan(in, out);
+  return pmla_plan_shaped(in, out, &sh, err);
 }
 
 #endif

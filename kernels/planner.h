@@ -628,16 +628,15 @@ PMLA_HD static inline pmla_plan_shape pmla_plan_shape_for(const pmla_plan_input 
   return sh;
 }
 
-/* Fills every output buffer for one step by the fill, or pieces where a
- * cap binds (the serial driver; the device runs the same per-request
- * functions in parallel; pmla_plan_step in plan_invariant.h chooses
- * between this and a deal). Returns the error bits it found (also ORed
- * into work_meta_data[PMLA_META_ERROR]). */
-PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_plan_output *out) {
+/* pmla_plan for a step whose shape is sh (pmla_plan_shape_for), err the
+ * input errors that found. */
+PMLA_HD static inline int32_t pmla_plan_shaped(const pmla_plan_input *in,
+                                               const pmla_plan_output *out,
+                                               const pmla_plan_shape *shape, int32_t err) {
   const int32_t R = in->num_requests;
   const int32_t N = in->num_units;
-  int32_t err = 0, scratch = 0;
-  const pmla_plan_shape sh = pmla_plan_shape_for(in, &err);
+  const pmla_plan_shape sh = *shape;
+  int32_t scratch = 0;
   pmla_plan_base at = {0, pmla_plan_fill_start(&sh), 0, 0, 0, 0};
   int32_t max_pieces = 0, rows = 0;
   for (int32_t r = 0; r < R; r++) {
@@ -661,6 +660,17 @@ PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_pl
   }
   pmla_plan_finish(in, out, sh.piece_mode, &at, max_pieces, rows, err, 0, 1);
   return err;
+}
+
+/* Fills every output buffer for one step by the fill, or pieces where a
+ * cap binds (the serial driver; the device runs the same per-request
+ * functions in parallel; pmla_plan_step in plan_invariant.h chooses
+ * between this and a deal). Returns the error bits it found (also ORed
+ * into work_meta_data[PMLA_META_ERROR]). */
+PMLA_HD static inline int32_t pmla_plan(const pmla_plan_input *in, const pmla_plan_output *out) {
+  int32_t err = 0;
+  const pmla_plan_shape sh = pmla_plan_shape_for(in, &err);
+  return pmla_plan_shaped(in, out, &sh, err);
 }
 
 /* The sparse split cap: min(next_pow2(max(1, min(max_seq_len, topk) / 128)), cu_count). */
