@@ -628,8 +628,8 @@ PMLA_HD static inline pmla_plan_shape pmla_plan_shape_for(const pmla_plan_input 
   return sh;
 }
 
-/* pmla_plan for a step whose shape is sh (pmla_plan_shape_for), err the
- * input errors that found. */
+/* pmla_plan for a step whose shape pmla_plan_shape_for has computed, with
+ * err the input errors it found. */
 PMLA_HD static inline int32_t pmla_plan_shaped(const pmla_plan_input *in,
                                                const pmla_plan_output *out,
                                                const pmla_plan_shape *shape, int32_t err) {
