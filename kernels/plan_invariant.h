@@ -531,17 +531,32 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   return err;
 }
 
-/* The default mode's step: the fill (pmla_plan), or every request whole,
- * dealt by decreasing cost a round at a time as a batch-invariant step's
- * whole requests are (pmla_plan_dealt), when the deal's fullest unit holds
- * at most the fill's capacity P plus PMLA_SPLIT_OVERHEAD: then no request
- * is split, so no partial is written and the reduce has nothing to do, for
- * at most one overhead more on the fullest unit than the fill's bound. A
- * ragged batch (b=128 L=2048..6144 on 66 units) is dealt within 0-3
- * blocks of P where the fill splits about one request a unit. Not in piece
- * mode (a split cap binds), and for at most PMLA_INV_DEAL_MAX requests and
- * units. Batch-invariant steps: pmla_plan_invariant. Returns the error
- * bits found. */
+/* Whether the fill of a step whose shape is sh (not in piece mode) splits
+ * any request. */
+PMLA_HD static inline int pmla_plan_fill_splits(const pmla_plan_input *in,
+                                                const pmla_plan_shape *sh) {
+  int32_t scratch = 0;
+  pmla_plan_fill f = pmla_plan_fill_start(sh);
+  for (int32_t r = 0; r < in->num_requests; r++)
+    if (pmla_plan_fill_next(&f, pmla_plan_describe(in, r, &scratch).blocks, sh->capacity,
+                            in->num_units) > 1)
+      return 1;
+  return 0;
+}
+
+/* The default mode's step: the fill (pmla_plan), or, where the fill would
+ * split a request, every request whole, dealt by decreasing cost a round
+ * at a time as a batch-invariant step's whole requests are
+ * (pmla_plan_dealt), when the deal's fullest unit holds at most the
+ * fill's capacity P plus PMLA_SPLIT_OVERHEAD: then no request is split, so
+ * no partial is written and the reduce has nothing to do, for at most one
+ * overhead more on the fullest unit than the fill's bound. A ragged batch
+ * (b=128 L=2048..6144 on 66 units) is dealt within 0-3 blocks of P where
+ * the fill splits about one request a unit. A fill that splits nothing
+ * stays (the deal would change no request and cost the metadata kernel
+ * its time). Not in piece mode (a split cap binds), and for at most
+ * PMLA_INV_DEAL_MAX requests and units. Batch-invariant steps:
+ * pmla_plan_invariant. Returns the error bits found. */
 PMLA_HD static inline int32_t pmla_plan_step(const pmla_plan_input *in,
                                              const pmla_plan_output *out) {
   if (in->invariant)
@@ -549,7 +564,8 @@ PMLA_HD static inline int32_t pmla_plan_step(const pmla_plan_input *in,
   int32_t err = 0;
   const pmla_plan_shape sh = pmla_plan_shape_for(in, &err);
   if (!sh.piece_mode && in->num_requests >= 1 && in->num_requests <= PMLA_INV_DEAL_MAX &&
-      in->num_units <= PMLA_INV_DEAL_MAX && in->num_requests <= in->max_items) {
+      in->num_units <= PMLA_INV_DEAL_MAX && in->num_requests <= in->max_items &&
+      pmla_plan_fill_splits(in, &sh)) {
     pmla_plan_input whole = *in;
     whole.inv_least = PMLA_INV_ONE_CHUNK;
     if (pmla_plan_dealt(&whole, out, PMLA_INV_PLACE_WHOLE, err,

@@ -592,11 +592,12 @@ static int32_t default_step(const int32_t *lens, int32_t R, int32_t N, const cha
   return mode;
 }
 
-/* The default mode deals a step's requests whole where the fullest unit
- * then stays within one overhead of the fill's capacity: ragged batches,
- * which the fill splits about one request a unit; equal requests that do
- * not pack into the fill's capacity (100 of 4096 tokens on 66 units: the
- * deal would put two on 34 units) are filled and split. */
+/* The default mode deals a step's requests whole where the fill would
+ * split one and the fullest unit then stays within one overhead of the
+ * fill's capacity: ragged batches, which the fill splits about one request
+ * a unit; equal requests that do not pack into the fill's capacity (100 of
+ * 4096 tokens on 66 units: the deal would put two on 34 units) are filled
+ * and split, and those the fill packs whole (132 on 66 units) are filled. */
 START_TEST(test_default_steps_deal_requests_whole_within_one_overhead) {
   int32_t lens[512];
   for (uint64_t seed = 1; seed <= 20; seed++) {
@@ -608,9 +609,11 @@ START_TEST(test_default_steps_deal_requests_whole_within_one_overhead) {
     const int32_t mode = default_step(lens, 128, 66, what);
     EXPECT(mode == PMLA_DEALT_MODE, "%s: mode %d, want the deal", what, mode);
   }
-  for (int32_t r = 0; r < 128; r++)
+  for (int32_t r = 0; r < 132; r++)
     lens[r] = 4096;
   EXPECT(default_step(lens, 100, 66, "100 x 4096 on 66 units") == 0, "100 x 4096 dealt");
+  EXPECT(default_step(lens, 132, 66, "132 x 4096 on 66 units") == 0,
+         "132 x 4096 on 66 units dealt, though the fill splits none");
   EXPECT(default_step(lens, 128, 33, "128 x 4096 on 33 units") == PMLA_DEALT_MODE,
          "128 x 4096 on 33 units filled");
   /* random batches: whatever is dealt keeps the bound */

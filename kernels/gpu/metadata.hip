@@ -624,25 +624,21 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     }
   }
 
-  /* Every request whole, dealt, where the fullest unit stays within P + OH
-   * (pmla_plan_step); the deal's arrays are the placement's. Not tried
-   * where it must give way: some unit then holds the longest request, and
-   * with more requests than units one holds two (the shortest or longer) */
+  /* Every request whole, dealt, where the fill would split one and the
+   * fullest unit of the deal stays within P + OH (pmla_plan_step): tried
+   * once the fill's walk has counted its splits, before it writes any
+   * word; the deal's arrays are the placement's, which the fill rewrites
+   * from its registers when the deal gives way. Not tried where it must
+   * give way: some unit then holds the longest request, and with more
+   * requests than units one holds two (the shortest or longer) */
   block_sum_max(0, not_min, &s_piece_total, &s_not_min); /* adds 0 to s_piece_total */
   __syncthreads();
   const int64_t limit = sh.capacity + OH;
-  if (!sh.piece_mode && R >= 1 && R <= PMLA_INV_DEAL_MAX && N <= PMLA_INV_DEAL_MAX &&
-      R <= in.max_items && OH + (int64_t)s_max_blocks <= limit &&
-      (R <= N || 2 * (OH + (int64_t)~s_not_min) <= limit)) {
-    pmla_plan_input whole = in;
-    whole.inv_least = PMLA_INV_ONE_CHUNK;
-    const DealArrays da = {len_at, qb_at, qe_at, item_at, part_at, last_unit, unit_at,
-                           (int32_t *)blocks, room_at};
-    if (plan_deal(whole, out, PMLA_INV_PLACE_WHOLE, buf, da, &s_err, &s_rows, &s_max_pieces,
-                  limit, PMLA_DEALT_MODE))
-      return;
-    __syncthreads();
-  }
+  const int deal = !sh.piece_mode && R >= 1 && R <= PMLA_INV_DEAL_MAX &&
+                   N <= PMLA_INV_DEAL_MAX && R <= in.max_items &&
+                   OH + (int64_t)s_max_blocks <= limit &&
+                   (R <= N || 2 * (OH + (int64_t)~s_not_min) <= limit);
+  static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "a dealt step is one chunk of requests");
 
   /* Placement, a chunk of requests at a time; `at` is the prefix before it. */
   pmla_plan_base at = {0, pmla_plan_fill_start(&sh), 0, 0, 0, 0};
@@ -681,6 +677,16 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     int64_t split = npieces > 1;
     int64_t packed = npieces | ((split * npieces) << FIELD_BITS) | (split << (2 * FIELD_BITS));
     int64_t before = block_exclusive_scan(packed, buf, &count_sum);
+    if (deal && (count_sum >> (2 * FIELD_BITS)) != 0) {
+      pmla_plan_input whole = in;
+      whole.inv_least = PMLA_INV_ONE_CHUNK;
+      const DealArrays da = {len_at, qb_at, qe_at, item_at, part_at, last_unit, unit_at,
+                             (int32_t *)blocks, room_at};
+      if (plan_deal(whole, out, PMLA_INV_PLACE_WHOLE, buf, da, &s_err, &s_rows, &s_max_pieces,
+                    limit, PMLA_DEALT_MODE))
+        return;
+      __syncthreads();
+    }
     base.items += (int32_t)(before & FIELD_MASK);
     base.partials += (int32_t)((before >> FIELD_BITS) & FIELD_MASK);
     base.reduces += (int32_t)(before >> (2 * FIELD_BITS));
