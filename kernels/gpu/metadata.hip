@@ -174,20 +174,29 @@ __device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_
   return *s_piece_mode;
 }
 
-/* Sum and maximum over the block of one value per thread, one shared
- * atomic per warp (64-bit shared atomics are compare-and-swap loops). */
+/* Sum and maxima over the block of one value per thread (a second
+ * maximum where s_max2 is given), one shared atomic per warp each (64-bit
+ * shared atomics are compare-and-swap loops). */
 __device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned long long mx,
                                               unsigned long long *s_sum,
-                                              unsigned long long *s_max) {
+                                              unsigned long long *s_max,
+                                              unsigned long long mx2 = 0,
+                                              unsigned long long *s_max2 = nullptr) {
   for (int o = 16; o >= 1; o >>= 1) {
     sum += shfl32_xor(sum, o);
     unsigned long long y = shfl32_xor(mx, o);
     mx = y > mx ? y : mx;
+    if (s_max2) {
+      y = shfl32_xor(mx2, o);
+      mx2 = y > mx2 ? y : mx2;
+    }
   }
   if ((threadIdx.x & 31) == 0) {
     atomicAdd(s_sum, sum);
     if (s_max)
       atomicMax(s_max, mx);
+    if (s_max2)
+      atomicMax(s_max2, mx2);
   }
 }
 
@@ -599,7 +608,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     longest = (unsigned long long)q.blocks > longest ? (unsigned long long)q.blocks : longest;
     not_min = ~(unsigned long long)q.blocks > not_min ? ~(unsigned long long)q.blocks : not_min;
   }
-  block_sum_max(part, longest, &s_total, &s_max_blocks);
+  block_sum_max(part, longest, &s_total, &s_max_blocks, not_min, &s_not_min);
   atomicOr(&s_err, err);
   err = 0;
   __syncthreads();
@@ -631,8 +640,6 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
    * from its registers when the deal gives way. Not tried where it must
    * give way: some unit then holds the longest request, and with more
    * requests than units one holds two (the shortest or longer) */
-  block_sum_max(0, not_min, &s_piece_total, &s_not_min); /* adds 0 to s_piece_total */
-  __syncthreads();
   const int64_t limit = sh.capacity + OH;
   const int deal = !sh.piece_mode && R >= 1 && R <= PMLA_INV_DEAL_MAX &&
                    N <= PMLA_INV_DEAL_MAX && R <= in.max_items &&
