@@ -200,6 +200,21 @@ __device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned l
   }
 }
 
+/* The threads that share one of n counts: a power of two, at most a warp,
+ * so that the block's threads cover n of them. */
+__device__ __forceinline__ int group_of(int32_t n) {
+  int g = 32;
+  while (g > 1 && (int64_t)n * g > PLAN_THREADS)
+    g >>= 1;
+  return g;
+}
+/* The sum over an aligned group of g lanes (every lane of the warp calls). */
+__device__ __forceinline__ int32_t group_sum(int32_t v, int g) {
+  for (int o = 1; o < g; o <<= 1)
+    v += shfl32_xor(v, o);
+  return v;
+}
+
 /* Per request of a chunk of PLAN_THREADS, what the threads that write its
  * work items need (shared memory; the kernel's arrays, reused) */
 struct InvReqs {
@@ -236,14 +251,14 @@ struct DealArrays {
 };
 __device__ int plan_deal(const pmla_plan_input &in, const pmla_plan_output &out, int place,
                           int64_t *buf, const DealArrays &a, int32_t *s_err, int32_t *s_rows,
-                          int32_t *s_max_pieces, int64_t limit, int32_t mode) {
+                          int32_t *s_max_pieces, int32_t least, int64_t limit, int32_t mode) {
   static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "one piece and one unit a thread");
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units, budget = in.max_partials - N;
   int32_t scratch = 0, rows = 0, n = 0, split = 0;
   if (t < R) {
     const pmla_plan_req q = pmla_plan_describe(&in, t, &scratch);
-    n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len, in.inv_least));
+    n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len, least));
     split = place == PMLA_INV_PLACE_PIECES && n > 1;
     rows = q.qe - q.qb;
   }
@@ -276,54 +291,62 @@ __device__ int plan_deal(const pmla_plan_input &in, const pmla_plan_output &out,
   if (t < P) {
     const int32_t r = a.req_of[t], j = t - a.poff_at[r];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, in.inv_least);
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, least);
     key = pmla_inv_deal_key(pmla_inv_piece_cost(&q, chunk, a.n_at[r], j, a.first_at[r] >= 0), t);
   }
   buf[t] = key;
   __syncthreads();
-  if (t < P) { /* the rank: the keys below this one (all differ) */
+  { /* the rank of key k: the keys below it (all differ), counted by G threads */
+    const int G = group_of(P), k = t / G;
+    const int64_t mine = k < P ? buf[k] : INT64_MIN;
     int32_t rank = 0;
-    for (int32_t j = 0; j < P; j++)
-      rank += buf[j] < key;
-    a.piece_of[rank] = t;
+    for (int32_t j = t % G; j < P; j += G)
+      rank += buf[j] < mine;
+    rank = group_sum(rank, G);
+    if (k < P && t % G == 0)
+      a.piece_of[rank] = k;
   }
   __syncthreads();
+  /* a whole deal's second round gives the (N+1)-th costliest piece to the
+   * unit holding the N-th: over the limit, it gives way before dealing */
+  if (place == PMLA_INV_PLACE_WHOLE && P > N &&
+      pmla_inv_key_cost(buf[a.piece_of[N - 1]]) + pmla_inv_key_cost(buf[a.piece_of[N]]) > limit)
+    return 0;
   /* the deal, a round at a time (plan_invariant.h): unit u gets rank
    * perm[k N + u] in round k (-1: none), the unit of rank i is unit_of[i] */
   const int32_t rounds = pmla_inv_rounds(P, N);
+  const int GU = group_of(N), u = t / GU;
+  __shared__ int32_t s_over;
   if (t < N)
     a.load[t] = 0;
+  if (t == 0)
+    s_over = 0;
   for (int32_t k = 0; k < rounds; k++) {
     __syncthreads();
-    int32_t i = -1;
-    if (t < N) {
-      const int32_t pos = P < N ? pmla_inv_spaced_rank(t, N, P) : pmla_inv_load_rank(a.load, t, N);
-      i = P < N ? pos : k * N + pos < P ? k * N + pos : -1;
+    if (s_over) /* loads only grow: a whole deal over the limit gives way */
+      return 0;
+    int32_t pos = 0;
+    if (P >= N) { /* the unit's place among the units by increasing load */
+      const int64_t mine = u < N ? a.load[u] : 0;
+      for (int32_t v = t % GU; v < N; v += GU)
+        pos += a.load[v] < mine || (a.load[v] == mine && v < u);
+      pos = group_sum(pos, GU);
     }
     __syncthreads();
-    if (t < N) {
-      a.perm[k * N + t] = i;
+    if (u < N && t % GU == 0) {
+      const int32_t i = P < N ? pmla_inv_spaced_rank(u, N, P) : k * N + pos < P ? k * N + pos : -1;
+      a.perm[k * N + u] = i;
       if (i >= 0) {
-        a.unit_of[i] = t;
-        a.load[t] += pmla_inv_key_cost(buf[a.piece_of[i]]);
+        a.unit_of[i] = u;
+        a.load[u] += pmla_inv_key_cost(buf[a.piece_of[i]]);
+        if (place == PMLA_INV_PLACE_WHOLE && a.load[u] > limit)
+          s_over = 1;
       }
     }
   }
   __syncthreads();
-  /* a whole deal over the limit writes nothing (no request split: nothing
-   * written yet); the keys in buf are no longer needed */
-  if (place == PMLA_INV_PLACE_WHOLE && limit < INT64_MAX) {
-    if (t == 0)
-      buf[0] = 0;
-    __syncthreads();
-    if (t < N && a.load[t] > limit)
-      buf[0] = 1;
-    __syncthreads();
-    const int over = buf[0] != 0;
-    __syncthreads();
-    if (over)
-      return 0;
-  }
+  if (s_over)
+    return 0;
   /* a piece's items: a whole request's chunks, or one */
   auto items_of = [&](int32_t i) {
     const int32_t r = a.req_of[a.piece_of[i]];
@@ -350,7 +373,7 @@ __device__ int plan_deal(const pmla_plan_input &in, const pmla_plan_output &out,
   if (t < P) {
     const int32_t p = a.piece_of[t], r = a.req_of[p], u = a.unit_of[t];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, in.inv_least);
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, least);
     if (a.first_at[r] < 0) {
       pmla_inv_write_whole(&out, r, &q, chunk, a.n_at[r], a.item_at[t], u, budget + u);
     } else {
@@ -420,7 +443,8 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   if (place != PMLA_INV_PLACE_LINE) {
     const DealArrays sa = {want,  rq.item, rq.slot0, rq.len, split_at, last_unit, rq.qb,
                              (int32_t *)rq.cum, rq.chunk};
-    plan_deal(in, out, place, buf, sa, s_err, s_rows, s_max_pieces, INT64_MAX, PMLA_INV_MODE);
+    plan_deal(in, out, place, buf, sa, s_err, s_rows, s_max_pieces, in.inv_least, INT64_MAX,
+              PMLA_INV_MODE);
     return;
   }
   int64_t at_cum = 0; /* the prefix before the chunk of requests */
@@ -685,12 +709,10 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     int64_t packed = npieces | ((split * npieces) << FIELD_BITS) | (split << (2 * FIELD_BITS));
     int64_t before = block_exclusive_scan(packed, buf, &count_sum);
     if (deal && (count_sum >> (2 * FIELD_BITS)) != 0) {
-      pmla_plan_input whole = in;
-      whole.inv_least = PMLA_INV_ONE_CHUNK;
       const DealArrays da = {len_at, qb_at, qe_at, item_at, part_at, last_unit, unit_at,
                              (int32_t *)blocks, room_at};
-      if (plan_deal(whole, out, PMLA_INV_PLACE_WHOLE, buf, da, &s_err, &s_rows, &s_max_pieces,
-                    limit, PMLA_DEALT_MODE))
+      if (plan_deal(in, out, PMLA_INV_PLACE_WHOLE, buf, da, &s_err, &s_rows, &s_max_pieces,
+                    PMLA_INV_ONE_CHUNK, limit, PMLA_DEALT_MODE))
         return;
       __syncthreads();
     }
