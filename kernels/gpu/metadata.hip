@@ -249,16 +249,106 @@ struct DealArrays {
   int32_t *perm; /* 2 PLAN_THREADS */
   int64_t *load; /* by unit */
 };
-__device__ int plan_deal(const pmla_plan_input &in, const pmla_plan_output &out, int place,
+/* A deal's ranks: the rank of each of the P keys in buf (all differ) is
+ * the count of keys below it, counted by up to a warp's threads;
+ * piece_of[rank] = its index (b=128 took ~2 us more with a bitonic sort's
+ * 28 barrier rounds). */
+__device__ __forceinline__ void deal_rank(const int64_t *buf, int32_t P, int32_t *piece_of) {
+  const int t = threadIdx.x, G = group_of(P), k = t / G;
+  const int64_t mine = k < P ? buf[k] : INT64_MIN;
+  int32_t rank = 0;
+  for (int32_t j = t % G; j < P; j += G)
+    rank += buf[j] < mine;
+  rank = group_sum(rank, G);
+  if (k < P && t % G == 0)
+    piece_of[rank] = k;
+  __syncthreads();
+}
+
+/* The deal of the ranked keys, a round at a time (plan_invariant.h): unit
+ * u gets rank perm[k N + u] in round k (-1: none), the unit of rank i is
+ * unit_of[i]. A whole deal (limit < INT64_MAX) gives way, returning 0,
+ * where the second round's first piece would take the unit holding the
+ * N-th costliest over the limit, or after a round that takes any unit
+ * over (loads only grow). */
+__device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_t N,
+                                           const DealArrays &a, int64_t limit) {
+  const int t = threadIdx.x;
+  if (limit < INT64_MAX && P > N &&
+      pmla_inv_key_cost(buf[a.piece_of[N - 1]]) + pmla_inv_key_cost(buf[a.piece_of[N]]) > limit)
+    return 0;
+  const int32_t rounds = pmla_inv_rounds(P, N);
+  const int GU = group_of(N), u = t / GU;
+  __shared__ int32_t s_over;
+  if (t < N)
+    a.load[t] = 0;
+  if (t == 0)
+    s_over = 0;
+  for (int32_t k = 0; k < rounds; k++) {
+    __syncthreads();
+    if (s_over)
+      return 0;
+    int32_t pos = 0;
+    if (P >= N) { /* the unit's place among the units by increasing load */
+      const int64_t mine = u < N ? a.load[u] : 0;
+      for (int32_t v = t % GU; v < N; v += GU)
+        pos += a.load[v] < mine || (a.load[v] == mine && v < u);
+      pos = group_sum(pos, GU);
+    }
+    __syncthreads();
+    if (u < N && t % GU == 0) {
+      const int32_t i = P < N ? pmla_inv_spaced_rank(u, N, P) : k * N + pos < P ? k * N + pos : -1;
+      a.perm[k * N + u] = i;
+      if (i >= 0) {
+        a.unit_of[i] = u;
+        a.load[u] += pmla_inv_key_cost(buf[a.piece_of[i]]);
+        if (a.load[u] > limit)
+          s_over = 1;
+      }
+    }
+  }
+  __syncthreads();
+  return !s_over;
+}
+
+/* Each unit's items counted (items_of(rank)) and scanned into work_indptr,
+ * and each rank's first item in item_at; returns the step's items. */
+template <typename ItemsOf>
+__device__ __forceinline__ int64_t deal_items(int32_t N, int32_t rounds, const DealArrays &a,
+                                              int64_t *buf, const pmla_plan_output &out,
+                                              ItemsOf items_of) {
+  const int t = threadIdx.x;
+  int64_t count = 0;
+  if (t < N)
+    for (int32_t k = 0; k < rounds; k++)
+      count += a.perm[k * N + t] >= 0 ? items_of(a.perm[k * N + t]) : 0;
+  int64_t all;
+  const int64_t start = block_exclusive_scan(count, buf, &all);
+  if (t < N) {
+    out.work_indptr[t] = (int32_t)start;
+    int32_t at = (int32_t)start;
+    for (int32_t k = 0; k < rounds; k++) {
+      const int32_t i = a.perm[k * N + t];
+      if (i >= 0) {
+        a.item_at[i] = at;
+        at += items_of(i);
+      }
+    }
+  }
+  __syncthreads();
+  return all;
+}
+
+__device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out, int place,
                           int64_t *buf, const DealArrays &a, int32_t *s_err, int32_t *s_rows,
-                          int32_t *s_max_pieces, int32_t least, int64_t limit, int32_t mode) {
+                          int32_t *s_max_pieces) {
   static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "one piece and one unit a thread");
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units, budget = in.max_partials - N;
   int32_t scratch = 0, rows = 0, n = 0, split = 0;
   if (t < R) {
     const pmla_plan_req q = pmla_plan_describe(&in, t, &scratch);
-    n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len, least));
+    n = pmla_inv_chunks(q.len, pmla_inv_chunk(q.len, in.uniform_len, in.inv_least));
     split = place == PMLA_INV_PLACE_PIECES && n > 1;
     rows = q.qe - q.qb;
   }
@@ -291,89 +381,22 @@ __device__ int plan_deal(const pmla_plan_input &in, const pmla_plan_output &out,
   if (t < P) {
     const int32_t r = a.req_of[t], j = t - a.poff_at[r];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, least);
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, in.inv_least);
     key = pmla_inv_deal_key(pmla_inv_piece_cost(&q, chunk, a.n_at[r], j, a.first_at[r] >= 0), t);
   }
   buf[t] = key;
   __syncthreads();
-  { /* the rank of key k: the keys below it (all differ), counted by G threads */
-    const int G = group_of(P), k = t / G;
-    const int64_t mine = k < P ? buf[k] : INT64_MIN;
-    int32_t rank = 0;
-    for (int32_t j = t % G; j < P; j += G)
-      rank += buf[j] < mine;
-    rank = group_sum(rank, G);
-    if (k < P && t % G == 0)
-      a.piece_of[rank] = k;
-  }
-  __syncthreads();
-  /* a whole deal's second round gives the (N+1)-th costliest piece to the
-   * unit holding the N-th: over the limit, it gives way before dealing */
-  if (place == PMLA_INV_PLACE_WHOLE && P > N &&
-      pmla_inv_key_cost(buf[a.piece_of[N - 1]]) + pmla_inv_key_cost(buf[a.piece_of[N]]) > limit)
-    return 0;
-  /* the deal, a round at a time (plan_invariant.h): unit u gets rank
-   * perm[k N + u] in round k (-1: none), the unit of rank i is unit_of[i] */
-  const int32_t rounds = pmla_inv_rounds(P, N);
-  const int GU = group_of(N), u = t / GU;
-  __shared__ int32_t s_over;
-  if (t < N)
-    a.load[t] = 0;
-  if (t == 0)
-    s_over = 0;
-  for (int32_t k = 0; k < rounds; k++) {
-    __syncthreads();
-    if (s_over) /* loads only grow: a whole deal over the limit gives way */
-      return 0;
-    int32_t pos = 0;
-    if (P >= N) { /* the unit's place among the units by increasing load */
-      const int64_t mine = u < N ? a.load[u] : 0;
-      for (int32_t v = t % GU; v < N; v += GU)
-        pos += a.load[v] < mine || (a.load[v] == mine && v < u);
-      pos = group_sum(pos, GU);
-    }
-    __syncthreads();
-    if (u < N && t % GU == 0) {
-      const int32_t i = P < N ? pmla_inv_spaced_rank(u, N, P) : k * N + pos < P ? k * N + pos : -1;
-      a.perm[k * N + u] = i;
-      if (i >= 0) {
-        a.unit_of[i] = u;
-        a.load[u] += pmla_inv_key_cost(buf[a.piece_of[i]]);
-        if (place == PMLA_INV_PLACE_WHOLE && a.load[u] > limit)
-          s_over = 1;
-      }
-    }
-  }
-  __syncthreads();
-  if (s_over)
-    return 0;
+  deal_rank(buf, P, a.piece_of);
+  deal_rounds(buf, P, N, a, INT64_MAX);
   /* a piece's items: a whole request's chunks, or one */
-  auto items_of = [&](int32_t i) {
+  const int64_t all = deal_items(N, pmla_inv_rounds(P, N), a, buf, out, [&](int32_t i) {
     const int32_t r = a.req_of[a.piece_of[i]];
     return a.first_at[r] >= 0 ? 1 : a.n_at[r];
-  };
-  int64_t count = 0;
-  if (t < N)
-    for (int32_t k = 0; k < rounds; k++)
-      count += a.perm[k * N + t] >= 0 ? items_of(a.perm[k * N + t]) : 0;
-  int64_t all;
-  const int64_t start = block_exclusive_scan(count, buf, &all);
-  if (t < N) {
-    out.work_indptr[t] = (int32_t)start;
-    int32_t at = (int32_t)start;
-    for (int32_t k = 0; k < rounds; k++) {
-      const int32_t i = a.perm[k * N + t];
-      if (i >= 0) {
-        a.item_at[i] = at;
-        at += items_of(i);
-      }
-    }
-  }
-  __syncthreads();
+  });
   if (t < P) {
     const int32_t p = a.piece_of[t], r = a.req_of[p], u = a.unit_of[t];
     const pmla_plan_req q = pmla_plan_describe(&in, r, &scratch);
-    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, least);
+    const int32_t chunk = pmla_inv_chunk(q.len, in.uniform_len, in.inv_least);
     if (a.first_at[r] < 0) {
       pmla_inv_write_whole(&out, r, &q, chunk, a.n_at[r], a.item_at[t], u, budget + u);
     } else {
@@ -385,8 +408,37 @@ __device__ int plan_deal(const pmla_plan_input &in, const pmla_plan_output &out,
   }
   atomicAdd(s_rows, rows);
   __syncthreads();
-  pmla_inv_finish_as(&in, &out, mode, (int32_t)all, slots, reduces, N - 1, *s_max_pieces, *s_rows,
-                     *s_err, t, PLAN_THREADS);
+  pmla_inv_finish(&in, &out, (int32_t)all, slots, reduces, N - 1, *s_max_pieces, *s_rows, *s_err,
+                  t, PLAN_THREADS);
+}
+
+/* The default mode's deal (pmla_plan_step): every request whole, one
+ * piece and one item each (plan_deal's numbering with one chunk a request:
+ * piece r is request r), or nothing written and 0 where the fullest unit
+ * would hold more than limit. */
+__device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out, int64_t *buf,
+                          const DealArrays &a, int32_t *s_err, int32_t *s_rows, int64_t limit) {
+  const int t = threadIdx.x;
+  const int32_t R = in.num_requests, N = in.num_units;
+  int32_t scratch = 0;
+  pmla_plan_req q = {0, 0, 0, 0};
+  if (t < R)
+    q = pmla_plan_describe(&in, t, &scratch);
+  buf[t] = t < R ? pmla_inv_deal_key(pmla_inv_cost(1, q.blocks), t) : INT64_MAX;
+  __syncthreads();
+  deal_rank(buf, R, a.piece_of);
+  if (!deal_rounds(buf, R, N, a, limit))
+    return 0;
+  const int64_t all = deal_items(N, pmla_inv_rounds(R, N), a, buf, out, [](int32_t) { return 1; });
+  if (t < R) {
+    const int32_t r = a.piece_of[t];
+    const pmla_plan_req qr = pmla_plan_describe(&in, r, &scratch);
+    pmla_plan_store_item(&out, a.item_at[t], r, -1, qr.qb, qr.qe, 0, qr.len, qr.len, 0);
+  }
+  atomicAdd(s_rows, q.qe - q.qb);
+  __syncthreads();
+  pmla_inv_finish_as(&in, &out, PMLA_DEALT_MODE, (int32_t)all, 0, 0, N - 1, 1, *s_rows, *s_err, t,
+                     PLAN_THREADS);
   return 1;
 }
 
@@ -443,8 +495,7 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
   if (place != PMLA_INV_PLACE_LINE) {
     const DealArrays sa = {want,  rq.item, rq.slot0, rq.len, split_at, last_unit, rq.qb,
                              (int32_t *)rq.cum, rq.chunk};
-    plan_deal(in, out, place, buf, sa, s_err, s_rows, s_max_pieces, in.inv_least, INT64_MAX,
-              PMLA_INV_MODE);
+    plan_deal(in, out, place, buf, sa, s_err, s_rows, s_max_pieces);
     return;
   }
   int64_t at_cum = 0; /* the prefix before the chunk of requests */
@@ -711,8 +762,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     if (deal && (count_sum >> (2 * FIELD_BITS)) != 0) {
       const DealArrays da = {len_at, qb_at, qe_at, item_at, part_at, last_unit, unit_at,
                              (int32_t *)blocks, room_at};
-      if (plan_deal(in, out, PMLA_INV_PLACE_WHOLE, buf, da, &s_err, &s_rows, &s_max_pieces,
-                    PMLA_INV_ONE_CHUNK, limit, PMLA_DEALT_MODE))
+      if (deal_whole(in, out, buf, da, &s_err, &s_rows, limit))
         return;
       __syncthreads();
     }
