@@ -233,17 +233,15 @@ struct InvSums {
   unsigned long long not_min; /* ~ the cheapest request's cost: a maximum */
 };
 
-/* The dealt placements of a batch-invariant step (plan_invariant.h: at
- * most PLAN_THREADS pieces and units). Each request's pieces, split slots
- * and reduce entry are numbered by one scan; each piece's rank by
- * decreasing cost is counted by its thread over all keys in buf (every
- * thread reads the same key at once: b=128 took ~2 us more with a bitonic
- * sort's 28 barrier rounds);
- * the ranks are dealt to the units a round at a time; each unit's items
- * are counted and scanned into work_indptr, then each piece's items
- * written by the thread of its rank. By request: n_at chunks, poff_at
- * first piece, first_at first split slot (-1 whole); by piece: req_of; by
- * rank: piece_of, item_at, unit_of; perm and load: the deal's. */
+/* The dealt placements (plan_invariant.h: at most PLAN_THREADS pieces and
+ * units), of a batch-invariant step (plan_deal) or of a default step's
+ * whole requests (deal_whole). Each piece is ranked by decreasing cost
+ * (deal_rank), the ranks are dealt to the units a round at a time
+ * (deal_rounds), each unit's items are counted and scanned into
+ * work_indptr (deal_items), then each piece's items written by the thread
+ * of its rank. By request: n_at chunks, poff_at first piece, first_at
+ * first split slot (-1 whole); by piece: req_of; by rank: piece_of,
+ * item_at, unit_of; perm and load: the deal's. */
 struct DealArrays {
   int32_t *n_at, *poff_at, *first_at, *req_of, *piece_of, *item_at, *unit_of;
   int32_t *perm; /* 2 PLAN_THREADS */
@@ -339,6 +337,8 @@ __device__ __forceinline__ int64_t deal_items(int32_t N, int32_t rounds, const D
   return all;
 }
 
+/* A batch-invariant step's deal: each request's pieces, split slots and
+ * reduce entry numbered by one scan, then ranked, dealt and written. */
 __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out, int place,
                           int64_t *buf, const DealArrays &a, int32_t *s_err, int32_t *s_rows,
                           int32_t *s_max_pieces) {
