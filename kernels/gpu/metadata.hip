@@ -646,6 +646,10 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_invariant_kernel(pmla_
                  &s_max_pieces);
 }
 
+/* CAPPED: a split cap applies (pmla_plan_cap_applies, known to the host);
+ * the kernel of uncapped steps carries no piece-mode code, so the fill's
+ * path is all the code an uncapped step fetches */
+template <bool CAPPED>
 __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input in,
                                                                   pmla_plan_output out) {
   __shared__ int64_t buf[PLAN_THREADS];
@@ -692,7 +696,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
 
   /* Piece mode when the fill gives any request more pieces than the cap;
    * no walk when even the longest request cannot get that many. */
-  if (pmla_plan_cap_applies(&in) &&
+  if (CAPPED && pmla_plan_cap_applies(&in) &&
       pmla_plan_fill_max_pieces((int64_t)s_max_blocks, sh.capacity) > in.split_cap) {
     sh.piece_mode = walk_over_cap(in, sh, (int64_t)s_max_blocks, blocks, unit_at, room_at,
                                   &s_unit_end, &s_piece_mode);
@@ -846,7 +850,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
 
 extern "C" int pmla_gpu_image_error(void) {
   hipFuncAttributes fa;
-  const hipError_t e = hipFuncGetAttributes(&fa, (const void *)pmla_plan_kernel);
+  const hipError_t e = hipFuncGetAttributes(&fa, (const void *)pmla_plan_kernel<false>);
   if (e != hipSuccess)
     (void)hipGetLastError(); /* answered here: not left for the host's next check */
   return (int)e;
@@ -857,6 +861,8 @@ extern "C" int pmla_gpu_plan(const pmla_plan_input *in, const pmla_plan_output *
   if (!in || !out || in->num_requests < 0 || in->num_units < 1 ||
       in->num_units > PMLA_GPU_MAX_UNITS)
     return (int)hipErrorInvalidValue;
-  return (int)pdl_launch(in->invariant ? pmla_plan_invariant_kernel : pmla_plan_kernel, dim3(1),
+  return (int)pdl_launch(in->invariant                   ? pmla_plan_invariant_kernel
+                         : pmla_plan_cap_applies(in) ? pmla_plan_kernel<true>
+                                                     : pmla_plan_kernel<false>, dim3(1),
                          dim3(PLAN_THREADS), 0, (hipStream_t)stream, *in, *out);
 }
