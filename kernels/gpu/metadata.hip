@@ -647,8 +647,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_invariant_kernel(pmla_
 }
 
 /* CAPPED: a split cap applies (pmla_plan_cap_applies, known to the host);
- * the kernel of uncapped steps carries no piece-mode code, so the fill's
- * path is all the code an uncapped step fetches */
+ * the instance for uncapped steps (every dense step) has no piece-mode
+ * code, and the kernel's time is mostly fetching its code */
 template <bool CAPPED>
 __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input in,
                                                                   pmla_plan_output out) {
