@@ -531,19 +531,6 @@ PMLA_HD static inline int32_t pmla_plan_invariant(const pmla_plan_input *in,
   return err;
 }
 
-/* Whether the fill of a step whose shape is sh (not in piece mode) splits
- * any request. */
-PMLA_HD static inline int pmla_plan_fill_splits(const pmla_plan_input *in,
-                                                const pmla_plan_shape *sh) {
-  int32_t scratch = 0;
-  pmla_plan_fill f = pmla_plan_fill_start(sh);
-  for (int32_t r = 0; r < in->num_requests; r++)
-    if (pmla_plan_fill_next(&f, pmla_plan_describe(in, r, &scratch).blocks, sh->capacity,
-                            in->num_units) > 1)
-      return 1;
-  return 0;
-}
-
 /* The default mode's step: the fill (pmla_plan), or, where the fill would
  * split a request, every request whole, dealt by decreasing cost a round
  * at a time as a batch-invariant step's whole requests are
@@ -565,7 +552,7 @@ PMLA_HD static inline int32_t pmla_plan_step(const pmla_plan_input *in,
   const pmla_plan_shape sh = pmla_plan_shape_for(in, &err);
   if (!sh.piece_mode && in->num_requests >= 1 && in->num_requests <= PMLA_INV_DEAL_MAX &&
       in->num_units <= PMLA_INV_DEAL_MAX && in->num_requests <= in->max_items &&
-      pmla_plan_fill_splits(in, &sh)) {
+      pmla_plan_fill_exceeds(in, &sh, 1)) {
     pmla_plan_input whole = *in;
     whole.inv_least = PMLA_INV_ONE_CHUNK;
     if (pmla_plan_dealt(&whole, out, PMLA_INV_PLACE_WHOLE, err,

@@ -598,6 +598,19 @@ PMLA_HD static inline int pmla_plan_cap_applies(const pmla_plan_input *in) {
   return in->split_cap > 0 && in->split_cap < in->num_units;
 }
 
+/* Whether the fill of a step whose shape is sh gives some request more
+ * than `most` pieces (walked serially, stopping at the first). */
+PMLA_HD static inline int pmla_plan_fill_exceeds(const pmla_plan_input *in,
+                                                 const pmla_plan_shape *sh, int32_t most) {
+  int32_t scratch = 0;
+  pmla_plan_fill f = pmla_plan_fill_start(sh);
+  for (int32_t r = 0; r < in->num_requests; r++)
+    if (pmla_plan_fill_next(&f, pmla_plan_describe(in, r, &scratch).blocks, sh->capacity,
+                            in->num_units) > most)
+      return 1;
+  return 0;
+}
+
 /* The step's shape (C, P, piece mode), serially; ORs the input errors
  * into *err. */
 PMLA_HD static inline pmla_plan_shape pmla_plan_shape_for(const pmla_plan_input *in,
@@ -610,11 +623,7 @@ PMLA_HD static inline pmla_plan_shape pmla_plan_shape_for(const pmla_plan_input 
     total += PMLA_SPLIT_OVERHEAD + pmla_plan_describe(in, r, err).blocks;
   pmla_plan_shape sh = pmla_plan_shape_of(total, N);
   if (pmla_plan_cap_applies(in)) {
-    pmla_plan_fill f = pmla_plan_fill_start(&sh);
-    for (int32_t r = 0; r < R && !sh.piece_mode; r++) {
-      pmla_plan_req q = pmla_plan_describe(in, r, &scratch);
-      sh.piece_mode = pmla_plan_fill_next(&f, q.blocks, sh.capacity, N) > in->split_cap;
-    }
+    sh.piece_mode = pmla_plan_fill_exceeds(in, &sh, in->split_cap);
     if (sh.piece_mode) {
       sh.piece_total = 0;
       for (int32_t r = 0; r < R; r++) {
