@@ -76,6 +76,18 @@ static emu_barrier g_block, g_warp[EMU_MAX_THREADS / 32];
 static uint64_t g_lane_slot[EMU_MAX_THREADS];
 
 static inline void __syncthreads() { emu_wait(g_block); }
+/* call n of every thread uses slot n % 3 and clears slot (n + 1) % 3 before
+ * it waits: that slot was last read in call n - 2, before call n - 1's
+ * barrier opened, and next written in call n + 1, after this one's */
+static int g_or_slot[3], g_or_calls[EMU_MAX_THREADS];
+static inline int __syncthreads_or(int p) {
+  const int n = g_or_calls[threadIdx.x]++;
+  g_or_slot[(n + 1) % 3] = 0;
+  if (p)
+    g_or_slot[n % 3] = 1;
+  emu_wait(g_block);
+  return g_or_slot[n % 3];
+}
 template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 64 bits");
   const int t = threadIdx.x;

@@ -201,10 +201,10 @@ __device__ __forceinline__ void block_sum_max(unsigned long long sum, unsigned l
 }
 
 /* The threads that share one of n counts: a power of two, at most a warp,
- * so that the block's threads cover n of them. */
-__device__ __forceinline__ int group_of(int32_t n) {
+ * so that `threads` threads (whole warps) cover n of them. */
+__device__ __forceinline__ int group_of(int32_t n, int threads = PLAN_THREADS) {
   int g = 32;
-  while (g > 1 && (int64_t)n * g > PLAN_THREADS)
+  while (g > 1 && (int64_t)n * g > threads)
     g >>= 1;
   return g;
 }
@@ -247,20 +247,24 @@ struct DealArrays {
   int32_t *perm; /* 2 PLAN_THREADS */
   int64_t *load; /* by unit */
 };
-/* A deal's ranks: the rank of each of the P keys in buf (all differ) is
- * the count of keys below it, counted by up to a warp's threads;
- * piece_of[rank] = its index (b=128 took ~2 us more with a bitonic sort's
- * 28 barrier rounds). */
-__device__ __forceinline__ void deal_rank(const int64_t *buf, int32_t P, int32_t *piece_of) {
-  const int t = threadIdx.x, G = group_of(P), k = t / G;
-  const int64_t mine = k < P ? buf[k] : INT64_MIN;
-  int32_t rank = 0;
-  for (int32_t j = t % G; j < P; j += G)
-    rank += buf[j] < mine;
-  rank = group_sum(rank, G);
-  if (k < P && t % G == 0)
-    piece_of[rank] = k;
-  __syncthreads();
+/* A deal's ranks: the rank of each of the P keys (all differ; key_of(j))
+ * is the count of keys below it, counted by up to a warp's threads of the
+ * warps from `first` on; piece_of[rank] = its index. No barrier: the
+ * caller's (b=128 took ~2 us more with a bitonic sort's 28 barrier
+ * rounds). */
+template <typename KeyOf>
+__device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int first, int32_t *piece_of) {
+  const int t = threadIdx.x - first, T = PLAN_THREADS - first, G = group_of(P, T);
+  for (int32_t k0 = 0; k0 < P; k0 += T / G) {
+    const int32_t k = k0 + t / G;
+    const int64_t mine = k < P ? key_of(k) : INT64_MIN;
+    int32_t rank = 0;
+    for (int32_t j = t % G; j < P; j += G)
+      rank += key_of(j) < mine;
+    rank = group_sum(rank, G);
+    if (k < P && t % G == 0)
+      piece_of[rank] = k;
+  }
 }
 
 /* The deal of the ranked keys, a round at a time (plan_invariant.h): unit
@@ -286,14 +290,17 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
     __syncthreads();
     if (s_over)
       return 0;
-    int32_t pos = 0;
-    if (P >= N) { /* the unit's place among the units by increasing load */
+    /* the unit's place among the units by increasing load (ties by
+     * unit): in the first round every load is 0 */
+    int32_t pos = u;
+    if (P >= N && k > 0) {
       const int64_t mine = u < N ? a.load[u] : 0;
+      pos = 0;
       for (int32_t v = t % GU; v < N; v += GU)
         pos += a.load[v] < mine || (a.load[v] == mine && v < u);
       pos = group_sum(pos, GU);
+      __syncthreads();
     }
-    __syncthreads();
     if (u < N && t % GU == 0) {
       const int32_t i = P < N ? pmla_inv_spaced_rank(u, N, P) : k * N + pos < P ? k * N + pos : -1;
       a.perm[k * N + u] = i;
@@ -386,7 +393,8 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
   }
   buf[t] = key;
   __syncthreads();
-  deal_rank(buf, P, a.piece_of);
+  deal_rank([&](int32_t j) { return buf[j]; }, P, 0, a.piece_of);
+  __syncthreads();
   deal_rounds(buf, P, N, a, INT64_MAX);
   /* a piece's items: a whole request's chunks, or one */
   const int64_t all = deal_items(N, pmla_inv_rounds(P, N), a, buf, out, [&](int32_t i) {
@@ -412,30 +420,32 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
                   t, PLAN_THREADS);
 }
 
+/* Request r's length and query rows (shared memory, by request). */
+struct ReqCols {
+  const int32_t *len, *qb, *qe;
+};
+
 /* The default mode's deal (pmla_plan_step): every request whole, one
  * piece and one item each (plan_deal's numbering with one chunk a request:
  * piece r is request r), or nothing written and 0 where the fullest unit
- * would hold more than limit. */
+ * would hold more than limit. The ranks are in a.piece_of already
+ * (deal_rank, beside the fill's walk); q is request t's. */
 __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out, int64_t *buf,
-                          const DealArrays &a, int32_t *s_err, int32_t *s_rows, int64_t limit) {
+                          const DealArrays &a, const ReqCols &rc, const pmla_plan_req &q,
+                          int32_t *s_err, int32_t *s_rows, int64_t limit) {
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units;
-  int32_t scratch = 0;
-  pmla_plan_req q = {0, 0, 0, 0};
-  if (t < R)
-    q = pmla_plan_describe(&in, t, &scratch);
   buf[t] = t < R ? pmla_inv_deal_key(pmla_inv_cost(1, q.blocks), t) : INT64_MAX;
   __syncthreads();
-  deal_rank(buf, R, a.piece_of);
   if (!deal_rounds(buf, R, N, a, limit))
     return 0;
   const int64_t all = deal_items(N, pmla_inv_rounds(R, N), a, buf, out, [](int32_t) { return 1; });
   if (t < R) {
     const int32_t r = a.piece_of[t];
-    const pmla_plan_req qr = pmla_plan_describe(&in, r, &scratch);
-    pmla_plan_store_item(&out, a.item_at[t], r, -1, qr.qb, qr.qe, 0, qr.len, qr.len, 0);
+    pmla_plan_store_item(&out, a.item_at[t], r, -1, rc.qb[r], rc.qe[r], 0, rc.len[r], rc.len[r],
+                         0);
   }
-  atomicAdd(s_rows, q.qe - q.qb);
+  atomicAdd(s_rows, t < R ? q.qe - q.qb : 0);
   __syncthreads();
   pmla_inv_finish_as(&in, &out, PMLA_DEALT_MODE, (int32_t)all, 0, 0, N - 1, 1, *s_rows, *s_err, t,
                      PLAN_THREADS);
@@ -745,10 +755,18 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       npieces = valid ? pmla_plan_piece_count(q.blocks, sh.total, N, in.split_cap) : 0;
     } else {
       blocks[t] = q.blocks;
+      len_at[t] = q.len;
+      qb_at[t] = q.qb;
+      qe_at[t] = q.qe;
       __syncthreads();
       if (t == 0) {
         walk(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, run, unit_at, room_at);
         s_unit_end = run.unit;
+      } else if (deal && t >= 32) {
+        /* the deal's ranks, in case the fill splits, by the warps the
+         * walk leaves idle: they cost the dealt step nothing */
+        deal_rank([&](int32_t j) { return pmla_inv_deal_key(pmla_inv_cost(1, blocks[j]), j); }, n,
+                  32, part_at);
       }
       __syncthreads();
       if (valid) {
@@ -759,17 +777,17 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
         npieces = pieces_of(t, n, unit_at, room_at, &s_unit_end);
       }
     }
-    int64_t count_sum;
     int64_t split = npieces > 1;
-    int64_t packed = npieces | ((split * npieces) << FIELD_BITS) | (split << (2 * FIELD_BITS));
-    int64_t before = block_exclusive_scan(packed, buf, &count_sum);
-    if (deal && (count_sum >> (2 * FIELD_BITS)) != 0) {
+    if (deal && __syncthreads_or((int)split)) {
       const DealArrays da = {len_at, qb_at, qe_at, item_at, part_at, last_unit, unit_at,
                              (int32_t *)blocks, room_at};
-      if (deal_whole(in, out, buf, da, &s_err, &s_rows, limit))
+      if (deal_whole(in, out, buf, da, ReqCols{len_at, qb_at, qe_at}, q, &s_err, &s_rows, limit))
         return;
       __syncthreads();
     }
+    int64_t count_sum;
+    int64_t packed = npieces | ((split * npieces) << FIELD_BITS) | (split << (2 * FIELD_BITS));
+    int64_t before = block_exclusive_scan(packed, buf, &count_sum);
     base.items += (int32_t)(before & FIELD_MASK);
     base.partials += (int32_t)((before >> FIELD_BITS) & FIELD_MASK);
     base.reduces += (int32_t)(before >> (2 * FIELD_BITS));
