@@ -572,7 +572,8 @@ PMLA_HD static inline void pmla_plan_finish(const pmla_plan_input *in,
   meta[PMLA_META_MODE] = mode;
   meta[PMLA_META_MAX_PIECES] = max_pieces;
   meta[PMLA_META_NUM_REQUESTS] = in->num_requests;
-  meta[PMLA_META_ERROR] |= err;
+  if (err) /* no read of the word where there is nothing to add (the device's would wait on it) */
+    meta[PMLA_META_ERROR] |= err;
   meta[PMLA_META_NUM_ROWS] = rows;
 }
 
