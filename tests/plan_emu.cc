@@ -216,12 +216,19 @@ int main(int argc, char **argv) {
     }
     in.split_cap = below(2) ? 0 : (int32_t)below((uint32_t)N + 2);
     const int piece = !in.invariant && it % 3 == 1; /* a cap that binds: piece mode */
+    /* a default step's ragged batch of at most 240 requests on fewer units:
+     * the fill splits, so the kernel deals (its ranks beside the walk) */
+    const int ragged_dealt = !in.invariant && !piece && !ragged && below(3) == 0;
+    if (ragged_dealt) {
+      R = in.num_requests = 8 + (int32_t)below(233);
+      N = in.num_units = R * (3 + (int32_t)below(6)) / 8;
+    }
     if (piece) {
       N = in.num_units = 20 + (int32_t)below(2029);
       in.split_cap = 1 + (int32_t)below(6);
     }
     in.max_q_len = 1 + (int32_t)below(3);
-    const int bad = below(4) == 0, layout = ragged ? 0 : (int)below(3);
+    const int bad = below(4) == 0, layout = ragged || ragged_dealt ? 0 : (int)below(3);
     std::vector<int32_t> qo(R + 1), lens(R + 1), indptr(R + 1), last(R + 1);
     for (int32_t r = 0; r < R; r++) {
       qo[r + 1] = qo[r] + (int32_t)below((uint32_t)in.max_q_len + 1);
@@ -230,10 +237,10 @@ int main(int argc, char **argv) {
     }
     in.qo_indptr = below(4) ? qo.data() : NULL;
     static const uint32_t longest[] = {200, 5000, 200000, 2000000000u};
-    const uint32_t maxlen = ragged ? 200000 : longest[below(4)];
+    const uint32_t maxlen = ragged || ragged_dealt ? 200000 : longest[below(4)];
     if (layout == 0) { /* block table lengths */
       for (int32_t r = 0; r < R; r++) {
-        lens[r] = ragged ? 2048 + (int32_t)below(4097)
+        lens[r] = ragged || ragged_dealt ? 2048 + (int32_t)below(4097)
                   : below(8) == 0 ? 0
                   : below(6) == 0 ? (int32_t)maxlen - 1
                                   : (int32_t)below(maxlen);

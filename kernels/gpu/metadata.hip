@@ -288,7 +288,7 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
     s_over = 0;
   for (int32_t k = 0; k < rounds; k++) {
     __syncthreads();
-    if (s_over)
+    if (k > 0 && s_over) /* not read in the first round: set there before its end */
       return 0;
     /* the unit's place among the units by increasing load (ties by
      * unit): in the first round every load is 0 */
@@ -449,7 +449,7 @@ __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out
     pmla_plan_store_item(&out, a.item_at[t], r, -1, rc.qb[r], rc.qe[r], 0, rc.len[r], rc.len[r],
                          0);
   }
-  atomicAdd(s_rows, t < R ? q.qe - q.qb : 0);
+  atomicAdd(s_rows, q.qe - q.qb); /* zero past the requests */
   __syncthreads();
   pmla_inv_finish_as(&in, &out, PMLA_DEALT_MODE, (int32_t)all, 0, 0, N - 1, 1, *s_rows, *s_err, t,
                      PLAN_THREADS);
@@ -671,7 +671,9 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
   __shared__ int32_t unit_at[PLAN_THREADS];
   __shared__ int64_t room_at[PLAN_THREADS];
   /* per request of the chunk, for the threads that place its pieces (with
-   * blocks, and unit_at / room_at: its fill state, or room_at its line) */
+   * blocks, and unit_at / room_at: its fill state, or room_at its line);
+   * len_at, qb_at and qe_at also for a dealt step's items, written before
+   * the walk */
   __shared__ int32_t len_at[PLAN_THREADS], qb_at[PLAN_THREADS], qe_at[PLAN_THREADS];
   __shared__ int32_t item_at[PLAN_THREADS]; /* first item, relative to the chunk's */
   __shared__ int32_t part_at[PLAN_THREADS]; /* first partial slot; -1 unsplit, -2 no room */
@@ -739,10 +741,12 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
                    OH + (int64_t)s_max_blocks <= limit &&
                    (R <= N || 2 * (OH + (int64_t)~s_not_min) <= limit);
   static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "a dealt step is one chunk of requests");
-  /* The deal's ranks are counted beside the walk where the lengths differ
-   * (equal lengths are seldom split by the fill, and there the filled
-   * step would pay for the ranks' code) and two threads of the 15 idle
-   * warps a key suffice; else by the whole block once the deal is tried */
+  /* The deal's ranks are counted beside the walk, by the threads from 32
+   * on (on NVIDIA the 15 warps the walk leaves idle; an AMD wavefront of
+   * 64 holds the walking thread too), where the lengths differ (equal
+   * lengths are seldom split by the fill, and there the filled step would
+   * pay for the ranks' code) and two of those threads a key suffice; else
+   * by the whole block once the deal is tried */
   const int rank_aside = deal && 2 * R <= PLAN_THREADS - 32 && s_max_blocks != ~s_not_min;
 
   /* Placement, a chunk of requests at a time; `at` is the prefix before it. */
