@@ -249,22 +249,19 @@ struct DealArrays {
 };
 /* A deal's ranks: the rank of each of the P keys (all differ; key_of(j))
  * is the count of keys below it, counted by up to a warp's threads of the
- * warps from `first` on; piece_of[rank] = its index. No barrier: the
- * caller's (b=128 took ~2 us more with a bitonic sort's 28 barrier
- * rounds). */
+ * threads from `first` on (P of them at least); piece_of[rank] = its
+ * index. No barrier: the caller's (b=128 took ~2 us more with a bitonic
+ * sort's 28 barrier rounds). */
 template <typename KeyOf>
 __device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int first, int32_t *piece_of) {
-  const int t = threadIdx.x - first, T = PLAN_THREADS - first, G = group_of(P, T);
-  for (int32_t k0 = 0; k0 < P; k0 += T / G) {
-    const int32_t k = k0 + t / G;
-    const int64_t mine = k < P ? key_of(k) : INT64_MIN;
-    int32_t rank = 0;
-    for (int32_t j = t % G; j < P; j += G)
-      rank += key_of(j) < mine;
-    rank = group_sum(rank, G);
-    if (k < P && t % G == 0)
-      piece_of[rank] = k;
-  }
+  const int t = threadIdx.x - first, G = group_of(P, PLAN_THREADS - first), k = t / G;
+  const int64_t mine = k < P ? key_of(k) : INT64_MIN;
+  int32_t rank = 0;
+  for (int32_t j = t % G; j < P; j += G)
+    rank += key_of(j) < mine;
+  rank = group_sum(rank, G);
+  if (k < P && t % G == 0)
+    piece_of[rank] = k;
 }
 
 /* The deal of the ranked keys, a round at a time (plan_invariant.h): unit
