@@ -217,11 +217,17 @@ int main(int argc, char **argv) {
     in.split_cap = below(2) ? 0 : (int32_t)below((uint32_t)N + 2);
     const int piece = !in.invariant && it % 3 == 1; /* a cap that binds: piece mode */
     /* a default step's ragged batch of at most 240 requests on fewer units:
-     * the fill splits, so the kernel deals (its ranks beside the walk) */
+     * the fill splits, so the kernel deals (its ranks beside the walk); half
+     * of them equally long (ranks in request order) */
     const int ragged_dealt = !in.invariant && !piece && !ragged && below(3) == 0;
+    const int32_t equal_len = ragged_dealt && below(2) ? 2048 + (int32_t)below(4097) : 0;
     if (ragged_dealt) {
       R = in.num_requests = 8 + (int32_t)below(233);
       N = in.num_units = R * (3 + (int32_t)below(6)) / 8;
+    }
+    if (equal_len) { /* a few short of k a unit: the fill splits, the deal holds */
+      N = in.num_units = 10 + (int32_t)below(50);
+      R = in.num_requests = (1 + (int32_t)below(4)) * N - 1 - (int32_t)below(3);
     }
     if (piece) {
       N = in.num_units = 20 + (int32_t)below(2029);
@@ -240,7 +246,8 @@ int main(int argc, char **argv) {
     const uint32_t maxlen = ragged || ragged_dealt ? 200000 : longest[below(4)];
     if (layout == 0) { /* block table lengths */
       for (int32_t r = 0; r < R; r++) {
-        lens[r] = ragged || ragged_dealt ? 2048 + (int32_t)below(4097)
+        lens[r] = equal_len                ? equal_len
+                  : ragged || ragged_dealt ? 2048 + (int32_t)below(4097)
                   : below(8) == 0 ? 0
                   : below(6) == 0 ? (int32_t)maxlen - 1
                                   : (int32_t)below(maxlen);

@@ -422,22 +422,28 @@ struct ReqCols {
   const int32_t *len, *qb, *qe;
 };
 
+/* Where the deal's ranks come from: counted here, counted beside the
+ * fill's walk (a.piece_of holds them), or every request equally long
+ * (ties go in request order: rank r is request r). */
+enum DealRanks { RANKS_COUNT, RANKS_BESIDE, RANKS_EQUAL };
+
 /* The default mode's deal (pmla_plan_step): every request whole, one
  * piece and one item each (plan_deal's numbering with one chunk a request:
  * piece r is request r), or nothing written and 0 where the fullest unit
- * would hold more than limit. q is request t's; `ranked`: a.piece_of
- * holds the ranks already (deal_rank beside the fill's walk). */
+ * would hold more than limit. q is request t's. */
 __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out, int64_t *buf,
                           const DealArrays &a, const ReqCols &rc, const pmla_plan_req &q,
-                          int ranked, int32_t *s_err, int32_t *s_rows, int64_t limit) {
+                          DealRanks ranks, int32_t *s_err, int32_t *s_rows, int64_t limit) {
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units;
   buf[t] = t < R ? pmla_inv_deal_key(pmla_inv_cost(1, q.blocks), t) : INT64_MAX;
   __syncthreads();
-  if (!ranked) {
+  if (ranks == RANKS_COUNT)
     deal_rank([&](int32_t j) { return buf[j]; }, R, 0, a.piece_of);
+  else if (ranks == RANKS_EQUAL && t < R)
+    a.piece_of[t] = t;
+  if (ranks != RANKS_BESIDE)
     __syncthreads();
-  }
   if (!deal_rounds(buf, R, N, a, limit))
     return 0;
   const int64_t all = deal_items(N, pmla_inv_rounds(R, N), a, buf, out, [](int32_t) { return 1; });
@@ -738,13 +744,14 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
                    OH + (int64_t)s_max_blocks <= limit &&
                    (R <= N || 2 * (OH + (int64_t)~s_not_min) <= limit);
   static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "a dealt step is one chunk of requests");
-  /* The deal's ranks are counted beside the walk, by the threads from 32
-   * on (on NVIDIA the 15 warps the walk leaves idle; an AMD wavefront of
-   * 64 holds the walking thread too), where the lengths differ (equal
-   * lengths are seldom split by the fill, and there the filled step would
-   * pay for the ranks' code) and two of those threads a key suffice; else
-   * by the whole block once the deal is tried */
-  const int rank_aside = deal && 2 * R <= PLAN_THREADS - 32 && s_max_blocks != ~s_not_min;
+  /* The deal's ranks: request order where every length is equal; else
+   * counted beside the walk, by the threads from 32 on (on NVIDIA the 15
+   * warps the walk leaves idle; an AMD wavefront of 64 holds the walking
+   * thread too), where two of those threads a key suffice; else by the
+   * whole block once the deal is tried */
+  const DealRanks ranks = s_max_blocks == ~s_not_min         ? RANKS_EQUAL
+                          : deal && 2 * R <= PLAN_THREADS - 32 ? RANKS_BESIDE
+                                                               : RANKS_COUNT;
 
   /* Placement, a chunk of requests at a time; `at` is the prefix before it. */
   pmla_plan_base at = {0, pmla_plan_fill_start(&sh), 0, 0, 0, 0};
@@ -772,7 +779,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       if (t == 0) {
         walk(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, run, unit_at, room_at);
         s_unit_end = run.unit;
-      } else if (rank_aside && t >= 32) {
+      } else if (ranks == RANKS_BESIDE && t >= 32) {
         /* the deal's ranks, in case the fill splits, by the warps the
          * walk leaves idle */
         deal_rank([&](int32_t j) { return pmla_inv_deal_key(pmla_inv_cost(1, blocks[j]), j); }, n,
@@ -791,8 +798,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
     if (deal && __syncthreads_or((int)split)) {
       const DealArrays da = {len_at, qb_at, qe_at, item_at, part_at, last_unit, unit_at,
                              (int32_t *)blocks, room_at};
-      if (deal_whole(in, out, buf, da, ReqCols{len_at, qb_at, qe_at}, q, rank_aside, &s_err,
-                     &s_rows, limit))
+      if (deal_whole(in, out, buf, da, ReqCols{len_at, qb_at, qe_at}, q, ranks, &s_err, &s_rows,
+                     limit))
         return;
       __syncthreads();
     }
