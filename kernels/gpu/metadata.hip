@@ -257,6 +257,7 @@ __device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int first, in
   const int t = threadIdx.x - first, G = group_of(P, PLAN_THREADS - first), k = t / G;
   const int64_t mine = k < P ? key_of(k) : INT64_MIN;
   int32_t rank = 0;
+#pragma unroll 4
   for (int32_t j = t % G; j < P; j += G)
     rank += key_of(j) < mine;
   rank = group_sum(rank, G);
