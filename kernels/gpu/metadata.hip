@@ -294,6 +294,7 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
     if (P >= N && k > 0) {
       const int64_t mine = u < N ? a.load[u] : 0;
       pos = 0;
+#pragma unroll 4
       for (int32_t v = t % GU; v < N; v += GU)
         pos += a.load[v] < mine || (a.load[v] == mine && v < u);
       pos = group_sum(pos, GU);
