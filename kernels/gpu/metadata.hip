@@ -270,7 +270,9 @@ __device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int first, in
  * unit_of[i]. A whole deal (limit < INT64_MAX) gives way, returning 0,
  * where the second round's first piece would take the unit holding the
  * N-th costliest over the limit, or after a round that takes any unit
- * over (loads only grow). */
+ * over (loads only grow). A round reads the loads from one array and
+ * writes them to the other, and its over-limit flag is its own, so one
+ * barrier a round suffices. */
 __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_t N,
                                            const DealArrays &a, int64_t limit) {
   const int t = threadIdx.x;
@@ -279,40 +281,46 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
     return 0;
   const int32_t rounds = pmla_inv_rounds(P, N);
   const int GU = group_of(N), u = t / GU;
-  __shared__ int32_t s_over;
+  __shared__ int64_t s_next[PMLA_INV_DEAL_MAX];
+  __shared__ int32_t s_over[2]; /* round k's in s_over[k & 1] */
+  int64_t *load = a.load, *next = s_next;
   if (t < N)
-    a.load[t] = 0;
-  if (t == 0)
-    s_over = 0;
+    load[t] = 0;
+  if (t < 2)
+    s_over[t] = 0;
   for (int32_t k = 0; k < rounds; k++) {
     __syncthreads();
-    if (k > 0 && s_over) /* not read in the first round: set there before its end */
+    if (k > 0 && s_over[(k - 1) & 1])
       return 0;
     /* the unit's place among the units by increasing load (ties by
      * unit): in the first round every load is 0 */
     int32_t pos = u;
     if (P >= N && k > 0) {
-      const int64_t mine = u < N ? a.load[u] : 0;
+      const int64_t mine = u < N ? load[u] : 0;
       pos = 0;
 #pragma unroll 4
       for (int32_t v = t % GU; v < N; v += GU)
-        pos += a.load[v] < mine || (a.load[v] == mine && v < u);
+        pos += load[v] < mine || (load[v] == mine && v < u);
       pos = group_sum(pos, GU);
-      __syncthreads();
     }
     if (u < N && t % GU == 0) {
       const int32_t i = P < N ? pmla_inv_spaced_rank(u, N, P) : k * N + pos < P ? k * N + pos : -1;
       a.perm[k * N + u] = i;
+      int64_t l = load[u];
       if (i >= 0) {
         a.unit_of[i] = u;
-        a.load[u] += pmla_inv_key_cost(buf[a.piece_of[i]]);
-        if (a.load[u] > limit)
-          s_over = 1;
+        l += pmla_inv_key_cost(buf[a.piece_of[i]]);
+        if (l > limit)
+          s_over[k & 1] = 1; /* 0 here: round k - 2 was read as not over */
       }
+      next[u] = l;
     }
+    int64_t *const was = load;
+    load = next;
+    next = was;
   }
   __syncthreads();
-  return !s_over;
+  return !s_over[(rounds - 1) & 1];
 }
 
 /* Each unit's items counted (items_of(rank)) and scanned into work_indptr,
