@@ -101,6 +101,17 @@ template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
   memcpy(&r, &o, sizeof r);
   return r;
 }
+static unsigned __ballot_sync(unsigned, int p) {
+  const int t = threadIdx.x;
+  g_lane_slot[t] = p != 0;
+  emu_wait(g_warp[t / 32]);
+  unsigned bits = 0;
+  for (int l = 0; l < 32; l++)
+    bits |= (unsigned)g_lane_slot[(t & ~31) + l] << l;
+  emu_wait(g_warp[t / 32]);
+  return bits;
+}
+static int __popc(unsigned v) { return __builtin_popcount(v); }
 template <class T> static T atomicAdd(T *p, T v) {
   const T old = *p;
   *p = old + v;

@@ -34,6 +34,15 @@ template <typename T> __device__ __forceinline__ T shfl32_xor(T v, int m) {
 #endif
 }
 
+/* A predicate's bits over the thread's 32-lane group (as shfl32_xor's). */
+__device__ __forceinline__ uint32_t ballot32(int p) {
+#ifdef PMLA_PLATFORM_NVIDIA
+  return __ballot_sync(0xffffffffu, p);
+#else
+  return (uint32_t)(__ballot(p) >> (threadIdx.x & 32));
+#endif
+}
+
 /* Exclusive prefix of x over the block; *sum gets the block's total. */
 __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   const int t = threadIdx.x;
@@ -265,6 +274,49 @@ __device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int first, in
     piece_of[rank] = k;
 }
 
+/* The deal's ranks of P keys in keys[] (all differ, each with its index
+ * in its low word, as pmla_inv_deal_key's): piece_of[rank] = index.
+ * Counted (deal_rank), or with SORT more than 128 keys sorted: a bitonic
+ * sort of the next power of two whose strides below 32 are shuffles and
+ * the rest (at most 10) pass through shared memory, alternating two arrays
+ * so one barrier a stride suffices (counting 512 keys takes 512 compares a
+ * thread). Every thread calls; the caller's barrier follows. */
+template <bool SORT>
+__device__ __forceinline__ void deal_order(const int64_t *keys, int32_t P, int32_t *piece_of) {
+  if (!SORT || P <= 128) {
+    deal_rank([&](int32_t j) { return keys[j]; }, P, 0, piece_of);
+    return;
+  }
+  static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS && (PLAN_THREADS & (PLAN_THREADS - 1)) == 0,
+                "one key a thread, a power of two of them");
+  __shared__ int64_t s_pass[2][PLAN_THREADS];
+  const int t = threadIdx.x;
+  int64_t v = t < P ? keys[t] : INT64_MAX;
+  int32_t S = 256;
+  while (S < P)
+    S <<= 1;
+  int pass = 0;
+#pragma unroll 1 /* a loop: the kernel's time is mostly fetching its code */
+  for (int32_t k = 2; k <= S; k <<= 1)
+#pragma unroll 1
+    for (int32_t j = k >> 1; j > 0; j >>= 1) {
+      int64_t o;
+      if (j < 32) {
+        o = shfl32_xor(v, j);
+      } else {
+        s_pass[pass][t] = v;
+        __syncthreads();
+        o = s_pass[pass][t ^ j];
+        pass ^= 1;
+      }
+      /* ascending where bit k of t is clear; the lower of a pair keeps the less */
+      const bool less = ((t & k) == 0) == ((t & j) == 0);
+      v = (o < v) == less ? o : v;
+    }
+  if (t < P)
+    piece_of[t] = (int32_t)v;
+}
+
 /* The deal of the ranked keys, a round at a time (plan_invariant.h): unit
  * u gets rank perm[k N + u] in round k (-1: none), the unit of rank i is
  * unit_of[i]. A whole deal (limit < INT64_MAX) gives way, returning 0,
@@ -272,7 +324,9 @@ __device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int first, in
  * N-th costliest over the limit, or after a round that takes any unit
  * over (loads only grow). A round reads the loads from one array and
  * writes them to the other, and its over-limit flag is its own, so one
- * barrier a round suffices. */
+ * barrier a round suffices. BALLOTS: up to 64 units, each unit's place
+ * counted by ballots (below). */
+template <bool BALLOTS>
 __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_t N,
                                            const DealArrays &a, int64_t limit) {
   const int t = threadIdx.x;
@@ -280,7 +334,6 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
       pmla_inv_key_cost(buf[a.piece_of[N - 1]]) + pmla_inv_key_cost(buf[a.piece_of[N]]) > limit)
     return 0;
   const int32_t rounds = pmla_inv_rounds(P, N);
-  const int GU = group_of(N), u = t / GU;
   __shared__ int64_t s_next[PMLA_INV_DEAL_MAX];
   __shared__ int32_t s_over[2]; /* round k's in s_over[k & 1] */
   int64_t *load = a.load, *next = s_next;
@@ -288,6 +341,11 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
     load[t] = 0;
   if (t < 2)
     s_over[t] = 0;
+  /* Up to 64 units, lane m of 32-lane group w places unit w + 16 m, its
+   * place counted by ballots of 32 loads; more, GU threads count a unit's
+   * and the first of them places it */
+  const int ballots = BALLOTS && N <= 64, GU = group_of(N);
+  const int u = ballots ? (t >> 5) + 16 * (t & 31) : t % GU == 0 ? t / GU : PMLA_INV_DEAL_MAX;
   for (int32_t k = 0; k < rounds; k++) {
     __syncthreads();
     if (k > 0 && s_over[(k - 1) & 1])
@@ -295,15 +353,28 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
     /* the unit's place among the units by increasing load (ties by
      * unit): in the first round every load is 0 */
     int32_t pos = u;
-    if (P >= N && k > 0) {
-      const int64_t mine = u < N ? load[u] : 0;
+    if (P >= N && k > 0 && ballots) {
+      static_assert(PLAN_THREADS == 512, "16 groups of 32 lanes");
+      for (int32_t m = 0, um = t >> 5; um < N; m++, um += 16) {
+        const int64_t mine = load[um];
+        int32_t c = 0;
+        for (int32_t v = t & 31; v - (t & 31) < N; v += 32) {
+          const int64_t lv = v < N ? load[v] : INT64_MAX;
+          c += __popc(ballot32(lv < mine || (lv == mine && v < um)));
+        }
+        if ((t & 31) == m)
+          pos = c;
+      }
+    } else if (P >= N && k > 0) {
+      const int gu = t / GU;
+      const int64_t mine = gu < N ? load[gu] : 0;
       pos = 0;
 #pragma unroll 4
       for (int32_t v = t % GU; v < N; v += GU)
-        pos += load[v] < mine || (load[v] == mine && v < u);
+        pos += load[v] < mine || (load[v] == mine && v < gu);
       pos = group_sum(pos, GU);
     }
-    if (u < N && t % GU == 0) {
+    if (u < N) {
       const int32_t i = P < N ? pmla_inv_spaced_rank(u, N, P) : k * N + pos < P ? k * N + pos : -1;
       a.perm[k * N + u] = i;
       int64_t l = load[u];
@@ -400,9 +471,12 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
   }
   buf[t] = key;
   __syncthreads();
-  deal_rank([&](int32_t j) { return buf[j]; }, P, 0, a.piece_of);
+  /* counted: with the sort and the ballots in this kernel every one of
+   * its steps ran 0.5-1.5 us slower, those it deals and those it does not
+   * (H100, docs/performance.md) */
+  deal_order<false>(buf, P, a.piece_of);
   __syncthreads();
-  deal_rounds(buf, P, N, a, INT64_MAX);
+  deal_rounds<false>(buf, P, N, a, INT64_MAX);
   /* a piece's items: a whole request's chunks, or one */
   const int64_t all = deal_items(N, pmla_inv_rounds(P, N), a, buf, out, [&](int32_t i) {
     const int32_t r = a.req_of[a.piece_of[i]];
@@ -449,12 +523,12 @@ __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out
   buf[t] = t < R ? pmla_inv_deal_key(pmla_inv_cost(1, q.blocks), t) : INT64_MAX;
   __syncthreads();
   if (ranks == RANKS_COUNT)
-    deal_rank([&](int32_t j) { return buf[j]; }, R, 0, a.piece_of);
+    deal_order<true>(buf, R, a.piece_of);
   else if (ranks == RANKS_EQUAL && t < R)
     a.piece_of[t] = t;
   if (ranks != RANKS_BESIDE)
     __syncthreads();
-  if (!deal_rounds(buf, R, N, a, limit))
+  if (!deal_rounds<true>(buf, R, N, a, limit))
     return 0;
   const int64_t all = deal_items(N, pmla_inv_rounds(R, N), a, buf, out, [](int32_t) { return 1; });
   if (t < R) {
