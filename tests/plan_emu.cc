@@ -227,13 +227,14 @@ int main(int argc, char **argv) {
     }
     in.split_cap = below(2) ? 0 : (int32_t)below((uint32_t)N + 2);
     const int piece = !in.invariant && it % 3 == 1; /* a cap that binds: piece mode */
-    /* a default step's ragged batch of at most 240 requests on fewer units:
-     * the fill splits, so the kernel deals (its ranks beside the walk); half
-     * of them equally long (ranks in request order) */
+    /* a default step's ragged batch of at most 512 requests on fewer units:
+     * the fill splits, so the kernel deals (its ranks beside the walk up to
+     * 240 requests); half of them equally long (ranks in request order) */
     const int ragged_dealt = !in.invariant && !piece && !ragged && below(3) == 0;
     const int32_t equal_len = ragged_dealt && below(2) ? 2048 + (int32_t)below(4097) : 0;
     if (ragged_dealt) {
-      R = in.num_requests = 8 + (int32_t)below(233);
+      /* a third of them past the ranks beside the walk: the deal sorts */
+      R = in.num_requests = below(3) == 0 ? 241 + (int32_t)below(272) : 8 + (int32_t)below(233);
       N = in.num_units = R * (3 + (int32_t)below(6)) / 8;
     }
     if (equal_len) { /* a few short of k a unit: the fill splits, the deal holds */
