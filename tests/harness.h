@@ -121,7 +121,7 @@ int harness_file_exists(const char *path);
  * in a block of exactly that size (a read past it shows under the
  * sanitizers), its struct_size set to `size`. free() it. */
 void *harness_sized_copy(const void *full, uint32_t size);
-/* mock plugin path "<g_mock_dir>/<name>.so" into buf; 0 when it exists. */
+/* mock plugin path "<g_mock_dir>/<name>.so", made absolute, into buf; 0 when it exists. */
 int harness_mock_path(const char *name, char *buf, size_t size);
 
 /* ---- the common main ----

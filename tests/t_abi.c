@@ -143,6 +143,14 @@ static void tmpdir_remove(tmpdir *t) {
   rmdir(t->path);
 }
 
+/* The description of backend name, which must have been found. */
+static const char *found_description(pmla_registry *r, const char *name) {
+  const pmla_backend *be = pmla_registry_find(r, name);
+  ck_assert_msg(be != NULL, "backend %s not found; diagnostics: '%s'", name,
+                pmla_registry_diagnostics(r));
+  return be->description;
+}
+
 static pmla_registry *open_registry(const char *path) {
   pmla_registry *r = NULL;
   pmla_status s = pmla_registry_open(path, &r);
@@ -461,7 +469,7 @@ START_TEST(test_registry_reads_the_environment_before_the_argument) {
   NEED_MOCK(b, "mock_dup_b"); /* "mock-dup" (dup-b) */
   /* the environment comes first: its backends shadow the argument's */
   r = open_with_env(b, a);
-  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-b");
+  ck_assert_str_eq(found_description(r, "mock-dup"), "dup-b");
   ck_assert_msg(pmla_registry_find(r, "pmla-cpu") != NULL, "the argument was not scanned");
   snprintf(want, sizeof want, "%s:%s", b, a);
   ck_assert_str_eq(pmla_registry_search_path(r), want);
@@ -473,15 +481,15 @@ START_TEST(test_registry_reads_the_environment_before_the_argument) {
   pmla_registry_close(r);
 
   r = open_with_env(a, g_plugin_path); /* the env's mock pmla-cpu wins */
-  ck_assert_str_eq(pmla_registry_find(r, "pmla-cpu")->description, "mock shadowing backend");
+  ck_assert_str_eq(found_description(r, "pmla-cpu"), "mock shadowing backend");
   ck_assert_msg(pmla_registry_find(r, "pmla") != NULL, "pmla from the argument missing");
   pmla_registry_close(r);
 
   r = open_with_env(g_plugin_path, a); /* the env's real pmla-cpu wins */
-  ck_assert_msg(strcmp(pmla_registry_find(r, "pmla-cpu")->description, "mock shadowing backend"),
+  ck_assert_msg(strcmp(found_description(r, "pmla-cpu"), "mock shadowing backend"),
                 "%s=%s should own pmla-cpu over the argument %s", PMLA_PLUGIN_PATH_ENV,
                 g_plugin_path, a);
-  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-a");
+  ck_assert_str_eq(found_description(r, "mock-dup"), "dup-a");
   pmla_registry_close(r);
 
   /* an empty variable names nothing: the argument alone */
@@ -751,18 +759,18 @@ START_TEST(test_registry_duplicate_names_resolve_to_the_first_on_the_path) {
   }
   snprintf(path, sizeof path, "%s:%s", b, a);
   pmla_registry *r = open_registry(path);
-  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-b");
+  ck_assert_str_eq(found_description(r, "mock-dup"), "dup-b");
   pmla_registry_close(r);
 
   /* against the real plugin: whoever is first owns "pmla-cpu" */
   snprintf(path, sizeof path, "%s:%s", g_plugin_path, a);
   r = open_registry(path);
-  ck_assert_msg(strcmp(pmla_registry_find(r, "pmla-cpu")->description, "mock shadowing backend"),
+  ck_assert_msg(strcmp(found_description(r, "pmla-cpu"), "mock shadowing backend"),
                 "the real plugin first on the path must own pmla-cpu");
   pmla_registry_close(r);
   snprintf(path, sizeof path, "%s:%s", a, g_plugin_path);
   r = open_registry(path);
-  ck_assert_str_eq(pmla_registry_find(r, "pmla-cpu")->description, "mock shadowing backend");
+  ck_assert_str_eq(found_description(r, "pmla-cpu"), "mock shadowing backend");
   ck_assert_msg(pmla_registry_find(r, "pmla") != NULL, "pmla from the second plugin missing");
   pmla_registry_close(r);
 
@@ -772,14 +780,14 @@ START_TEST(test_registry_duplicate_names_resolve_to_the_first_on_the_path) {
   tmpdir_link(&t, "10-first.so", b);
   tmpdir_link(&t, "20-second.so", a);
   r = open_registry(t.path);
-  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-b");
+  ck_assert_str_eq(found_description(r, "mock-dup"), "dup-b");
   pmla_registry_close(r);
   tmpdir_remove(&t);
 
   /* the same file twice on the path: no crash, still resolvable */
   snprintf(path, sizeof path, "%s:%s", a, a);
   r = open_registry(path);
-  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-a");
+  ck_assert_str_eq(found_description(r, "mock-dup"), "dup-a");
   pmla_registry_close(r);
 }
 END_TEST
@@ -922,7 +930,7 @@ START_TEST(test_registry_shadowed_name_diagnostic_names_both_files) {
   NEED_MOCK(b, "mock_dup_b");
   snprintf(path, sizeof path, "%s:%s", b, a);
   pmla_registry *r = open_registry(path);
-  ck_assert_str_eq(pmla_registry_find(r, "mock-dup")->description, "dup-b");
+  ck_assert_str_eq(found_description(r, "mock-dup"), "dup-b");
   diag_line(pmla_registry_diagnostics(r), "mock-dup", line, sizeof line);
   ck_assert_msg(strstr(line, "mock_dup_a") && strstr(line, "mock_dup_b"),
                 "diagnostic should name the shadowed and the winning file: '%s'",

@@ -394,6 +394,31 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
   return !s_over[(rounds - 1) & 1];
 }
 
+/* deal_rounds where every piece costs the same and the ranks are in order
+ * (piece_of[i] = i): before each round every load is equal, so unit u's
+ * place is u in all of them (fewer pieces than units: spaced), and the deal
+ * fits where the fullest unit's final load does. Out of line: the other
+ * deals' code stays as it was (the kernel's time is mostly fetching its
+ * code; inlined, the ragged deals ran 1-2 us slower). */
+__device__ __noinline__ int deal_equal(const int64_t *buf, int32_t P, int32_t N, int32_t *perm,
+                                       int32_t *unit_of, int64_t limit) {
+  const int t = threadIdx.x;
+  int over = 0;
+  if (t < N) {
+    int64_t l = 0;
+    for (int32_t k = 0; k < pmla_inv_rounds(P, N); k++) {
+      const int32_t i = P < N ? pmla_inv_spaced_rank(t, N, P) : k * N + t < P ? k * N + t : -1;
+      perm[k * N + t] = i;
+      if (i >= 0) {
+        unit_of[i] = t;
+        l += pmla_inv_key_cost(buf[i]);
+      }
+    }
+    over = l > limit;
+  }
+  return !__syncthreads_or(over);
+}
+
 /* Each unit's items counted (items_of(rank)) and scanned into work_indptr,
  * and each rank's first item in item_at; returns the step's items. */
 template <typename ItemsOf>
@@ -501,6 +526,11 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
                   t, PLAN_THREADS);
 }
 
+/* A whole request's deal key (pmla_plan_dealt's with one chunk a request). */
+__device__ __forceinline__ int64_t whole_key(int64_t blocks, int32_t r) {
+  return pmla_inv_deal_key(pmla_inv_cost(1, blocks), r);
+}
+
 /* Request r's length and query rows (shared memory, by request). */
 struct ReqCols {
   const int32_t *len, *qb, *qe;
@@ -520,7 +550,7 @@ __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out
                           DealRanks ranks, int32_t *s_err, int32_t *s_rows, int64_t limit) {
   const int t = threadIdx.x;
   const int32_t R = in.num_requests, N = in.num_units;
-  buf[t] = t < R ? pmla_inv_deal_key(pmla_inv_cost(1, q.blocks), t) : INT64_MAX;
+  buf[t] = t < R ? whole_key(q.blocks, t) : INT64_MAX;
   __syncthreads();
   if (ranks == RANKS_COUNT)
     deal_order<true>(buf, R, a.piece_of);
@@ -528,7 +558,8 @@ __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out
     a.piece_of[t] = t;
   if (ranks != RANKS_BESIDE)
     __syncthreads();
-  if (!deal_rounds<true>(buf, R, N, a, limit))
+  if (!(ranks == RANKS_EQUAL ? deal_equal(buf, R, N, a.perm, a.unit_of, limit)
+                             : deal_rounds<true>(buf, R, N, a, limit)))
     return 0;
   const int64_t all = deal_items(N, pmla_inv_rounds(R, N), a, buf, out, [](int32_t) { return 1; });
   if (t < R) {
@@ -866,8 +897,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       } else if (ranks == RANKS_BESIDE && t >= 32) {
         /* the deal's ranks, in case the fill splits, by the warps the
          * walk leaves idle */
-        deal_rank([&](int32_t j) { return pmla_inv_deal_key(pmla_inv_cost(1, blocks[j]), j); }, n,
-                  32, part_at);
+        deal_rank([&](int32_t j) { return whole_key(blocks[j], j); }, n, 32, part_at);
       }
       __syncthreads();
       if (valid) {
