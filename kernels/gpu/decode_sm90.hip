@@ -818,27 +818,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             mbar_arrive(aFull + 8 * (blk & 1));
           };
           cp_commit(); /* Q's copies, if any: cp_wait covers committed groups only */
-#ifndef PF_AHEAD
-#define PF_AHEAD 2
-#endif
-          /* whole-page block blk + PF_AHEAD into L2 by one bulk prefetch of
-           * its rows as stored (thread 0; its page entry read an iteration
-           * ahead) */
-          const bool pf_ok = t == 0 && ((uintptr_t)kvbase & 15) == 0;
-          int32_t pf_raw = -1;
-          auto pf_entry = [&](int blk) -> int32_t {
-            const int pos = kb + blk * BN;
-            return pf_ok && blk < nblk && pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
-          };
-          auto pf_issue = [&](int blk) {
-            const int64_t first = pf_raw >= 0 ? whole_page_slot(p.map, pf_raw, kb + blk * BN, ke) : -1;
-            if (first >= 0)
-              asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(kvbase + first * ROWB),
-                           "r"((uint32_t)(BN * ROWB))
-                           : "memory");
-            pf_raw = pf_entry(blk + 1);
-          };
-          pf_raw = pf_entry(PF_AHEAD);
           if (nblk > 0) {
             fetch(0);
             put(0);
@@ -849,8 +828,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
               fetch(2);
           }
           for (int b = 0; b < nblk; b++) {
-            if (pf_ok)
-              pf_issue(b + PF_AHEAD);
             if (b + 1 < nblk) {
               /* stage (b + 1) & 1 held block b - 1: both its P V are done */
               if (b >= 1)
