@@ -353,32 +353,7 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
     /* the unit's place among the units by increasing load (ties by
      * unit): in the first round every load is 0 */
     int32_t pos = u;
-    if (BALLOTS && P >= N && k == 1) {
-      /* after the first round unit v holds rank v, and a rank's cost does
-       * not grow with it: the loads do not increase with the unit, so
-       * unit u's place is the units of lower load (those past its run of
-       * equal loads) plus those of its run before it, found by binary
-       * searches */
-      if (u < N) {
-        const int64_t mine = load[u];
-        int32_t gt = 0, ge = N;
-        for (int32_t hi = u; gt < hi;) {
-          const int32_t mid = (gt + hi) >> 1;
-          if (load[mid] > mine)
-            gt = mid + 1;
-          else
-            hi = mid;
-        }
-        for (int32_t lo = u + 1; lo < ge;) {
-          const int32_t mid = (lo + ge) >> 1;
-          if (load[mid] >= mine)
-            lo = mid + 1;
-          else
-            ge = mid;
-        }
-        pos = N - ge + u - gt;
-      }
-    } else if (P >= N && k > 0 && ballots) {
+    if (P >= N && k > 0 && ballots) {
       static_assert(PLAN_THREADS == 512, "16 groups of 32 lanes");
       for (int32_t m = 0, um = t >> 5; um < N; m++, um += 16) {
         const int64_t mine = load[um];
