@@ -101,19 +101,6 @@ template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
   memcpy(&r, &o, sizeof r);
   return r;
 }
-template <typename T> static T __shfl_sync(unsigned, T v, int src) {
-  static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 64 bits");
-  const int t = threadIdx.x;
-  uint64_t u = 0;
-  memcpy(&u, &v, sizeof v);
-  g_lane_slot[t] = u;
-  emu_wait(g_warp[t / 32]);
-  const uint64_t o = g_lane_slot[(t & ~31) + (src & 31)];
-  emu_wait(g_warp[t / 32]);
-  T r;
-  memcpy(&r, &o, sizeof r);
-  return r;
-}
 static unsigned __ballot_sync(unsigned, int p) {
   const int t = threadIdx.x;
   g_lane_slot[t] = p != 0;
@@ -124,6 +111,7 @@ static unsigned __ballot_sync(unsigned, int p) {
   emu_wait(g_warp[t / 32]);
   return bits;
 }
+static int __popc(unsigned v) { return __builtin_popcount(v); }
 template <class T> static T atomicAdd(T *p, T v) {
   const T old = *p;
   *p = old + v;

@@ -43,15 +43,6 @@ __device__ __forceinline__ uint32_t ballot32(int p) {
 #endif
 }
 
-/* Lane src's v, within the thread's 32-lane group (as shfl32_xor's). */
-template <typename T> __device__ __forceinline__ T shfl32(T v, int src) {
-#ifdef PMLA_PLATFORM_NVIDIA
-  return __shfl_sync(0xffffffffu, v, src);
-#else
-  return __shfl(v, src, 32);
-#endif
-}
-
 /* Exclusive prefix of x over the block; *sum gets the block's total. */
 __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
   const int t = threadIdx.x;
@@ -333,8 +324,9 @@ __device__ __forceinline__ void deal_order(const int64_t *keys, int32_t P, int32
  * N-th costliest over the limit, or after a round that takes any unit
  * over (loads only grow). A round reads the loads from one array and
  * writes them to the other, and its over-limit flag is its own, so one
- * barrier a round suffices (deal_warp: the same deal on at most 64 units
- * with no barrier a round). */
+ * barrier a round suffices. BALLOTS: up to 64 units, each unit's place
+ * counted by ballots (below). */
+template <bool BALLOTS>
 __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_t N,
                                            const DealArrays &a, int64_t limit) {
   const int t = threadIdx.x;
@@ -349,9 +341,11 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
     load[t] = 0;
   if (t < 2)
     s_over[t] = 0;
-  /* GU threads count a unit's place and the first of them places it */
-  const int GU = group_of(N);
-  const int u = t % GU == 0 ? t / GU : PMLA_INV_DEAL_MAX;
+  /* Up to 64 units, lane m of 32-lane group w places unit w + 16 m, its
+   * place counted by ballots of 32 loads; more, GU threads count a unit's
+   * and the first of them places it */
+  const int ballots = BALLOTS && N <= 64, GU = group_of(N);
+  const int u = ballots ? (t >> 5) + 16 * (t & 31) : t % GU == 0 ? t / GU : PMLA_INV_DEAL_MAX;
   for (int32_t k = 0; k < rounds; k++) {
     __syncthreads();
     if (k > 0 && s_over[(k - 1) & 1])
@@ -359,7 +353,19 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
     /* the unit's place among the units by increasing load (ties by
      * unit): in the first round every load is 0 */
     int32_t pos = u;
-    if (P >= N && k > 0) {
+    if (P >= N && k > 0 && ballots) {
+      static_assert(PLAN_THREADS == 512, "16 groups of 32 lanes");
+      for (int32_t m = 0, um = t >> 5; um < N; m++, um += 16) {
+        const int64_t mine = load[um];
+        int32_t c = 0;
+        for (int32_t v = t & 31; v - (t & 31) < N; v += 32) {
+          const int64_t lv = v < N ? load[v] : INT64_MAX;
+          c += __popc(ballot32(lv < mine || (lv == mine && v < um)));
+        }
+        if ((t & 31) == m)
+          pos = c;
+      }
+    } else if (P >= N && k > 0) {
       const int gu = t / GU;
       const int64_t mine = gu < N ? load[gu] : 0;
       pos = 0;
@@ -386,56 +392,6 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
   }
   __syncthreads();
   return !s_over[(rounds - 1) & 1];
-}
-
-/* deal_rounds on at most 64 units by one warp: lane l holds units l and
- * l + 32 and their loads in registers, and a round counts each unit's
- * place by broadcasting every unit's load, so the rounds take no barrier
- * (a two-row ragged step's four rounds on 33 units took one and a
- * block-wide place count each); the block waits once, at the end. */
-__device__ __forceinline__ int deal_warp(const int64_t *buf, int32_t P, int32_t N,
-                                         const DealArrays &a, int64_t limit) {
-  const int t = threadIdx.x;
-  if (limit < INT64_MAX && P > N &&
-      pmla_inv_key_cost(buf[a.piece_of[N - 1]]) + pmla_inv_key_cost(buf[a.piece_of[N]]) > limit)
-    return 0;
-  int over = 0;
-  if (t < 32) {
-    int64_t load[2] = {0, 0};
-    const int32_t rounds = pmla_inv_rounds(P, N);
-    for (int32_t k = 0; k < rounds && !over; k++) {
-      /* the unit's place among the units by increasing load (ties by
-       * unit): in the first round every load is 0 */
-      int32_t pos[2] = {t, t + 32};
-      if (P >= N && k > 0) {
-        pos[0] = pos[1] = 0;
-#pragma unroll 4
-        for (int32_t v = 0; v < N; v++) {
-          const int64_t lv = shfl32(v < 32 ? load[0] : load[1], v & 31);
-#pragma unroll
-          for (int j = 0; j < 2; j++)
-            pos[j] += lv < load[j] || (lv == load[j] && v < t + 32 * j);
-        }
-      }
-      int went = 0;
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-        const int32_t u = t + 32 * j;
-        if (u < N) {
-          const int32_t i =
-              P < N ? pmla_inv_spaced_rank(u, N, P) : k * N + pos[j] < P ? k * N + pos[j] : -1;
-          a.perm[k * N + u] = i;
-          if (i >= 0) {
-            a.unit_of[i] = u;
-            load[j] += pmla_inv_key_cost(buf[a.piece_of[i]]);
-            went |= load[j] > limit;
-          }
-        }
-      }
-      over = ballot32(went) != 0;
-    }
-  }
-  return !__syncthreads_or(over);
 }
 
 /* deal_rounds where every piece costs the same and the ranks are in order
@@ -545,7 +501,7 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
    * (H100, docs/performance.md) */
   deal_order<false>(buf, P, a.piece_of);
   __syncthreads();
-  deal_rounds(buf, P, N, a, INT64_MAX);
+  deal_rounds<false>(buf, P, N, a, INT64_MAX);
   /* a piece's items: a whole request's chunks, or one */
   const int64_t all = deal_items(N, pmla_inv_rounds(P, N), a, buf, out, [&](int32_t i) {
     const int32_t r = a.req_of[a.piece_of[i]];
@@ -603,8 +559,7 @@ __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out
   if (ranks != RANKS_BESIDE)
     __syncthreads();
   if (!(ranks == RANKS_EQUAL ? deal_equal(buf, R, N, a.perm, a.unit_of, limit)
-                             : N <= 64 ? deal_warp(buf, R, N, a, limit)
-                                       : deal_rounds(buf, R, N, a, limit)))
+                             : deal_rounds<true>(buf, R, N, a, limit)))
     return 0;
   const int64_t all = deal_items(N, pmla_inv_rounds(R, N), a, buf, out, [](int32_t) { return 1; });
   if (t < R) {
