@@ -297,14 +297,8 @@ PMLA_HD static inline int64_t pmla_inv_deal_key(int64_t cost, int32_t r) {
  * a time: a ragged batch's pieces on 132 units 1.03-1.11x a share in a
  * model, 1.03-1.21x dealt in a fixed back-and-forth order). */
 PMLA_HD static inline int32_t pmla_inv_spaced_rank(int32_t u, int32_t N, int32_t P) {
-  /* the first i with i N / P >= u; 32-bit divisions where they fit (as
-   * pmla_plan_shape_of's) */
-  const int64_t num = (int64_t)u * P + N - 1;
-  const int32_t i = (int32_t)(num <= UINT32_MAX ? (uint32_t)num / (uint32_t)N : num / N);
-  const int64_t back = (int64_t)i * N;
-  return i < P && (back <= UINT32_MAX ? (int64_t)((uint32_t)back / (uint32_t)P) : back / P) == u
-             ? i
-             : -1;
+  const int32_t i = (int32_t)(((int64_t)u * P + N - 1) / N); /* the first i with i N / P >= u */
+  return i < P && (int64_t)i * N / P == u ? i : -1;
 }
 
 PMLA_HD static inline int32_t pmla_inv_load_rank(const int64_t *load, int32_t u, int32_t N) {

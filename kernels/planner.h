@@ -582,11 +582,7 @@ PMLA_HD static inline void pmla_plan_finish(const pmla_plan_input *in,
 PMLA_HD static inline pmla_plan_shape pmla_plan_shape_of(int64_t total, int32_t units) {
   pmla_plan_shape sh;
   sh.total = total > 0 ? total : 1;
-  /* 32 bits where the sum fits: on the GPU a 64-bit division is a call,
-   * whose code a step's metadata kernel would first fetch cold */
-  const int64_t num = sh.total + units - 1;
-  sh.capacity = (num <= UINT32_MAX ? (int64_t)((uint32_t)num / (uint32_t)units) : num / units) +
-                PMLA_SPLIT_OVERHEAD;
+  sh.capacity = (sh.total + units - 1) / units + PMLA_SPLIT_OVERHEAD;
   sh.piece_mode = 0;
   sh.piece_total = 1;
   return sh;
