@@ -55,8 +55,9 @@ static void expect_host_schedule(pmla_builder *b, const pmla_plan_input *host_in
 
 /* Builds one block-table step (B requests: query rows qo, lengths lens, a
  * block table `width` pages wide) on a builder made with cfg and compares
- * its schedule with the host planner's. */
-static void expect_dense_schedule(const pmla_builder_config *cfg, int32_t B, int32_t *qo,
+ * its schedule with the host planner's; returns the schedule's mode
+ * (work_meta_data word PMLA_META_MODE). */
+static int32_t expect_dense_schedule(const pmla_builder_config *cfg, int32_t B, int32_t *qo,
                                   int32_t *lens, int32_t *bt, int32_t width, int32_t max_q,
                                   const char *what) {
   pmla_builder *b = harness_init(cfg);
@@ -79,10 +80,13 @@ static void expect_dense_schedule(const pmla_builder_config *cfg, int32_t B, int
   in.invariant = (cfg->flags & PMLA_BUILDER_BATCH_INVARIANT) != 0;
   in.inv_least = (int32_t)cfg->invariant_chunk;
   expect_host_schedule(b, &in, what);
+  int32_t meta[PMLA_META_WORDS];
+  ck_assert_int_eq(g_be->copy_buffer(b, PMLA_BUF_WORK_META_DATA, meta, sizeof meta), PMLA_OK);
   tt_free(&t_qo);
   tt_free(&t_bt);
   tt_free(&t_lens);
   g_be->destroy_builder(b);
+  return meta[PMLA_META_MODE];
 }
 
 START_TEST(test_schedule_equals_host_planner) {
@@ -216,6 +220,47 @@ static pmla_builder *build_dense_case(const dense_case *c) {
   return b;
 }
 
+/* Equally long requests a few short of k a unit (k = 1: fewer requests
+ * than units), each so long that the fill cannot fit k of them on a unit
+ * but the deal of whole requests can (j of them short of k N, j (OH +
+ * blocks) about 7.5 N): the deal is written in closed form (every load
+ * equal before each round), and the schedule is still the host planner's.
+ * Each of these steps is dealt. */
+START_TEST(test_equal_requests_are_dealt_as_the_host_plans) {
+  REQUIRE_BACKEND();
+  enum { WIDTH = 496, MAXB = 300 };
+  int32_t *qo = malloc(sizeof(int32_t) * (MAXB + 1)), *lens = malloc(sizeof(int32_t) * MAXB);
+  int32_t *bt = calloc((size_t)MAXB * WIDTH, sizeof(int32_t));
+  ck_assert(qo && lens && bt);
+  static const uint32_t cus[] = {10, 33, 66};
+  for (size_t ci = 0; ci < sizeof cus / sizeof cus[0]; ci++) {
+    const pmla_builder_config cfg = harness_config(16, 64, MAXB, 2, 0, cus[ci]);
+    pmla_builder *probe = harness_init(&cfg);
+    const int32_t N = (int32_t)harness_query(probe).sched_units;
+    g_be->destroy_builder(probe);
+    for (int32_t k = 1; k <= 4; k++)
+      for (int32_t j = 1; j <= 3; j++) {
+        const int32_t B = k * N - j;
+        const int32_t blocks = (15 * N + 2 * j - 1) / (2 * j) - PMLA_SPLIT_OVERHEAD;
+        if (B < 1 || B > MAXB || blocks < 1 || blocks > WIDTH)
+          continue;
+        qo[0] = 0;
+        for (int32_t r = 0; r < B; r++) {
+          qo[r + 1] = qo[r] + 1 + (j == 2); /* two query rows a request when j = 2 */
+          lens[r] = 64 * blocks - 17;
+        }
+        char what[80];
+        snprintf(what, sizeof what, "%d requests of %d blocks on %d units", B, blocks, N);
+        const int32_t mode = expect_dense_schedule(&cfg, B, qo, lens, bt, WIDTH, 2, what);
+        ck_assert_msg(mode == PMLA_DEALT_MODE, "%s: schedule mode %d, not dealt", what, mode);
+      }
+  }
+  free(qo);
+  free(lens);
+  free(bt);
+}
+END_TEST
+
 /* Every dense build is uncapped (split_cap 0: filled, or dealt whole), and
  * the cases marked expect_split split a request on this plugin. */
 START_TEST(test_dense_case_is_uncapped_and_splits_where_marked) {
@@ -325,6 +370,7 @@ Suite *suite_plan_exact(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_schedule_equals_host_planner);
   tcase_add_test(tc, test_invariant_schedule_equals_host_planner_when_the_budget_binds);
+  tcase_add_test(tc, test_equal_requests_are_dealt_as_the_host_plans);
   tcase_add_loop_test(tc, test_dense_case_is_uncapped_and_splits_where_marked, 0, n_dense_cases);
   tcase_add_loop_test(tc, test_sparse_case_cap_follows_the_formula, 0, n_sparse_cases);
   tcase_add_test(tc, test_sparse_split_cap_through_query_follows_the_formula);
