@@ -58,8 +58,8 @@ static void expect_host_schedule(pmla_builder *b, const pmla_plan_input *host_in
  * its schedule with the host planner's; returns the schedule's mode
  * (work_meta_data word PMLA_META_MODE). */
 static int32_t expect_dense_schedule(const pmla_builder_config *cfg, int32_t B, int32_t *qo,
-                                  int32_t *lens, int32_t *bt, int32_t width, int32_t max_q,
-                                  const char *what) {
+                                     int32_t *lens, int32_t *bt, int32_t width, int32_t max_q,
+                                     const char *what) {
   pmla_builder *b = harness_init(cfg);
   test_tensor t_qo, t_bt, t_lens;
   tt_make1(&t_qo, TT_I32, qo, B + 1);
