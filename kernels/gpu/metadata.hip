@@ -258,12 +258,13 @@ struct DealArrays {
 };
 /* A deal's ranks: the rank of each of the P keys (all differ; key_of(j))
  * is the count of keys below it, counted by up to a warp's threads of the
- * threads from `first` on (P of them at least); piece_of[rank] = its
- * index. No barrier: the caller's (b=128 took ~2 us more with a bitonic
- * sort's 28 barrier rounds). */
+ * `threads` threads (whole warps, P of them at least) this one is thread t
+ * of; piece_of[rank] = its index. No barrier: the caller's (b=128 took ~2
+ * us more with a bitonic sort's 28 barrier rounds). */
 template <typename KeyOf>
-__device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int first, int32_t *piece_of) {
-  const int t = threadIdx.x - first, G = group_of(P, PLAN_THREADS - first), k = t / G;
+__device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int t, int threads,
+                                          int32_t *piece_of) {
+  const int G = group_of(P, threads), k = t / G;
   const int64_t mine = k < P ? key_of(k) : INT64_MIN;
   int32_t rank = 0;
 #pragma unroll 4
@@ -273,6 +274,26 @@ __device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int first, in
   if (k < P && t % G == 0)
     piece_of[rank] = k;
 }
+
+/* The threads that count the deal's ranks while thread 0 walks the fill:
+ * on NVIDIA the warps on the other three schedulers (warp w runs on
+ * scheduler w % 4), so that the walk keeps its scheduler's issue slots; on
+ * AMD the wavefronts after the walker's. *ti: this thread's index among
+ * them. */
+#ifdef PMLA_PLATFORM_NVIDIA
+constexpr int BESIDE_THREADS = PLAN_THREADS / 4 * 3;
+__device__ __forceinline__ bool beside_walk(int t, int *ti) {
+  const int w = t >> 5;
+  *ti = (w - (w >> 2) - 1) * 32 + (t & 31);
+  return (w & 3) != 0;
+}
+#else
+constexpr int BESIDE_THREADS = PLAN_THREADS - 64;
+__device__ __forceinline__ bool beside_walk(int t, int *ti) {
+  *ti = t - 64;
+  return t >= 64;
+}
+#endif
 
 /* The deal's ranks of P keys in keys[] (all differ, each with its index
  * in its low word, as pmla_inv_deal_key's): piece_of[rank] = index.
@@ -284,7 +305,7 @@ __device__ __forceinline__ void deal_rank(KeyOf key_of, int32_t P, int first, in
 template <bool SORT>
 __device__ __forceinline__ void deal_order(const int64_t *keys, int32_t P, int32_t *piece_of) {
   if (!SORT || P <= 128) {
-    deal_rank([&](int32_t j) { return keys[j]; }, P, 0, piece_of);
+    deal_rank([&](int32_t j) { return keys[j]; }, P, threadIdx.x, PLAN_THREADS, piece_of);
     return;
   }
   static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS && (PLAN_THREADS & (PLAN_THREADS - 1)) == 0,
@@ -860,12 +881,11 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
                    (R <= N || 2 * (OH + (int64_t)~s_not_min) <= limit);
   static_assert(PMLA_INV_DEAL_MAX <= PLAN_THREADS, "a dealt step is one chunk of requests");
   /* The deal's ranks: request order where every length is equal; else
-   * counted beside the walk, by the threads from 32 on (on NVIDIA the 15
-   * warps the walk leaves idle; an AMD wavefront of 64 holds the walking
-   * thread too), where two of those threads a key suffice; else by the
-   * whole block once the deal is tried */
+   * counted beside the walk (beside_walk) from keys written before it,
+   * one thread a key at least; else by the whole block once the deal is
+   * tried */
   const DealRanks ranks = s_max_blocks == ~s_not_min         ? RANKS_EQUAL
-                          : deal && 2 * R <= PLAN_THREADS - 32 ? RANKS_BESIDE
+                          : deal && R <= BESIDE_THREADS ? RANKS_BESIDE
                                                                : RANKS_COUNT;
 
   /* Placement, a chunk of requests at a time; `at` is the prefix before it. */
@@ -890,14 +910,16 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
       len_at[t] = q.len;
       qb_at[t] = q.qb;
       qe_at[t] = q.qe;
+      if (ranks == RANKS_BESIDE && valid)
+        buf[t] = whole_key(q.blocks, t); /* the deal's keys, read by the ranks */
       __syncthreads();
+      int ti;
       if (t == 0) {
         walk(sh.total, (int64_t)s_max_blocks, blocks, n, sh.capacity, run, unit_at, room_at);
         s_unit_end = run.unit;
-      } else if (ranks == RANKS_BESIDE && t >= 32) {
-        /* the deal's ranks, in case the fill splits, by the warps the
-         * walk leaves idle */
-        deal_rank([&](int32_t j) { return whole_key(blocks[j], j); }, n, 32, part_at);
+      } else if (ranks == RANKS_BESIDE && beside_walk(t, &ti)) {
+        /* the deal's ranks, in case the fill splits */
+        deal_rank([&](int32_t j) { return buf[j]; }, n, ti, BESIDE_THREADS, part_at);
       }
       __syncthreads();
       if (valid) {
