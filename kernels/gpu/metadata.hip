@@ -317,7 +317,7 @@ __device__ __forceinline__ void deal_order(const int64_t *keys, int32_t P, int32
   while (S < P)
     S <<= 1;
   int pass = 0;
-#pragma unroll 1 /* a loop: the kernel's time is mostly fetching its code */
+#pragma unroll 1 /* a loop: less code (smaller kernels ran faster) */
   for (int32_t k = 2; k <= S; k <<= 1)
 #pragma unroll 1
     for (int32_t j = k >> 1; j > 0; j >>= 1) {
@@ -419,8 +419,8 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
  * (piece_of[i] = i): before each round every load is equal, so unit u's
  * place is u in all of them (fewer pieces than units: spaced), and the deal
  * fits where the fullest unit's final load does. Out of line: the other
- * deals' code stays as it was (the kernel's time is mostly fetching its
- * code; inlined, the ragged deals ran 1-2 us slower). */
+ * deals' code stays as it was (inlined, the ragged deals ran 1-2 us
+ * slower). */
 __device__ __noinline__ int deal_equal(const int64_t *buf, int32_t P, int32_t N, int32_t *perm,
                                        int32_t *unit_of, int64_t limit) {
   const int t = threadIdx.x;
@@ -775,8 +775,8 @@ __device__ void plan_invariant(const pmla_plan_input &in, const pmla_plan_output
 }
 
 /* The batch-invariant steps' kernel: its own, so the default steps'
- * kernel holds only the code they run (its instruction fetch from a cold
- * L2 is a large part of a step's build time). */
+ * kernel holds only the code they run (the smaller kernel ran its steps
+ * faster; docs/design.md). */
 __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_invariant_kernel(pmla_plan_input in,
                                                                             pmla_plan_output out) {
   __shared__ int64_t buf[PLAN_THREADS];
@@ -801,7 +801,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_invariant_kernel(pmla_
 
 /* CAPPED: a split cap applies (pmla_plan_cap_applies, known to the host);
  * the instance for uncapped steps (every dense step) has no piece-mode
- * code, and the kernel's time is mostly fetching its code */
+ * code */
 template <bool CAPPED>
 __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input in,
                                                                   pmla_plan_output out) {
