@@ -550,14 +550,16 @@ START_TEST(test_planner_fill_step_and_pieces_equal_the_walk) {
              f.unit, f.room, units, capacity, blocks, want.room);
     if (capacity < (1 << 29) && blocks < (1 << 29)) {
       const pmla_plan_ends32 e0 = {(uint32_t)s0, (uint32_t)(s0 + f.room), f.unit};
-      pmla_plan_ends32 l32 = e0;
-      pmla_plan_ends_step32_long(&l32, (uint32_t)blocks, (uint32_t)capacity,
-                                 pmla_fastdiv_make((uint32_t)(capacity - OH)));
-      EXPECT(l32.unit == e.unit && (int64_t)(l32.end - l32.s) == e.end - e.s,
-             "long 32-bit ends step from unit %d room %" PRId64 " (P %" PRId64 ", %" PRId64
-             " blocks): unit %d room %" PRId64 "; 64-bit %d, %" PRId64,
-             f.unit, f.room, capacity, blocks, l32.unit, (int64_t)(l32.end - l32.s), e.unit,
-             e.end - e.s);
+      if (f.room >= 0) { /* the room step, on the room alone */
+        pmla_plan_ends32 r32 = {0, (uint32_t)f.room, f.unit};
+        pmla_plan_room_step32_long(&r32, (uint32_t)blocks, (uint32_t)capacity,
+                                   pmla_fastdiv_make((uint32_t)(capacity - OH)));
+        EXPECT(r32.s == 0 && r32.unit == e.unit && (int64_t)r32.end == e.end - e.s,
+               "32-bit room step from unit %d room %" PRId64 " (P %" PRId64 ", %" PRId64
+               " blocks): unit %d room %" PRId64 "; 64-bit %d, %" PRId64,
+               f.unit, f.room, capacity, blocks, r32.unit, (int64_t)r32.end, e.unit,
+               e.end - e.s);
+      }
       if (blocks <= capacity - OH) { /* the short step, one end at most */
         pmla_plan_ends32 s32 = e0;
         pmla_plan_ends_step32(&s32, (uint32_t)blocks, (uint32_t)capacity);

@@ -62,8 +62,8 @@ __device__ int64_t block_exclusive_scan(int64_t x, int64_t *buf, int64_t *sum) {
 
 /* The fill steps the walk chains (planner.h's pmla_plan_ends): for steps
  * whose C < 2^30, the 32-bit step when no request is longer than a fresh
- * unit takes, else the 32-bit step with P - OH as a multiply-high
- * division; else the 64-bit step. */
+ * unit takes, else the 32-bit room step (one multiply-high division a
+ * request, no branch); else the 64-bit step. */
 struct Short32 {
   typedef pmla_plan_ends32 Ends;
   uint32_t capacity;
@@ -76,7 +76,7 @@ struct Long32 {
   uint32_t capacity;
   pmla_fastdiv per; /* P - OH */
   __device__ __forceinline__ void next(Ends &l, int64_t b) const {
-    pmla_plan_ends_step32_long(&l, (uint32_t)b, capacity, per);
+    pmla_plan_room_step32_long(&l, (uint32_t)b, capacity, per);
   }
 };
 struct Step64 {
