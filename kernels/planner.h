@@ -328,25 +328,20 @@ PMLA_HD static inline void pmla_plan_ends_step32(pmla_plan_ends32 *l, uint32_t b
 
 /* pmla_plan_ends_step for any request, C below 2^30, on the room alone
  * (l->s stays 0 and l->end is the room the request enters with): no
- * branch, and the room's chain through one multiply-high division (per_div,
- * the step's P - OH; a 64-bit division is a software loop on the GPU). A
- * request entering with room >= OH carries the unit on, ceil(d / per) ends
- * further for the d blocks past the room; one entering inside the overhead
- * starts a fresh unit whatever the room, so that outcome is computed off
- * the chain. Equal to pmla_plan_ends_step wherever the room is not
+ * branch, one multiply-high division (per_div, the step's P - OH; a 64-bit
+ * division is a software loop on the GPU). A crossing request ends
+ * ceil(d / per) units further for the d blocks past its room, a request
+ * entering inside the overhead (room < OH) as if it entered a fresh unit
+ * with room OH. Equal to pmla_plan_ends_step wherever the room is not
  * negative (tested). */
 PMLA_HD static inline void pmla_plan_room_step32_long(pmla_plan_ends32 *l, uint32_t blocks,
                                                       uint32_t capacity, pmla_fastdiv per_div) {
   const uint32_t OH = PMLA_SPLIT_OVERHEAD, per = capacity - OH, c = OH + blocks, r = l->end;
-  const uint32_t mb = c > capacity ? pmla_fastdiv_q(per_div, c - capacity - 1) + 1 : 0;
-  const uint32_t rb = capacity + mb * per - c; /* a fresh unit's */
-  const int32_t d = (int32_t)(c - r);
-  /* (d - 1) / per, meaningful where d > 0 and selected only there */
-  const uint32_t q = pmla_fastdiv_q(per_div, (uint32_t)d - 1u);
-  const uint32_t ra = q * per + (per - (uint32_t)d); /* carried on */
-  const int cross = d > 0, fresh = (int32_t)r < (int32_t)OH;
-  l->end = !cross ? r - c : fresh ? rb : ra;
-  l->unit += !cross ? 0 : fresh ? 1 + (int32_t)mb : 1 + (int32_t)q;
+  const int fresh = (int32_t)r < (int32_t)OH, cross = fresh || c > r;
+  const uint32_t d = c - (fresh ? OH : r); /* >= 0 where crossing */
+  const uint32_t q = pmla_fastdiv_q(per_div, d - (d > 0)); /* (d - 1) / per, 0 for d = 0 */
+  l->end = cross ? q * per + (per - d) : r - c;
+  l->unit += cross ? 1 + (int32_t)q : 0;
 }
 
 /* Fill mode, closed form: piece p of the npieces a request of `blocks`
