@@ -884,9 +884,9 @@ __global__ void __launch_bounds__(PLAN_THREADS) pmla_plan_kernel(pmla_plan_input
    * counted beside the walk (beside_walk) from keys written before it,
    * one thread a key at least; else by the whole block once the deal is
    * tried */
-  const DealRanks ranks = s_max_blocks == ~s_not_min         ? RANKS_EQUAL
+  const DealRanks ranks = s_max_blocks == ~s_not_min   ? RANKS_EQUAL
                           : deal && R <= BESIDE_THREADS ? RANKS_BESIDE
-                                                               : RANKS_COUNT;
+                                                        : RANKS_COUNT;
 
   /* Placement, a chunk of requests at a time; `at` is the prefix before it. */
   pmla_plan_base at = {0, pmla_plan_fill_start(&sh), 0, 0, 0, 0};
