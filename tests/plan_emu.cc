@@ -101,6 +101,20 @@ template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
   memcpy(&r, &o, sizeof r);
   return r;
 }
+/* lanes below d keep their own value, as on the GPU */
+template <typename T> static T __shfl_up_sync(unsigned, T v, int d) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 64 bits");
+  const int t = threadIdx.x;
+  uint64_t u = 0;
+  memcpy(&u, &v, sizeof v);
+  g_lane_slot[t] = u;
+  emu_wait(g_warp[t / 32]);
+  const uint64_t o = (t & 31) >= d ? g_lane_slot[t - d] : u;
+  emu_wait(g_warp[t / 32]);
+  T r;
+  memcpy(&r, &o, sizeof r);
+  return r;
+}
 static unsigned __ballot_sync(unsigned, int p) {
   const int t = threadIdx.x;
   g_lane_slot[t] = p != 0;

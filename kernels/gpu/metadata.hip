@@ -183,6 +183,42 @@ __device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_
   return *s_piece_mode;
 }
 
+/* A 32-lane shuffle up on both platforms (as shfl32_xor). */
+__device__ __forceinline__ int32_t shfl32_up(int32_t v, int d) {
+#ifdef PMLA_PLATFORM_NVIDIA
+  return __shfl_up_sync(0xffffffffu, v, d);
+#else
+  return __shfl_up(v, d, 32);
+#endif
+}
+
+/* Exclusive prefix of a count over the block (sums below 2^31), *sum the
+ * block's total: 32-lane shuffles, then each thread adds the totals of the
+ * lane groups before its own, one barrier (block_exclusive_scan takes 20).
+ * The caller's barrier follows before the next call writes the totals. */
+__device__ __forceinline__ int32_t block_exclusive_count(int32_t x, int32_t *sum) {
+  __shared__ int32_t s_group[PLAN_THREADS / 32];
+  const int t = threadIdx.x, lane = t & 31, w = t >> 5;
+  int32_t v = x;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int32_t y = shfl32_up(v, d);
+    v += lane >= d ? y : 0;
+  }
+  if (lane == 31)
+    s_group[w] = v;
+  __syncthreads();
+  int32_t before = 0, total = 0;
+#pragma unroll
+  for (int i = 0; i < PLAN_THREADS / 32; i++) {
+    const int32_t s = s_group[i];
+    before += i < w ? s : 0;
+    total += s;
+  }
+  *sum = total;
+  return before + v - x;
+}
+
 /* Sum and maxima over the block of one value per thread (a second
  * maximum where s_max2 is given), one shared atomic per warp each (64-bit
  * shared atomics are compare-and-swap loops). */
@@ -443,19 +479,18 @@ __device__ __noinline__ int deal_equal(const int64_t *buf, int32_t P, int32_t N,
 /* Each unit's items counted (items_of(rank)) and scanned into work_indptr,
  * and each rank's first item in item_at; returns the step's items. */
 template <typename ItemsOf>
-__device__ __forceinline__ int64_t deal_items(int32_t N, int32_t rounds, const DealArrays &a,
-                                              int64_t *buf, const pmla_plan_output &out,
-                                              ItemsOf items_of) {
+__device__ __forceinline__ int32_t deal_items(int32_t N, int32_t rounds, const DealArrays &a,
+                                              const pmla_plan_output &out, ItemsOf items_of) {
   const int t = threadIdx.x;
-  int64_t count = 0;
+  int32_t count = 0; /* the step's items fit max_items */
   if (t < N)
     for (int32_t k = 0; k < rounds; k++)
       count += a.perm[k * N + t] >= 0 ? items_of(a.perm[k * N + t]) : 0;
-  int64_t all;
-  const int64_t start = block_exclusive_scan(count, buf, &all);
+  int32_t all;
+  const int32_t start = block_exclusive_count(count, &all);
   if (t < N) {
-    out.work_indptr[t] = (int32_t)start;
-    int32_t at = (int32_t)start;
+    out.work_indptr[t] = start;
+    int32_t at = start;
     for (int32_t k = 0; k < rounds; k++) {
       const int32_t i = a.perm[k * N + t];
       if (i >= 0) {
@@ -524,7 +559,7 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
   __syncthreads();
   deal_rounds<false>(buf, P, N, a, INT64_MAX);
   /* a piece's items: a whole request's chunks, or one */
-  const int64_t all = deal_items(N, pmla_inv_rounds(P, N), a, buf, out, [&](int32_t i) {
+  const int32_t all = deal_items(N, pmla_inv_rounds(P, N), a, out, [&](int32_t i) {
     const int32_t r = a.req_of[a.piece_of[i]];
     return a.first_at[r] >= 0 ? 1 : a.n_at[r];
   });
@@ -543,8 +578,8 @@ __device__ void plan_deal(const pmla_plan_input &in, const pmla_plan_output &out
   }
   atomicAdd(s_rows, rows);
   __syncthreads();
-  pmla_inv_finish(&in, &out, (int32_t)all, slots, reduces, N - 1, *s_max_pieces, *s_rows, *s_err,
-                  t, PLAN_THREADS);
+  pmla_inv_finish(&in, &out, all, slots, reduces, N - 1, *s_max_pieces, *s_rows, *s_err, t,
+                  PLAN_THREADS);
 }
 
 /* A whole request's deal key (pmla_plan_dealt's with one chunk a request). */
@@ -582,7 +617,7 @@ __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out
   if (!(ranks == RANKS_EQUAL ? deal_equal(buf, R, N, a.perm, a.unit_of, limit)
                              : deal_rounds<true>(buf, R, N, a, limit)))
     return 0;
-  const int64_t all = deal_items(N, pmla_inv_rounds(R, N), a, buf, out, [](int32_t) { return 1; });
+  const int32_t all = deal_items(N, pmla_inv_rounds(R, N), a, out, [](int32_t) { return 1; });
   if (t < R) {
     const int32_t r = a.piece_of[t];
     pmla_plan_store_item(&out, a.item_at[t], r, -1, rc.qb[r], rc.qe[r], 0, rc.len[r], rc.len[r],
@@ -590,7 +625,7 @@ __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out
   }
   atomicAdd(s_rows, q.qe - q.qb); /* zero past the requests */
   __syncthreads();
-  pmla_inv_finish_as(&in, &out, PMLA_DEALT_MODE, (int32_t)all, 0, 0, N - 1, 1, *s_rows, *s_err, t,
+  pmla_inv_finish_as(&in, &out, PMLA_DEALT_MODE, all, 0, 0, N - 1, 1, *s_rows, *s_err, t,
                      PLAN_THREADS);
   return 1;
 }
