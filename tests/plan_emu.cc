@@ -88,32 +88,27 @@ static inline int __syncthreads_or(int p) {
   emu_wait(g_block);
   return g_or_slot[n % 3];
 }
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
+/* every lane of the warp calls; each gets the value thread src passed */
+template <typename T> static T emu_shfl(T v, int src) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 64 bits");
   const int t = threadIdx.x;
   uint64_t u = 0;
   memcpy(&u, &v, sizeof v);
   g_lane_slot[t] = u;
   emu_wait(g_warp[t / 32]);
-  const uint64_t o = g_lane_slot[t ^ m];
+  const uint64_t o = g_lane_slot[src];
   emu_wait(g_warp[t / 32]);
   T r;
   memcpy(&r, &o, sizeof r);
   return r;
 }
+template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
+  return emu_shfl(v, threadIdx.x ^ m);
+}
 /* lanes below d keep their own value, as on the GPU */
 template <typename T> static T __shfl_up_sync(unsigned, T v, int d) {
-  static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 64 bits");
   const int t = threadIdx.x;
-  uint64_t u = 0;
-  memcpy(&u, &v, sizeof v);
-  g_lane_slot[t] = u;
-  emu_wait(g_warp[t / 32]);
-  const uint64_t o = (t & 31) >= d ? g_lane_slot[t - d] : u;
-  emu_wait(g_warp[t / 32]);
-  T r;
-  memcpy(&r, &o, sizeof r);
-  return r;
+  return emu_shfl(v, (t & 31) >= d ? t - d : t);
 }
 static unsigned __ballot_sync(unsigned, int p) {
   const int t = threadIdx.x;
