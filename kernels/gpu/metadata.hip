@@ -34,6 +34,15 @@ template <typename T> __device__ __forceinline__ T shfl32_xor(T v, int m) {
 #endif
 }
 
+/* A 32-lane shuffle up on both platforms (as shfl32_xor's). */
+__device__ __forceinline__ int32_t shfl32_up(int32_t v, int d) {
+#ifdef PMLA_PLATFORM_NVIDIA
+  return __shfl_up_sync(0xffffffffu, v, d);
+#else
+  return __shfl_up(v, d, 32);
+#endif
+}
+
 /* A predicate's bits over the thread's 32-lane group (as shfl32_xor's). */
 __device__ __forceinline__ uint32_t ballot32(int p) {
 #ifdef PMLA_PLATFORM_NVIDIA
@@ -181,15 +190,6 @@ __device__ __noinline__ int walk_over_cap(const pmla_plan_input &in, const pmla_
     __syncthreads();
   }
   return *s_piece_mode;
-}
-
-/* A 32-lane shuffle up on both platforms (as shfl32_xor). */
-__device__ __forceinline__ int32_t shfl32_up(int32_t v, int d) {
-#ifdef PMLA_PLATFORM_NVIDIA
-  return __shfl_up_sync(0xffffffffu, v, d);
-#else
-  return __shfl_up(v, d, 32);
-#endif
 }
 
 /* Exclusive prefix of a count over the block (sums below 2^31), *sum the
