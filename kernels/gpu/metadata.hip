@@ -286,7 +286,8 @@ struct InvSums {
  * work_indptr (deal_items), then each piece's items written by the thread
  * of its rank. By request: n_at chunks, poff_at first piece, first_at
  * first split slot (-1 whole); by piece: req_of; by rank: piece_of,
- * item_at, unit_of; perm and load: the deal's. */
+ * item_at, unit_of (plan_deal's: deal_whole writes its items by rank);
+ * perm and load: the deal's. */
 struct DealArrays {
   int32_t *n_at, *poff_at, *first_at, *req_of, *piece_of, *item_at, *unit_of;
   int32_t *perm; /* 2 PLAN_THREADS */
@@ -376,14 +377,14 @@ __device__ __forceinline__ void deal_order(const int64_t *keys, int32_t P, int32
 
 /* The deal of the ranked keys, a round at a time (plan_invariant.h): unit
  * u gets rank perm[k N + u] in round k (-1: none), the unit of rank i is
- * unit_of[i]. A whole deal (limit < INT64_MAX) gives way, returning 0,
- * where the second round's first piece would take the unit holding the
- * N-th costliest over the limit, or after a round that takes any unit
- * over (loads only grow). A round reads the loads from one array and
- * writes them to the other, and its over-limit flag is its own, so one
- * barrier a round suffices. BALLOTS: up to 64 units, each unit's place
- * counted by ballots (below). */
-template <bool BALLOTS>
+ * unit_of[i] (not in a WHOLE deal). A whole deal (limit < INT64_MAX) gives
+ * way, returning 0, where the second round's first piece would take the
+ * unit holding the N-th costliest over the limit, or after a round that
+ * takes any unit over (loads only grow). A round reads the loads from one
+ * array and writes them to the other, and its over-limit flag is its own,
+ * so one barrier a round suffices. WHOLE, deal_whole's: up to 64 units,
+ * each unit's place counted by ballots (below), and no unit_of. */
+template <bool WHOLE>
 __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_t N,
                                            const DealArrays &a, int64_t limit) {
   const int t = threadIdx.x;
@@ -402,7 +403,7 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
    * place counted by ballots of the loads of units lane and lane + 32
    * (each read once a round); more, GU threads count a unit's and the
    * first of them places it */
-  const int ballots = BALLOTS && N <= 64, GU = group_of(N);
+  const int ballots = WHOLE && N <= 64, GU = group_of(N);
   const int u = ballots ? (t >> 5) + 16 * (t & 31) : t % GU == 0 ? t / GU : PMLA_INV_DEAL_MAX;
   for (int32_t k = 0; k < rounds; k++) {
     __syncthreads();
@@ -440,7 +441,8 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
       a.perm[k * N + u] = i;
       int64_t l = load[u];
       if (i >= 0) {
-        a.unit_of[i] = u;
+        if (!WHOLE)
+          a.unit_of[i] = u;
         l += pmla_inv_key_cost(buf[a.piece_of[i]]);
         if (l > limit)
           s_over[k & 1] = 1; /* 0 here: round k - 2 was read as not over */
@@ -462,7 +464,7 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
  * deals' code stays as it was (inlined, the ragged deals ran 1-2 us
  * slower). */
 __device__ __noinline__ int deal_equal(const int64_t *buf, int32_t P, int32_t N, int32_t *perm,
-                                       int32_t *unit_of, int64_t limit) {
+                                       int64_t limit) {
   const int t = threadIdx.x;
   int over = 0;
   if (t < N) {
@@ -470,10 +472,8 @@ __device__ __noinline__ int deal_equal(const int64_t *buf, int32_t P, int32_t N,
     for (int32_t k = 0; k < pmla_inv_rounds(P, N); k++) {
       const int32_t i = P < N ? pmla_inv_spaced_rank(t, N, P) : k * N + t < P ? k * N + t : -1;
       perm[k * N + t] = i;
-      if (i >= 0) {
-        unit_of[i] = t;
+      if (i >= 0)
         l += pmla_inv_key_cost(buf[i]);
-      }
     }
     over = l > limit;
   }
@@ -618,7 +618,7 @@ __device__ int deal_whole(const pmla_plan_input &in, const pmla_plan_output &out
     a.piece_of[t] = t;
   if (ranks != RANKS_BESIDE)
     __syncthreads();
-  if (!(ranks == RANKS_EQUAL ? deal_equal(buf, R, N, a.perm, a.unit_of, limit)
+  if (!(ranks == RANKS_EQUAL ? deal_equal(buf, R, N, a.perm, limit)
                              : deal_rounds<true>(buf, R, N, a, limit)))
     return 0;
   const int32_t all = deal_items(N, pmla_inv_rounds(R, N), a, out, [](int32_t) { return 1; });
