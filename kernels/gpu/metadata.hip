@@ -405,6 +405,8 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
    * first of them places it */
   const int ballots = WHOLE && N <= 64, GU = group_of(N);
   const int u = ballots ? (t >> 5) + 16 * (t & 31) : t % GU == 0 ? t / GU : PMLA_INV_DEAL_MAX;
+  /* unit v (load l) comes before unit w (load m): by load, ties by unit */
+  const auto before = [](int64_t l, int v, int64_t m, int w) { return l < m || (l == m && v < w); };
   for (int32_t k = 0; k < rounds; k++) {
     __syncthreads();
     if (k > 0 && s_over[(k - 1) & 1])
@@ -421,9 +423,9 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
                    * that deal no rounds ran 0.2-0.4 us slower */
       for (int32_t m = 0, um = t >> 5; um < N; m++, um += 16) {
         const int64_t mine = load[um];
-        int32_t c = __popc(ballot32(l0 < mine || (l0 == mine && lane < um)));
+        int32_t c = __popc(ballot32(before(l0, lane, mine, um)));
         if (N > 32)
-          c += __popc(ballot32(l1 < mine || (l1 == mine && lane + 32 < um)));
+          c += __popc(ballot32(before(l1, lane + 32, mine, um)));
         if (lane == m)
           pos = c;
       }
@@ -433,7 +435,7 @@ __device__ __forceinline__ int deal_rounds(const int64_t *buf, int32_t P, int32_
       pos = 0;
 #pragma unroll 4
       for (int32_t v = t % GU; v < N; v += GU)
-        pos += load[v] < mine || (load[v] == mine && v < gu);
+        pos += before(load[v], v, mine, gu);
       pos = group_sum(pos, GU);
     }
     if (u < N) {
