@@ -398,8 +398,10 @@ __device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], cons
 /* KV_FIRST: every KV box is loaded as L2's first evictions (steps of few
  * requests, pmla_launch_decode_sm90). GATHER: top-k steps, whose blocks are
  * never whole pages, compiled without the whole-page path (with it, the
- * loop's schedule cost them 2% on the H200) */
-template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER>
+ * loop's schedule cost them 2% on the H200). SMALL: bf16 pages of 16 or 32
+ * slots, each loader warp's 16 rows by TMA where they are one page's run
+ * (the only kernels with that branch) */
+template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER, bool SMALL>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
                                         const CUtensorMap *kv_tmap, int use_tma) {
   constexpr bool FP8 = F != PMLA_KV_BF16;
@@ -456,6 +458,9 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aRawRead = smem_u32(sMx + 128);
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
+  /* whole pages by TMA: use_tma is 0 or 1, and 2 (pages of 16 or 32 slots)
+   * in the SMALL kernels only */
+  const bool whole_tma = SMALL ? use_tma == 1 : use_tma != 0;
 #if PMLA_WG_TMA
   /* warpgroup 1: boxes [C0, 9) of a whole-page KV block (its first slot:
    * first) into stage st by TMA, the bytes of all nine expected with box
@@ -471,6 +476,28 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     if (lane == 0)
       ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
+    if (arrive)
+      mbar_arrive(bar);
+  };
+  /* warpgroup 1, pages smaller than a block (use_tma == 2): this warp's 16
+   * rows of the block, one page's run from slot first, as nine 16-row
+   * boxes into stage st, their bytes expected by the warp's lane 0 before
+   * it issues them (the stage's phase also waits for that lane's arrival) */
+  auto group_boxes = [&](int st, int64_t first, bool evict_first, bool arrive) {
+    const uint32_t bar = aFull + 8 * st;
+    if (lane == 0) {
+      mbar_expect_tx(bar, TILE / 4);
+      const uint32_t dst = smem_u32(sKV + st * TILE) + 16 * wi * 128;
+      const uint64_t pol = evict_first ? l2_evict_first() : 0;
+#pragma unroll
+      for (int c = 0; c < 9; c++) {
+        if (evict_first)
+          tma_box_hint(dst + c * BLK, kv_tmap, c * 64, (int)first, bar, pol);
+        else
+          tma_box(dst + c * BLK, kv_tmap, c * 64, (int)first, bar);
+      }
+      ((uint16_t *)sVm)[st * 4 + wi] = 0xffffu;
+    }
     if (arrive)
       mbar_arrive(bar);
   };
@@ -607,7 +634,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     /* B0_NEXT: the next item is served here and finds its Q in sQ (the
      * same rows, or warpgroup 0's copy): its block 0 may come early */
     bool b0_next = false;
-    if (B0_NEXT && use_tma && nblk > 0 && it + 1 < it_end) {
+    if (B0_NEXT && whole_tma && nblk > 0 && it + 1 < it_end) {
       const int32_t *wn = item_at(it + 1);
       const int32_t b2 = wn[PMLA_WI_Q_BEGIN], e2 = wn[PMLA_WI_Q_END];
       b0_next = serves(b2, e2) && wn[PMLA_WI_KV_END] > wn[PMLA_WI_KV_BEGIN];
@@ -695,11 +722,21 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         auto load_block = [&](int blk, int st) -> bool {
           const int pos = kb + blk * BN + ld_t;
 #if PMLA_WG_TMA
-          const int64_t first =
-              !NARROW && !GATHER && use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke)
-                                            : -1;
+          const int64_t first = !NARROW && !GATHER && whole_tma
+                                    ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke)
+                                    : -1;
           if (first >= 0)
             return page_block(std::integral_constant<int, 0>(), blk, st, first);
+          /* pages of 16 or 32 slots: each warp's 16 rows by TMA where they
+           * are one page's run */
+          const int64_t gfirst = SMALL && !NARROW && !GATHER && use_tma == 2
+                                     ? page_group_slot(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
+                                     : -1;
+          if (gfirst >= 0) {
+            group_boxes(st, gfirst, kv_first, blk != 0);
+            raw_next = raw_at(blk + 1);
+            return blk == 0;
+          }
 #endif
           const int64_t slot =
               pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
@@ -894,7 +931,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
              * warpgroup 0's P V of block b is done, while this warpgroup's
              * own, queued behind it, still reads boxes 4-8; those follow at
              * the next block's top */
-            if (!NARROW && !GATHER && use_tma && b + 2 < nblk) {
+            if (!NARROW && !GATHER && whole_tma && b + 2 < nblk) {
               const int64_t first = whole_page_slot(p.map, raw_next, kb + (b + 2) * BN, ke);
               if (first >= 0) {
                 nb_sync(EMPTY + (b & 1));
@@ -1253,16 +1290,16 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 }
 #endif /* PMLA_SM90_DEVICE */
 
-/* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64 x 64
- * boxes, 128B swizzle), valid when use_tma */
-template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER = false>
+/* kv_tmap: the KV cache as a [num_slots, 576] bf16 tensor map (64-column
+ * boxes of 64 rows where use_tma == 1, of 16 where it is 2; 128B swizzle) */
+template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER, bool SMALL>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_pp<F, FOLD, NARROW, KV_FIRST, GATHER>(p, scale_log2, &kv_tmap, use_tma);
+  body_pp<F, FOLD, NARROW, KV_FIRST, GATHER, SMALL>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -1285,44 +1322,58 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = lookup_tensor_map_encoder();
   return fn;
 }
-/* The KV cache as a 2-D tensor map for body_pp's whole-page loads; 0 when
- * TMA does not apply (top-k gather, page size not a multiple of 64, a cache
- * the map cannot describe). No L2 promotion: a box is 128 bytes of a
+/* The KV cache as a 2-D tensor map for body_pp's page loads: 1 with
+ * 64-row boxes (page size a multiple of 64: a block is one page's run), 2
+ * with 16-row boxes (other multiples of 16: a loader warp's 16 rows are),
+ * 0 when TMA does not apply (top-k gather, other page sizes, a cache the
+ * map cannot describe). No L2 promotion: a box is 128 bytes of a
  * 1152-byte row, and promoting it to 256 bytes cost the memory-bound tiles
  * 4-5% of their time */
 int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-  if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_BF16 || p.map.topk ||
-      p.map.page_size % BN != 0 ||
-      p.map.num_slots < BN || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
+  const int rows = p.map.page_size % BN == 0 ? BN : p.map.page_size % 16 == 0 ? 16 : 0;
+  if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_BF16 || p.map.topk || rows == 0 ||
+      p.map.num_slots < rows || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
     return 0;
   cuuint64_t dim[2] = {PMLA_QK_DIM, (cuuint64_t)p.map.num_slots};
   cuuint64_t stride[1] = {PITCH};
-  cuuint32_t box[2] = {64, (cuuint32_t)BN}, estride[2] = {1, 1};
-  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p.kv, dim, stride, box, estride,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  cuuint32_t box[2] = {64, (cuuint32_t)rows}, estride[2] = {1, 1};
+  if (enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p.kv, dim, stride, box, estride,
+          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+          CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return 0;
+  return rows == BN ? 1 : 2;
 }
-template <int F, bool FOLD, bool NARROW = false, bool KV_FIRST = false, bool GATHER = false>
-hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER, bool SMALL>
+hipError_t launch_kernel(const pmla_gpu_problem &p, int tiles, hipStream_t st,
+                         const CUtensorMap &tmap, int use_tma) {
   static unsigned long long opted_in = 0;
   hipError_t e = pmla_opt_in_smem(
-      (const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER>, SMEM, &opted_in);
+      (const void *)pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER, SMALL>, SMEM,
+      &opted_in);
   if (e != hipSuccess)
     return e;
   /* head tiles on x: a unit's tiles are neighbouring blocks, started
    * together, so the second read of each KV block finds it in L2 (3% faster
    * at h = 128 than units on x) */
   const dim3 grid((unsigned)tiles, (unsigned)p.num_units);
+  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER, SMALL>, grid,
+                    dim3(NT), SMEM, st, p, p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
+}
+template <int F, bool FOLD, bool NARROW = false, bool KV_FIRST = false, bool GATHER = false>
+hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
   /* NARROW tiles gather every block with cp.async: their steps are bound by
    * memory, and 128 loader threads' copies keep more reads in flight than
    * one thread's nine TMA boxes (docs/performance.md) */
   const int use_tma = NARROW || GATHER ? 0 : kv_tensor_map(&tmap, p);
-  return pdl_launch(pmla_decode_sm90_kernel<F, FOLD, NARROW, KV_FIRST, GATHER>, grid, dim3(NT),
-                    SMEM, st, p,
-                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
+  /* pages of 16 or 32 slots have kernels of their own: the 16-row boxes'
+   * branch in the loader cost the whole-page steps 1% */
+  if constexpr (F == PMLA_KV_BF16 && !NARROW && !GATHER)
+    if (use_tma == 2)
+      return launch_kernel<F, FOLD, NARROW, KV_FIRST, GATHER, true>(p, tiles, st, tmap, use_tma);
+  return launch_kernel<F, FOLD, NARROW, KV_FIRST, GATHER, false>(p, tiles, st, tmap, use_tma);
 }
 
 } /* namespace */
@@ -1377,7 +1428,7 @@ void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
 bool pmla_sm90_image_runs() {
   /* binaryVersion 90: the sm_90a image (the one with the body) runs here */
   cudaFuncAttributes fa;
-  const void *k = (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, false, false>;
+  const void *k = (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, false, false, false, false>;
   if (cudaFuncGetAttributes(&fa, k) != cudaSuccess) {
     cudaGetLastError(); /* no image for this device: no error left behind */
     return false;

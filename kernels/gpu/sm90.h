@@ -225,7 +225,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                "r"(parity)
                : "memory");
 }
-/* one 64-column x 64-row box of the KV cache into a 128B-swizzled block */
+/* one box of the KV cache (the map's box shape) into a 128B-swizzled block */
 __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, int col, int row,
                                         uint32_t bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"

@@ -53,6 +53,17 @@ __device__ __forceinline__ int64_t whole_page_slot(const pmla_kv_map &m, int32_t
   const int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)pos_blk);
   return slot + BN <= m.num_slots ? slot : -1;
 }
+/* The first slot of the 16 tokens [pos, pos + 16) when they are one valid
+ * run inside a single page (page size a multiple of 16 but not of BN,
+ * pos 16-aligned, before ke), else -1. The loader warp that gathers them
+ * holds their page's entry in every lane, so its lanes decide alike. */
+__device__ __forceinline__ int64_t page_group_slot(const pmla_kv_map &m, int32_t raw, int pos,
+                                                   int ke) {
+  if (m.topk || m.page_size % 16 != 0 || pos % 16 != 0 || pos + 16 > ke || raw < 0)
+    return -1;
+  const int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)pos);
+  return slot + 16 <= m.num_slots ? slot : -1;
+}
 /* a loader warp's token validity as bits (the TPT lanes of a token agree):
  * bit k = the warp's k-th token; read back as one word instead of one shared
  * load per element (those loads sat on the softmax's critical path) */
