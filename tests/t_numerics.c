@@ -371,7 +371,7 @@ END_TEST
 START_TEST(test_dense_decode_matches_reference_on_random_batches) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ (0x9000u + (uint64_t)_i);
-  static const uint32_t pages[] = {1, 16, 64, 256}, heads[] = {16, 16, 32, 64};
+  static const uint32_t pages[] = {1, 16, 32, 64, 256}, heads[] = {16, 16, 32, 64};
   static const uint32_t cus[] = {1, 2, 7};
   static const int32_t batches[] = {1, 3, 8};
   dense_case c;
@@ -379,7 +379,7 @@ START_TEST(test_dense_decode_matches_reference_on_random_batches) {
   char name[64];
   snprintf(name, sizeof name, "random dense #%d", _i);
   c.name = name;
-  c.page_size = pages[rng_below(&rng, 4)];
+  c.page_size = pages[rng_below(&rng, 5)];
   c.heads = _i == 5 ? 128 : heads[rng_below(&rng, 4)];
   c.cu = cus[rng_below(&rng, 3)];
   c.layout = rng_below(&rng, 2) ? BT : CSR;
