@@ -1428,7 +1428,8 @@ void pmla_sm90_prepare() { (void)tensor_map_encoder(); }
 bool pmla_sm90_image_runs() {
   /* binaryVersion 90: the sm_90a image (the one with the body) runs here */
   cudaFuncAttributes fa;
-  const void *k = (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, false, false, false, false>;
+  const void *k =
+      (const void *)pmla_decode_sm90_kernel<PMLA_KV_BF16, false, false, false, false, false>;
   if (cudaFuncGetAttributes(&fa, k) != cudaSuccess) {
     cudaGetLastError(); /* no image for this device: no error left behind */
     return false;
