@@ -300,7 +300,11 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         char *dst = sSt + s * STG;
         const uint32_t bar = aFull + 8 * s;
 #if PMLA_WG_TMA
-        const int64_t first = use_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+        /* whole pages: use_tma 1 (2, pages of 16 or 32 slots, comes to the
+         * 32-row kernel only) */
+        const bool whole_tma = NC == 32 ? use_tma == 1 : use_tma != 0;
+        const int64_t first =
+            whole_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
           if (t == 0) {
             mbar_expect_tx(bar, KB);
@@ -310,6 +314,23 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
           }
           if (lane == 0)
             ((uint16_t *)sVm)[s * 4 + wi] = 0xffffu;
+          mbar_arrive(bar);
+          raw_next = raw_at(blk + 1);
+          return;
+        }
+        /* pages of 16 or 32 slots, 32 rows: each warp's 16 rows as five
+         * 16-row boxes where they are one page's run */
+        const int64_t gfirst = NC == 32 && use_tma == 2
+                                   ? page_group_slot(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
+                                   : -1;
+        if (gfirst >= 0) {
+          if (lane == 0) {
+            mbar_expect_tx(bar, KB / 4);
+#pragma unroll
+            for (int c = 0; c < 5; c++)
+              tma_box(smem_u32(dst) + c * CB + 16 * wi * 128, kv_tmap, c * 128, (int)gfirst, bar);
+            ((uint16_t *)sVm)[s * 4 + wi] = 0xffffu;
+          }
           mbar_arrive(bar);
           raw_next = raw_at(blk + 1);
           return;
@@ -577,8 +598,9 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
 }
 #endif /* PMLA_SM90_DEVICE */
 
-/* kv_tmap: the E4M3 cache as a [num_slots, 576] byte tensor map (128 x 64
- * boxes, 128B swizzle), valid when use_tma */
+/* kv_tmap: the E4M3 cache as a [num_slots, 576] byte tensor map (128-byte
+ * boxes of 64 rows where use_tma == 1, of 16 where it is 2, for 32 rows
+ * only; 128B swizzle) */
 template <int NC>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_e4m3_kernel(pmla_gpu_problem p, float scale_log2,
@@ -590,24 +612,28 @@ __global__ void __launch_bounds__(NT, 1)
 #endif
 }
 
-/* The cache's rows as bytes for the whole-page loads: 128 x 64 boxes, the
- * fifth reaching past the row's 576 bytes, which TMA fills with zeros; 0
- * when TMA does not apply (top-k gather, page size not a multiple of 64,
- * a cache the map cannot describe) */
+/* The cache's rows as bytes for the page loads: 128-byte boxes, the fifth
+ * reaching past the row's 576 bytes, which TMA fills with zeros; 1 with
+ * 64-row boxes (page size a multiple of 64: a block is one page's run), 2
+ * with 16-row boxes (other multiples of 16: a loader warp's 16 rows are),
+ * 0 when TMA does not apply (top-k gather, other page sizes, a cache the
+ * map cannot describe) */
 int kv_tensor_map_e4m3(CUtensorMap *m, const pmla_gpu_problem &p) {
   const PFN_cuTensorMapEncodeTiled_v12000 enc =
       (PFN_cuTensorMapEncodeTiled_v12000)pmla_sm90_tensor_map_encoder();
   constexpr int ROWB = pmla_kv::KvFmt<PMLA_KV_E4M3>::ROW_BYTES;
-  if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_E4M3 || p.map.topk ||
-      p.map.page_size % BN != 0 || p.map.num_slots < BN || p.map.num_slots > INT32_MAX ||
-      ((uintptr_t)p.kv & 15) != 0)
+  const int rows = p.map.page_size % BN == 0 ? BN : p.map.page_size % 16 == 0 ? 16 : 0;
+  if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_E4M3 || p.map.topk || rows == 0 ||
+      p.map.num_slots < rows || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
     return 0;
   cuuint64_t dim[2] = {ROWB, (cuuint64_t)p.map.num_slots};
   cuuint64_t stride[1] = {ROWB};
-  cuuint32_t box[2] = {128, (cuuint32_t)BN}, estride[2] = {1, 1};
-  return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p.kv, dim, stride, box, estride,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  cuuint32_t box[2] = {128, (cuuint32_t)rows}, estride[2] = {1, 1};
+  if (enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p.kv, dim, stride, box, estride,
+          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return 0;
+  return rows == BN ? 1 : 2;
 }
 template <int NC> hipError_t launch(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   static unsigned long long opted_in = 0;
@@ -618,7 +644,11 @@ template <int NC> hipError_t launch(const pmla_gpu_problem &p, int tiles, hipStr
   const dim3 grid((unsigned)tiles, (unsigned)p.num_units);
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
-  const int use_tma = kv_tensor_map_e4m3(&tmap, p);
+  /* 16-row boxes cost the 16-row kernel 3-5% (bound by memory, its 128
+   * gathering threads keep more reads in flight) and gain the 32-row one 7% */
+  int use_tma = kv_tensor_map_e4m3(&tmap, p);
+  if (NC == 16 && use_tma == 2)
+    use_tma = 0;
   return pdl_launch(pmla_decode_sm90_e4m3_kernel<NC>, grid, dim3(NT), smem_e4n(NC), st, p,
                     p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
 }
