@@ -723,15 +723,16 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           const int pos = kb + blk * BN + ld_t;
 #if PMLA_WG_TMA
           const int64_t first = !NARROW && !GATHER && whole_tma
-                                    ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke)
+                                    ? page_run_slot<BN>(p.map, raw_next, kb + blk * BN, ke)
                                     : -1;
           if (first >= 0)
             return page_block(std::integral_constant<int, 0>(), blk, st, first);
           /* pages of 16 or 32 slots: each warp's 16 rows by TMA where they
            * are one page's run */
-          const int64_t gfirst = SMALL && !NARROW && !GATHER && use_tma == 2
-                                     ? page_group_slot(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
-                                     : -1;
+          const int64_t gfirst =
+              SMALL && !NARROW && !GATHER && use_tma == 2
+                  ? page_run_slot<16>(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
+                  : -1;
           if (gfirst >= 0) {
             group_boxes(st, gfirst, kv_first, blk != 0);
             raw_next = raw_at(blk + 1);
@@ -932,7 +933,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
              * own, queued behind it, still reads boxes 4-8; those follow at
              * the next block's top */
             if (!NARROW && !GATHER && whole_tma && b + 2 < nblk) {
-              const int64_t first = whole_page_slot(p.map, raw_next, kb + (b + 2) * BN, ke);
+              const int64_t first = page_run_slot<BN>(p.map, raw_next, kb + (b + 2) * BN, ke);
               if (first >= 0) {
                 nb_sync(EMPTY + (b & 1));
                 if (t == 0) {
@@ -1205,7 +1206,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         const int32_t r2 = wn[PMLA_WI_REQUEST], kb2 = wn[PMLA_WI_KV_BEGIN];
         const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
         const int64_t first =
-            whole_page_slot(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
+            page_run_slot<BN>(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
         if (first >= 0) {
           page_boxes(std::integral_constant<int, 0>(), 0, first, KV_FIRST, true);
           b0_pre = true;
@@ -1331,7 +1332,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
  * 4-5% of their time */
 int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-  const int rows = p.map.page_size % BN == 0 ? BN : p.map.page_size % 16 == 0 ? 16 : 0;
+  const int rows = tma_box_rows(p.map.page_size);
   if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_BF16 || p.map.topk || rows == 0 ||
       p.map.num_slots < rows || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
     return 0;

@@ -304,7 +304,7 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
          * 32-row kernel only) */
         const bool whole_tma = NC == 32 ? use_tma == 1 : use_tma != 0;
         const int64_t first =
-            whole_tma ? whole_page_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+            whole_tma ? page_run_slot<BN>(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
           if (t == 0) {
             mbar_expect_tx(bar, KB);
@@ -321,7 +321,7 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         /* pages of 16 or 32 slots, 32 rows: each warp's 16 rows as five
          * 16-row boxes where they are one page's run */
         const int64_t gfirst = NC == 32 && use_tma == 2
-                                   ? page_group_slot(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
+                                   ? page_run_slot<16>(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
                                    : -1;
         if (gfirst >= 0) {
           if (lane == 0) {
@@ -622,7 +622,7 @@ int kv_tensor_map_e4m3(CUtensorMap *m, const pmla_gpu_problem &p) {
   const PFN_cuTensorMapEncodeTiled_v12000 enc =
       (PFN_cuTensorMapEncodeTiled_v12000)pmla_sm90_tensor_map_encoder();
   constexpr int ROWB = pmla_kv::KvFmt<PMLA_KV_E4M3>::ROW_BYTES;
-  const int rows = p.map.page_size % BN == 0 ? BN : p.map.page_size % 16 == 0 ? 16 : 0;
+  const int rows = tma_box_rows(p.map.page_size);
   if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_E4M3 || p.map.topk || rows == 0 ||
       p.map.num_slots < rows || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
     return 0;

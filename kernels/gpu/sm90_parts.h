@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* sm90_parts.h - the pieces both sm_90a decode bodies are built from
  * (decode_sm90.hip's body_pp, decode_sm90_e4m3.hip's narrow E4M3 body):
- * the KV block and row tile, whether a block is one whole page, the
+ * the KV block and row tile, whether a run of tokens is one page's, the
  * validity bits of a loaded block, causal limits, the running maximum, the
  * column helpers of tiles whose tokens are the wgmma M side, and the
  * epilogue's staged rows and lse. Device parts only where the sm_90a body
@@ -36,33 +36,31 @@ template <bool PARTIAL> struct Staged {
   static constexpr int STRIDE = ROW + (PARTIAL ? 32 : 16);
 };
 
+/* the rows of a KV tensor map's boxes for a page size: BN where a block is
+ * one page's run, 16 where a loader warp's rows are (pages of 16 or 32
+ * slots), 0 where neither is (no TMA) */
+constexpr int tma_box_rows(int32_t page_size) {
+  return page_size % BN == 0 ? BN : page_size % 16 == 0 ? 16 : 0;
+}
+
 #ifdef PMLA_SM90_DEVICE
 using pmla_mma::fast_exp2;
 using pmla_mma::row_lse;
 
 constexpr float RESCALE_SLACK = 8.f;
 
-/* The first slot of block [pos_blk, pos_blk + BN) when the block is one
- * whole valid run of BN slots inside a single page (page size a multiple of
- * BN, block page-aligned, before ke), else -1. Every loader thread holds
- * the same raw entry for such a block, so all of them decide alike. */
-__device__ __forceinline__ int64_t whole_page_slot(const pmla_kv_map &m, int32_t raw, int pos_blk,
-                                                   int ke) {
-  if (m.topk || m.page_size % BN != 0 || pos_blk % BN != 0 || pos_blk + BN > ke || raw < 0)
-    return -1;
-  const int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)pos_blk);
-  return slot + BN <= m.num_slots ? slot : -1;
-}
-/* The first slot of the 16 tokens [pos, pos + 16) when they are one valid
- * run inside a single page (page size a multiple of 16 but not of BN,
- * pos 16-aligned, before ke), else -1. The loader warp that gathers them
- * holds their page's entry in every lane, so its lanes decide alike. */
-__device__ __forceinline__ int64_t page_group_slot(const pmla_kv_map &m, int32_t raw, int pos,
-                                                   int ke) {
-  if (m.topk || m.page_size % 16 != 0 || pos % 16 != 0 || pos + 16 > ke || raw < 0)
+/* The first slot of the RUN tokens [pos, pos + RUN) when they are one
+ * valid run inside a single page (page size a multiple of RUN, pos
+ * RUN-aligned, before ke), else -1: a whole block (RUN = BN) or a loader
+ * warp's 16 rows (RUN = 16). Every thread that loads them holds the same
+ * raw entry, so all of them decide alike. */
+template <int RUN>
+__device__ __forceinline__ int64_t page_run_slot(const pmla_kv_map &m, int32_t raw, int pos,
+                                                 int ke) {
+  if (m.topk || m.page_size % RUN != 0 || pos % RUN != 0 || pos + RUN > ke || raw < 0)
     return -1;
   const int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)pos);
-  return slot + 16 <= m.num_slots ? slot : -1;
+  return slot + RUN <= m.num_slots ? slot : -1;
 }
 /* a loader warp's token validity as bits (the TPT lanes of a token agree):
  * bit k = the warp's k-th token; read back as one word instead of one shared
