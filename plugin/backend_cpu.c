@@ -94,15 +94,17 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
   b->info.total_bytes += (uint64_t)scratch_floats * cus * 4;
   const uint64_t avail = host_available_bytes(), need = b->info.total_bytes;
   if (need > avail) {
+    /* the message reads the builder: made before it is freed */
+    pmla_status st = pmla_fail(
+        NULL, PMLA_ERR_OUT_OF_MEMORY,
+        "init_builder: pmla-cpu needs %.2f GiB of host memory for %u workers (%u partial slots "
+        "of %u heads x %u query tokens, and each worker's scratch), %.2f GiB is available "
+        "(MemAvailable + SwapFree); accepted: a smaller cu_count, max_q_len or num_heads%s",
+        need / 1073741824.0, cus, b->info.max_partial_slots, cfg.num_heads, cfg.max_q_len,
+        avail / 1073741824.0,
+        pmla_batch_invariant(b) ? ", or no PMLA_BUILDER_BATCH_INVARIANT" : "");
     cpu_destroy(b);
-    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
-                     "init_builder: pmla-cpu needs %.2f GiB of host memory for %u workers "
-                     "(%u partial slots of %u heads x %u query tokens, and each worker's "
-                     "scratch), %.2f GiB is available (MemAvailable + SwapFree); accepted: "
-                     "a smaller cu_count, max_q_len or num_heads%s",
-                     need / 1073741824.0, cus, b->info.max_partial_slots, cfg.num_heads,
-                     cfg.max_q_len, avail / 1073741824.0,
-                     pmla_batch_invariant(b) ? ", or no PMLA_BUILDER_BATCH_INVARIANT" : "");
+    return st;
   }
   cpu_state *s = calloc(1, sizeof *s);
   b->impl = s;
@@ -131,6 +133,9 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
 static pmla_status validate_dense_step(pmla_builder *b) {
   const pmla_step *s = &b->step;
   const int32_t R = s->num_requests, P = (int32_t)b->cfg.page_size;
+  if (R == 0 && s->qo_indptr[0] < 0) /* a batch of requests: checked in the loop below */
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "build_decode: qo_indptr[0] = %d; accepted: >= 0", s->qo_indptr[0]);
   for (int32_t r = 0; r < R; r++) {
     /* int64: the difference of two int32 entries need not fit int32 */
     const int64_t q0 = s->qo_indptr[r], q1 = s->qo_indptr[r + 1];

@@ -314,11 +314,13 @@ static uint64_t dtype_align(DLDataType d) {
   return 1;
 }
 
-static void shape_str(const int64_t *shape, int ndim, char *s, size_t n) {
+/* a shape as text; wild: a negative dimension is "*" (any), as in an
+ * accepted shape, else its value, as in a caller's */
+static void shape_str(const int64_t *shape, int ndim, int wild, char *s, size_t n) {
   size_t used = 0;
   used += (size_t)snprintf(s, n, "[");
   for (int i = 0; i < ndim && used < n; i++) {
-    if (shape[i] < 0)
+    if (wild && shape[i] < 0)
       used += (size_t)snprintf(s + used, n - used, "%s*", i ? ", " : "");
     else
       used += (size_t)snprintf(s + used, n - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
@@ -351,14 +353,14 @@ pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor 
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: dtype %s; accepted: %s", name, got, want);
   }
   if (t->ndim != ndim || !t->shape) {
-    shape_str(shape, ndim, want, sizeof want);
+    shape_str(shape, ndim, 1, want, sizeof want);
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: ndim = %d%s; accepted: %d, shape %s",
                      name, t->ndim, t->shape ? "" : ", shape NULL", ndim, want);
   }
   for (int i = 0; i < ndim; i++) {
     if (t->shape[i] < 0 || (shape[i] >= 0 && t->shape[i] != shape[i])) {
-      shape_str(t->shape, ndim, got, sizeof got);
-      shape_str(shape, ndim, want, sizeof want);
+      shape_str(t->shape, ndim, 0, got, sizeof got);
+      shape_str(shape, ndim, 1, want, sizeof want);
       return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "%s: shape %s (dim %d); accepted: %s", name,
                        got, i, want);
     }
@@ -371,7 +373,7 @@ pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor 
     empty |= t->shape[i] == 0;
   for (int i = 0; i < ndim && !empty; i++) {
     if (!pmla_mul_i64(elems, t->shape[i], &elems)) {
-      shape_str(t->shape, ndim, got, sizeof got);
+      shape_str(t->shape, ndim, 0, got, sizeof got);
       return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                        "%s: shape %s: the element count overflows int64 at dim %d (%lld * %lld); "
                        "accepted: a tensor of at most INT64_MAX bytes",
@@ -382,7 +384,7 @@ pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor 
     elems = 0;
   const int64_t elem_bytes = dtype.bits / 8;
   if (!pmla_mul_i64(elems, elem_bytes, &bytes)) {
-    shape_str(t->shape, ndim, got, sizeof got);
+    shape_str(t->shape, ndim, 0, got, sizeof got);
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                      "%s: shape %s: %lld elements of %lld bytes overflow int64; accepted: a "
                      "tensor of at most INT64_MAX bytes",

@@ -281,6 +281,7 @@ static const batch_mut batch_muts[] = {
     {"kv_last_page_len length != batch", 1, PMLA_ERR_INVALID_ARGUMENT},
     {"kv_indices on the wrong device type", 1, PMLA_ERR_INVALID_ARGUMENT},
     {"kv_lens shape NULL", 0, PMLA_ERR_INVALID_ARGUMENT},
+    {"qo_indptr of a negative length", 0, PMLA_ERR_INVALID_ARGUMENT},
 };
 #define N_BATCH_MUTS ((int)(sizeof batch_muts / sizeof batch_muts[0]))
 
@@ -293,7 +294,7 @@ START_TEST(test_build_decode_rejects_malformed_index_tensors) {
   DLTensor qo = f.t_qo.t, bt = f.t_bt.t, lens = f.t_lens.t, kvp = f.t_kvp.t, kvi = f.t_kvi.t,
            last = f.t_last.t;
   int64_t s2[2] = {BATCH + 1, 1}, s1[1] = {MAXP * BATCH}, rows2[2] = {BATCH - 1, MAXP},
-          len2[1] = {BATCH - 1}, lenp[1] = {BATCH + 2}, strides[2] = {1, BATCH};
+          len2[1] = {BATCH - 1}, lenp[1] = {BATCH + 2}, strides[2] = {1, BATCH}, neg[1] = {-4};
   switch (_i) {
   case 0: b.kv_layout = 0; break;
   case 1: b.kv_layout = 3; break;
@@ -321,6 +322,7 @@ START_TEST(test_build_decode_rejects_malformed_index_tensors) {
   case 23: last.shape = len2; break;
   case 24: kvi.device.device_type = other_device(); break;
   case 25: lens.shape = NULL; break;
+  case 26: qo.shape = neg; break;
   }
   if (b.qo_indptr)
     b.qo_indptr = &qo;
@@ -338,6 +340,9 @@ START_TEST(test_build_decode_rejects_malformed_index_tensors) {
   if (_i == 25)
     ck_assert_msg(strstr(g_be->last_error(f.b), "batch->kv_lens: ndim = 1, shape NULL"),
                   "message '%s' does not say the shape is NULL", g_be->last_error(f.b));
+  if (_i == 26) /* the value given, not the wildcard of an accepted shape */
+    ck_assert_msg(strstr(g_be->last_error(f.b), "shape [-4] (dim 0)"),
+                  "message '%s' does not give the shape", g_be->last_error(f.b));
   fx_teardown(&f);
 }
 END_TEST
@@ -368,6 +373,42 @@ START_TEST(test_build_decode_rejects_batch_over_max_batch) {
   tl.t.shape = zero;
   tb.t.shape = zero2;
   expect_status(g_be->build_decode(f.b, &b), PMLA_OK, &f, "batch 0");
+  tt_free(&tq);
+  tt_free(&tl);
+  tt_free(&tb);
+  fx_teardown(&f);
+}
+END_TEST
+
+/* A batch of no requests still names its first query row: a negative
+ * qo_indptr[0] is refused by a backend that reads the indices on the host,
+ * naming the entry (its loop over requests does not reach it); a device
+ * backend's step of no requests reads and writes nothing. */
+START_TEST(test_batch_0_with_a_negative_first_row_is_refused) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  int32_t qo[1] = {-5}, lens[1] = {0}, bt[MAXP] = {0};
+  test_tensor tq, tl, tb;
+  tt_make1(&tq, TT_I32, qo, 1);
+  tt_make1(&tl, TT_I32, lens, 1);
+  tt_make2(&tb, TT_I32, bt, 1, MAXP);
+  int64_t zero[1] = {0}, zero2[2] = {0, MAXP};
+  tl.t.shape = zero;
+  tb.t.shape = zero2;
+  pmla_decode_batch b = f.bt_batch;
+  b.qo_indptr = &tq.t;
+  b.kv_lens = &tl.t;
+  b.block_table = &tb.t;
+  pmla_status s = g_be->build_decode(f.b, &b);
+  if (s != PMLA_OK || g_mem->device_type == kDLCPU) {
+    expect_status(s, PMLA_ERR_INVALID_ARGUMENT, &f, "batch 0, qo_indptr {-5}");
+    ck_assert_msg(strstr(g_be->last_error(f.b), "qo_indptr[0] = -5"), "message '%s'",
+                  g_be->last_error(f.b));
+  }
+  qo[0] = 0;
+  tt_upload(&tq, qo);
+  expect_status(g_be->build_decode(f.b, &b), PMLA_OK, &f, "batch 0, qo_indptr {0}");
   tt_free(&tq);
   tt_free(&tl);
   tt_free(&tb);
@@ -1173,6 +1214,7 @@ Suite *suite_args(void) {
   tcase_add_test(tc, test_build_decode_rejects_null_and_struct_size);
   tcase_add_loop_test(tc, test_build_decode_rejects_malformed_index_tensors, 0, N_BATCH_MUTS);
   tcase_add_test(tc, test_build_decode_rejects_batch_over_max_batch);
+  tcase_add_test(tc, test_batch_0_with_a_negative_first_row_is_refused);
   suite_add_tcase(s, tc);
   tc = tcase_create("values");
   tcase_add_loop_test(tc, test_bad_index_values_are_reported_never_faulted, 0, N_VALUE_CASES);

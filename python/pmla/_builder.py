@@ -23,6 +23,16 @@ def _int(value):
         return None
 
 
+def _float(value):
+    """value as a float (numpy floats and ints too), or None (bool, str are not one)."""
+    if isinstance(value, (bool, str, bytes)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _uint(name, value):
     v = _int(value)
     if v is None or not 0 <= v <= _UINT32_MAX:
@@ -86,10 +96,10 @@ _KV_DTYPES = {"bf16": _abi.DTYPE_BF16, "fp8_e4m3": _abi.DTYPE_FP8_E4M3,
 
 
 def _kv_dtype(value):
-    if value in _KV_DTYPES:
+    if isinstance(value, str) and value in _KV_DTYPES:
         return _KV_DTYPES[value]
-    if value in _KV_DTYPES.values() and not isinstance(value, bool):
-        return value
+    if _int(value) is not None and _int(value) in _KV_DTYPES.values():
+        return _int(value)
     raise InvalidArgument("Builder: kv_dtype = %r; accepted: %s" % (
         value, ", ".join(repr(k) for k in _KV_DTYPES)))
 
@@ -121,7 +131,10 @@ class Builder:
         self._h = None
         self._plugin = plugin if plugin is not None else default_plugin()
         be = self._plugin.backend(backend)
-        scale = _abi.HEAD_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
+        scale = _abi.HEAD_DIM ** -0.5 if softmax_scale is None else _float(softmax_scale)
+        if scale is None:
+            raise InvalidArgument("Builder: softmax_scale = %r; accepted: a float (the plugin "
+                                  "checks the range it serves)" % (softmax_scale,))
         dev = _int(device)
         if dev is None or not -2**31 <= dev < 2**31:
             raise InvalidArgument("Builder: device = %r; accepted: an int ordinal" % (device,))

@@ -216,6 +216,9 @@ class Plugin:
 
     def backend(self, name):
         """The vtable of backend `name` (internal; Builder uses it)."""
+        if not isinstance(name, str):
+            raise InvalidArgument("backend = %r; accepted: a backend name (str), e.g. 'pmla' "
+                                  "or 'pmla-cpu'" % (name,))
         with self._lock:
             self._check_open()
             be = self._backends.get(name)

@@ -271,7 +271,14 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                           % (tuple(k_cache.stride()), k_cache.shape[3]))
     b, s_q, h_q, _ = (int(x) for x in q.shape)
     page = int(k_cache.shape[1])
-    scale = float(softmax_scale) if softmax_scale is not None else _abi.HEAD_DIM ** -0.5
+    if softmax_scale is None:
+        scale = _abi.HEAD_DIM ** -0.5
+    else:
+        try:
+            scale = float(softmax_scale)
+        except (TypeError, ValueError):
+            raise ValueError("pmla.flash_mla: softmax_scale = %r; expected a float"
+                             % (softmax_scale,)) from None
     if q.is_cuda:
         backend, device = "pmla", q.device.index if q.device.index is not None else \
             torch.cuda.current_device()

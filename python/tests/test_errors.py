@@ -98,10 +98,14 @@ class TestInitErrors(unittest.TestCase):
 
     def test_python_side_values(self):
         for kw in ({"max_batch": -1}, {"page_size": 2 ** 32}, {"topk": 1.5},
-                   {"device": "cuda"}):
+                   {"device": "cuda"}, {"kv_dtype": [1]}, {"kv_dtype": 1.0},
+                   {"kv_dtype": True}, {"softmax_scale": "x"}, {"softmax_scale": object()}):
             with self.assertRaises(pmla.InvalidArgument, msg=repr(kw)) as cm:
                 cpu(**kw)
             self.assertIn(next(iter(kw)), cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            pmla.Builder(16, backend=5)
+        self.assertIn("backend = 5", cm.exception.message)
 
     @unittest.skipIf(cuda_available(), "a GPU is present: pmla may initialise")
     def test_no_device(self):
