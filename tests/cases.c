@@ -6,8 +6,9 @@
 
 #define BT PMLA_KV_BLOCK_TABLE
 #define CSR PMLA_KV_CSR
-/* the fields after kv_dtype (q_scale, nan_at, builder_flags) are zero for
- * every named case: left out, not spelled as zeros */
+/* the fields after kv_dtype (q_scale, nan_at, builder_flags, page_runs)
+ * are left out where zero, not spelled as zeros; the cases that set one
+ * name their fields */
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 const dense_case dense_cases[] = {
     {"one request, page 16", 16, 16, 2, BT, 1, {1}, {100}, 0, 1, 0, 0},
@@ -47,6 +48,18 @@ const dense_case dense_cases[] = {
      * GPU reduce merges a block per row (four warps, each some pieces) */
     {"lone request over 64 units", 16, 64, 64, BT, 1, {1}, {4000}, 0, 1, 1, 0},
     {"lone request over 64 units, heads 128, CSR", 128, 16, 64, CSR, 1, {1}, {2100}, 0, 0, 1, 0},
+    /* pages side by side in runs of 64: a loader warp's 16 slots are
+     * consecutive across pages, except where a run ends among them */
+    {.name = "page 1, pages in runs of 64, heads 64", .heads = 64, .page_size = 1, .cu = 3,
+     .layout = BT, .batch = 3, .q_lens = {1, 2, 1}, .kv_lens = {700, 130, 1000}, .page_runs = 64},
+    {.name = "page 4, pages in runs of 64, heads 128, CSR", .heads = 128, .page_size = 4, .cu = 2,
+     .layout = CSR, .batch = 2, .q_lens = {1, 1}, .kv_lens = {900, 333}, .page_runs = 64},
+    {.name = "page 1, pages in runs of 64, e4m3, heads 32", .heads = 32, .page_size = 1, .cu = 2,
+     .layout = BT, .batch = 2, .q_lens = {1, 1}, .kv_lens = {800, 450},
+     .kv_dtype = PMLA_DTYPE_FP8_E4M3, .page_runs = 64},
+    {.name = "page 2, pages in runs of 64, batch-invariant, heads 64", .heads = 64, .page_size = 2,
+     .cu = 7, .layout = BT, .batch = 2, .q_lens = {1, 1}, .kv_lens = {5000, 300},
+     .builder_flags = PMLA_BUILDER_BATCH_INVARIANT, .page_runs = 64},
 };
 const int n_dense_cases = (int)(sizeof dense_cases / sizeof dense_cases[0]);
 

@@ -24,6 +24,7 @@ typedef struct dense_case {
   double q_scale;    /* q's values times this power of two; 0: 1 */
   int nan_at;        /* NAN_IN_*: one NaN planted, the rows that see it must be NaN */
   uint32_t builder_flags; /* pmla_builder_config.flags */
+  int32_t page_runs; /* pages dealt in shuffled runs of this many adjacent ones; 0: 1 */
 } dense_case;
 
 /* dense_case.nan_at: a NaN in q (token 0, head 1), or in dim 7 of a KV

@@ -135,6 +135,28 @@ static void shuffle(int32_t *a, int32_t n, uint64_t *rng) {
   }
 }
 
+/* a[0..n) = the pages 0..n - 1 in random order, in runs of `run` pages
+ * that lie side by side (run <= 1: each page on its own) */
+static void deal_pages(int32_t *a, int32_t n, int32_t run, uint64_t *rng) {
+  if (run <= 1) {
+    for (int32_t i = 0; i < n; i++)
+      a[i] = i;
+    shuffle(a, n, rng);
+    return;
+  }
+  const int32_t runs = (n + run - 1) / run;
+  int32_t *order = malloc(sizeof(int32_t) * (size_t)runs);
+  ck_assert(order);
+  for (int32_t i = 0; i < runs; i++)
+    order[i] = i;
+  shuffle(order, runs, rng);
+  int32_t k = 0;
+  for (int32_t i = 0; i < runs; i++)
+    for (int32_t j = order[i] * run; j < (order[i] + 1) * run && j < n; j++)
+      a[k++] = j;
+  free(order);
+}
+
 /* Runs decode and compares to the reference; rows marked in nan_rows
  * (token * heads + head; may be NULL) must instead be NaN in every output
  * value and in lse. */
@@ -237,11 +259,11 @@ static void run_dense(const dense_case *c, uint64_t seed) {
     cfg.kv_dtype = c->kv_dtype;
   pmla_builder *b = harness_init(&cfg);
 
-  /* pages in random order; the 3 spare pages stay NaN */
+  /* pages in random order (in runs of adjacent pages where the case asks);
+   * the 3 spare pages stay NaN */
   int32_t *perm = malloc(sizeof(int32_t) * (size_t)num_pages);
-  for (int32_t i = 0; i < num_pages; i++)
-    perm[i] = i;
-  shuffle(perm, num_pages, &rng);
+  ck_assert(perm);
+  deal_pages(perm, num_pages, c->page_runs, &rng);
   const int32_t spare = perm[used];
   int32_t *bt = malloc(sizeof(int32_t) * (size_t)(B > 0 ? B : 1) * (size_t)maxp);
   int32_t kv_indptr[MAX_BATCH + 1] = {0}, last[MAX_BATCH];
@@ -367,7 +389,9 @@ START_TEST(test_dense_decode_matches_reference) {
 END_TEST
 
 /* Random shapes: page sizes 1..256, batch 1/3/8, q_len 1..4, ragged and
- * zero lengths, both layouts, cu 1/2/7. */
+ * zero lengths, both layouts, cu 1/2/7; half of them with their pages in
+ * runs of 64 adjacent pages (a block's slots then often consecutive across
+ * pages, and as often not, where a run ends inside it). */
 START_TEST(test_dense_decode_matches_reference_on_random_batches) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ (0x9000u + (uint64_t)_i);
@@ -385,6 +409,7 @@ START_TEST(test_dense_decode_matches_reference_on_random_batches) {
   c.layout = rng_below(&rng, 2) ? BT : CSR;
   c.batch = batches[rng_below(&rng, 3)];
   c.twice = _i % 4 == 0;
+  c.page_runs = _i % 2 ? 64 : 1;
   int32_t budget = c.heads >= 64 ? 400 : 1500; /* keeps each case well under a second */
   for (int32_t r = 0; r < c.batch; r++) {
     c.q_lens[r] = 1 + (int32_t)rng_below(&rng, 4);

@@ -45,6 +45,7 @@ typedef struct shape {
   int sparse_topk;       /* > 0: sparse, b = tokens, L = KV cache slots */
   int kv;                /* pmla_dtype of the cache; 0: --kv's (default bf16) */
   int page;              /* page size in slots (dense; 0: 64) */
+  int runs;              /* pages dealt in shuffled runs of this many adjacent ones (0: 1) */
 } bench_shape;
 
 #define MAX_PLUGINS 8
@@ -277,16 +278,25 @@ static void make_problem(const bench_shape *s, int kv_dtype, int page_size, int 
     if (p->num_pages + 1 > INT32_MAX)
       fail_exit(2, "the shape needs %lld pages; block-table entries are int32",
                 (long long)p->num_pages + 1);
-    /* pages in random order: a shuffled permutation dealt out to requests */
-    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)p->num_pages, "the page permutation");
-    for (int64_t i = 0; i < p->num_pages; i++)
+    /* pages in random order: a shuffled permutation dealt out to requests,
+     * with runs=N as runs of N pages that lie side by side in the cache
+     * (what an allocator that hands out adjacent pages leaves) */
+    const int64_t run = s->runs > 1 ? s->runs : 1, nruns = (p->num_pages + run - 1) / run;
+    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)nruns, "the page permutation");
+    for (int64_t i = 0; i < nruns; i++)
       perm[i] = (int32_t)i;
-    for (int64_t i = p->num_pages - 1; i > 0; i--) {
+    for (int64_t i = nruns - 1; i > 0; i--) {
       int64_t j = (int64_t)(next_u64() % (uint64_t)(i + 1));
       int32_t t = perm[i];
       perm[i] = perm[j];
       perm[j] = t;
     }
+    int32_t *pages = xmalloc(sizeof(int32_t) * (size_t)p->num_pages, "the page order");
+    for (int64_t i = 0, k = 0; i < nruns; i++)
+      for (int64_t j = (int64_t)perm[i] * run; j < ((int64_t)perm[i] + 1) * run; j++)
+        if (j < p->num_pages)
+          pages[k++] = (int32_t)j;
+    free(perm);
     /* --check: every unused entry names one more page, all of it poison */
     const int32_t unused = poison ? (int32_t)p->num_pages : 0;
     p->block_table = xmalloc(sizeof(int32_t) * (size_t)s->b * (size_t)p->max_pages, "block_table");
@@ -294,8 +304,8 @@ static void make_problem(const bench_shape *s, int kv_dtype, int page_size, int 
     for (int r = 0; r < s->b; r++)
       for (int j = 0; j < p->max_pages; j++)
         p->block_table[(int64_t)r * p->max_pages + j] =
-            j < (p->kv_lens[r] + page_size - 1) / page_size ? perm[next++] : unused;
-    free(perm);
+            j < (p->kv_lens[r] + page_size - 1) / page_size ? pages[next++] : unused;
+    free(pages);
     p->num_pages += poison;
   }
   size_t slots = (size_t)p->num_pages * (size_t)page_size;
@@ -637,10 +647,12 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
                : !strcmp(tok, "sq")                         ? &s->sq
                : !strcmp(tok, "topk")                       ? &s->sparse_topk
                : !strcmp(tok, "page")                       ? &s->page
+               : !strcmp(tok, "runs")                       ? &s->runs
                                                             : NULL;
     if (!field)
       return snprintf(why, size,
-                      "unknown field '%s' (b, tokens, L, slots, h, sq, topk, kv, page)", tok),
+                      "unknown field '%s' (b, tokens, L, slots, h, sq, topk, kv, page, runs)",
+                      tok),
              -1;
     for (int k = 0; k < nseen; k++)
       if (seen[k] == field)
@@ -664,8 +676,8 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
     return snprintf(why, size, "h is missing"), -1;
   if (s->sparse_topk && !s->L)
     return snprintf(why, size, "slots must be given and positive for a sparse (topk) shape"), -1;
-  if (s->sparse_topk && s->page)
-    return snprintf(why, size, "page applies to dense shapes only"), -1;
+  if (s->sparse_topk && (s->page || s->runs))
+    return snprintf(why, size, "%s applies to dense shapes only", s->page ? "page" : "runs"), -1;
   if (s->sparse_topk && ranged)
     return snprintf(why, size, "a range of lengths applies to dense shapes only"), -1;
   if (!s->sparse_topk && !have_L)
@@ -761,7 +773,8 @@ static void usage(void) {
        "                  [--json]\n"
        "                  [--kv bf16|fp8|ds_mla] [--batch-invariant [--invariant-chunk N]]\n"
        "SPEC: b=128,L=4096,h=16[,sq=2][,kv=fp8][,page=16] (L=2048-6144 for uniform lengths;\n"
-       "      page: the page size in slots, default 64),\n"
+       "      page: the page size in slots, default 64; runs=N: pages dealt in shuffled\n"
+       "      runs of N pages that lie side by side in the cache, default 1),\n"
        "      tokens=64,slots=32768,h=128,topk=2048[,sq=2] for sparse (also run uncapped)\n"
        "--kv: the KV cache dtype of shapes without kv= (bf16; fp8 = per-tensor e4m3,\n"
        "      ds_mla = DeepSeek V3.2's 656-byte rows); bytes count the cache as stored\n"
@@ -932,6 +945,8 @@ int main(int argc, char **argv) {
         const int kvd = s->kv ? s->kv : o.kv;
         if (s->page && s->page != 64 && !s->sparse_topk)
           snprintf(tag, sizeof tag, " page=%d", s->page);
+        if (s->runs > 1 && !s->sparse_topk)
+          snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " runs=%d", s->runs);
         if (kvd != PMLA_DTYPE_BF16)
           snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " kv=%s", kv_dtype_name(kvd));
         if (o.nplugins > 1)

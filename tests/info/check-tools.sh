@@ -45,6 +45,10 @@ bad "pmla-bench: --shape 'tokens=2,slots=64,h=16,topk=8,page=16': page applies t
   --shape tokens=2,slots=64,h=16,topk=8,page=16
 bad "pmla-bench: --shape 'b=1,L=64,h=16,page=0': page must be a positive integer, not '0'" \
   --shape b=1,L=64,h=16,page=0
+bad "pmla-bench: --shape 'tokens=2,slots=64,h=16,topk=8,runs=4': runs applies to dense shapes only" \
+  --shape tokens=2,slots=64,h=16,topk=8,runs=4
+bad "pmla-bench: --shape 'b=1,L=64,h=16,runs=0': runs must be a positive integer, not '0'" \
+  --shape b=1,L=64,h=16,runs=0
 bad "pmla-bench: --shape 'b=1,L=64,h=16,h=32': h is given twice" --shape b=1,L=64,h=16,h=32
 bad "pmla-bench: --shape 'b=1,h=16': L is missing" --shape b=1,h=16
 bad "pmla-bench: --shape 'b=1,L=1073741825,h=16': L is at most 1073741824" --shape b=1,L=1073741825,h=16
@@ -64,6 +68,10 @@ has "$out" "\"plugin\": \"$plugin\"" '"max_abs_err": ' '"cosine": ' '"lse_ok": t
 out=$(PMLA_PLUGIN_PATH=$plugin $bench --shape b=2,L=100,h=16,page=16 --iters 1 --warmup 0 --check) ||
   fail "pmla-bench page=16 --check exited $?: $out"
 has "$out" "b=2 L=100 h=16 sq=1 page=16" "PASS"
+# bench: runs=N deals the pages in runs of N adjacent ones, named in the row
+out=$(PMLA_PLUGIN_PATH=$plugin $bench --shape b=2,L=100,h=32,page=1,runs=64 --iters 1 --warmup 0 \
+  --check) || fail "pmla-bench page=1,runs=64 --check exited $?: $out"
+has "$out" "b=2 L=100 h=32 sq=1 page=1 runs=64" "PASS"
 out=$($bench --plugin "$(dirname "$plugin")" --shape b=1,L=64,h=16 --iters 1 --warmup 0 --json) ||
   fail "pmla-bench --plugin DIR exited $?: $out"
 has "$out" "\"plugin\": \"$(dirname "$plugin")/pmla.so\""
