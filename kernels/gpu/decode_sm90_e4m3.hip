@@ -204,7 +204,10 @@ __device__ __forceinline__ void k_frags(uint32_t (&a)[2][4], uint32_t aS, int ks
 }
 } /* namespace e4n */
 
-template <int NC>
+/* SMALL (32 rows only): pages smaller than a block, each loader warp's 16
+ * rows by TMA where they are one page's run; a kernel of its own, as the
+ * branch cost the other pages' 32-row steps 2% */
+template <int NC, bool SMALL>
 __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, float scale_log2,
                                                  const CUtensorMap *kv_tmap, int use_tma) {
   using namespace e4n;
@@ -301,8 +304,8 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         const uint32_t bar = aFull + 8 * s;
 #if PMLA_WG_TMA
         /* whole pages: use_tma 1 (2, pages of 16 or 32 slots, comes to the
-         * 32-row kernel only) */
-        const bool whole_tma = NC == 32 ? use_tma == 1 : use_tma != 0;
+         * SMALL kernel only) */
+        const bool whole_tma = SMALL ? use_tma == 1 : use_tma != 0;
         const int64_t first =
             whole_tma ? page_run_slot<BN>(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
@@ -320,7 +323,7 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         }
         /* pages of 16 or 32 slots, 32 rows: each warp's 16 rows as five
          * 16-row boxes where they are one page's run */
-        const int64_t gfirst = NC == 32 && use_tma == 2
+        const int64_t gfirst = SMALL && use_tma == 2
                                    ? page_run_slot<16>(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
                                    : -1;
         if (gfirst >= 0) {
@@ -599,16 +602,16 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
 #endif /* PMLA_SM90_DEVICE */
 
 /* kv_tmap: the E4M3 cache as a [num_slots, 576] byte tensor map (128-byte
- * boxes of 64 rows where use_tma == 1, of 16 where it is 2, for 32 rows
- * only; 128B swizzle) */
-template <int NC>
+ * boxes of 64 rows where use_tma == 1, of 16 where it is 2, in the SMALL
+ * kernel only; 128B swizzle) */
+template <int NC, bool SMALL>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_e4m3_kernel(pmla_gpu_problem p, float scale_log2,
                                  const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_e4m3_narrow<NC>(p, scale_log2, &kv_tmap, use_tma);
+  body_e4m3_narrow<NC, SMALL>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
@@ -635,22 +638,30 @@ int kv_tensor_map_e4m3(CUtensorMap *m, const pmla_gpu_problem &p) {
     return 0;
   return rows == BN ? 1 : 2;
 }
-template <int NC> hipError_t launch(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+template <int NC, bool SMALL>
+hipError_t launch_kernel(const pmla_gpu_problem &p, int tiles, hipStream_t st,
+                         const CUtensorMap &tmap, int use_tma) {
   static unsigned long long opted_in = 0;
-  hipError_t e =
-      pmla_opt_in_smem((const void *)pmla_decode_sm90_e4m3_kernel<NC>, smem_e4n(NC), &opted_in);
+  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_sm90_e4m3_kernel<NC, SMALL>,
+                                  smem_e4n(NC), &opted_in);
   if (e != hipSuccess)
     return e;
   const dim3 grid((unsigned)tiles, (unsigned)p.num_units);
+  return pdl_launch(pmla_decode_sm90_e4m3_kernel<NC, SMALL>, grid, dim3(NT), smem_e4n(NC), st, p,
+                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
+}
+template <int NC> hipError_t launch(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
   /* 16-row boxes cost the 16-row kernel 3-5% (bound by memory, its 128
    * gathering threads keep more reads in flight) and gain the 32-row one 7% */
   int use_tma = kv_tensor_map_e4m3(&tmap, p);
-  if (NC == 16 && use_tma == 2)
+  if constexpr (NC == 32)
+    if (use_tma == 2)
+      return launch_kernel<NC, true>(p, tiles, st, tmap, use_tma);
+  if (use_tma == 2)
     use_tma = 0;
-  return pdl_launch(pmla_decode_sm90_e4m3_kernel<NC>, grid, dim3(NT), smem_e4n(NC), st, p,
-                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
+  return launch_kernel<NC, false>(p, tiles, st, tmap, use_tma);
 }
 
 } /* namespace */
