@@ -27,12 +27,11 @@
  * page-aligned run of 64 slots (page sizes that are multiples of 64) as
  * nine TMA boxes from one thread, issued before the per-token bookkeeping
  * (from block 2 on in two parts: boxes 0-3 once warpgroup 0's P V of the
- * stage's last block is done, 4-8 once the loader's own is); with smaller
- * pages, each loader warp's 16 rows whose slots are consecutive as nine
- * 16-row boxes; any other rows (partial blocks, invalid slots, pages not
- * side by side, top-k gathers, every block of a NARROW tile) by cp.async
- * with zero fill, a warp's 32 lanes over one row at a time, published
- * while the loader's own P V of the block before runs. Generic-proxy writes (cp.async, P stores,
+ * stage's last block is done, 4-8 once the loader's own is);
+ * any other block (partial, invalid slots, page sizes 1 / 16, top-k
+ * gathers, every block of a NARROW tile) by cp.async with zero fill, a
+ * warp's 32 lanes over one row at a time, published while the loader's own
+ * P V of the block before runs. Generic-proxy writes (cp.async, P stores,
  * converted FP8 tiles) are made visible to the wgmma async proxy with
  * fence.proxy.async before the barrier that publishes them.
  *
@@ -399,9 +398,8 @@ __device__ __forceinline__ void nar_stage_o(char *sO, const float (&o)[32], cons
 /* KV_FIRST: every KV box is loaded as L2's first evictions (steps of few
  * requests, pmla_launch_decode_sm90). GATHER: top-k steps, whose blocks are
  * never whole pages, compiled without the whole-page path (with it, the
- * loop's schedule cost them 2% on the H200). SMALL: bf16 pages smaller than
- * a block, each loader warp's 16 rows by TMA where their slots are
- * consecutive
+ * loop's schedule cost them 2% on the H200). SMALL: bf16 pages of 16 or 32
+ * slots, each loader warp's 16 rows by TMA where they are one page's run
  * (the only kernels with that branch) */
 template <int F, bool FOLD, bool NARROW, bool KV_FIRST, bool GATHER, bool SMALL>
 __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_log2,
@@ -460,7 +458,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const uint32_t aRawRead = smem_u32(sMx + 128);
 
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
-  /* whole pages by TMA: use_tma is 0 or 1, and 2 (pages smaller than a block)
+  /* whole pages by TMA: use_tma is 0 or 1, and 2 (pages of 16 or 32 slots)
    * in the SMALL kernels only */
   const bool whole_tma = SMALL ? use_tma == 1 : use_tma != 0;
 #if PMLA_WG_TMA
@@ -482,7 +480,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       mbar_arrive(bar);
   };
   /* warpgroup 1, pages smaller than a block (use_tma == 2): this warp's 16
-   * rows of the block, 16 consecutive slots from first, as nine 16-row
+   * rows of the block, one page's run from slot first, as nine 16-row
    * boxes into stage st, their bytes expected by the warp's lane 0 before
    * it issues them (the stage's phase also waits for that lane's arrival) */
   auto group_boxes = [&](int st, int64_t first, bool evict_first, bool arrive) {
@@ -725,26 +723,24 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           const int pos = kb + blk * BN + ld_t;
 #if PMLA_WG_TMA
           const int64_t first = !NARROW && !GATHER && whole_tma
-                                    ? page_run_slot(p.map, raw_next, kb + blk * BN, ke)
+                                    ? page_run_slot<BN>(p.map, raw_next, kb + blk * BN, ke)
                                     : -1;
           if (first >= 0)
             return page_block(std::integral_constant<int, 0>(), blk, st, first);
+          /* pages of 16 or 32 slots: each warp's 16 rows by TMA where they
+           * are one page's run */
+          const int64_t gfirst =
+              SMALL && !NARROW && !GATHER && use_tma == 2
+                  ? page_run_slot<16>(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
+                  : -1;
+          if (gfirst >= 0) {
+            group_boxes(st, gfirst, kv_first, blk != 0);
+            raw_next = raw_at(blk + 1);
+            return blk == 0;
+          }
 #endif
           const int64_t slot =
               pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
-#if PMLA_WG_TMA
-          /* pages smaller than a block: each warp's 16 rows by TMA where
-           * they are 16 consecutive slots (one page's run, or pages that
-           * lie side by side) */
-          if (SMALL && !NARROW && !GATHER && use_tma == 2) {
-            const int64_t gfirst = slot_run16(slot, lane);
-            if (gfirst >= 0) {
-              group_boxes(st, gfirst, kv_first, blk != 0);
-              raw_next = raw_at(blk + 1);
-              return blk == 0;
-            }
-          }
-#endif
           const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
           if (lane == 0)
             ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
@@ -937,7 +933,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
              * own, queued behind it, still reads boxes 4-8; those follow at
              * the next block's top */
             if (!NARROW && !GATHER && whole_tma && b + 2 < nblk) {
-              const int64_t first = page_run_slot(p.map, raw_next, kb + (b + 2) * BN, ke);
+              const int64_t first = page_run_slot<BN>(p.map, raw_next, kb + (b + 2) * BN, ke);
               if (first >= 0) {
                 nb_sync(EMPTY + (b & 1));
                 if (t == 0) {
@@ -1210,7 +1206,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
         const int32_t r2 = wn[PMLA_WI_REQUEST], kb2 = wn[PMLA_WI_KV_BEGIN];
         const int32_t csr2 = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r2] : 0;
         const int64_t first =
-            page_run_slot(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
+            page_run_slot<BN>(p.map, kv_raw(p.map, r2, kb2, csr2), kb2, wn[PMLA_WI_KV_END]);
         if (first >= 0) {
           page_boxes(std::integral_constant<int, 0>(), 0, first, KV_FIRST, true);
           b0_pre = true;
@@ -1329,9 +1325,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 /* The KV cache as a 2-D tensor map for body_pp's page loads: 1 with
  * 64-row boxes (page size a multiple of 64: a block is one page's run), 2
- * with 16-row boxes (other page sizes: a loader warp's 16 rows, where
- * their slots are consecutive), 0 when TMA does not apply (top-k gather, a
- * cache the map cannot describe). No L2 promotion: a box is 128 bytes of a
+ * with 16-row boxes (other multiples of 16: a loader warp's 16 rows are),
+ * 0 when TMA does not apply (top-k gather, other page sizes, a cache the
+ * map cannot describe). No L2 promotion: a box is 128 bytes of a
  * 1152-byte row, and promoting it to 256 bytes cost the memory-bound tiles
  * 4-5% of their time */
 int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
@@ -1373,7 +1369,7 @@ hipError_t launch_decode_wg(const pmla_gpu_problem &p, int tiles, hipStream_t st
    * memory, and 128 loader threads' copies keep more reads in flight than
    * one thread's nine TMA boxes (docs/performance.md) */
   const int use_tma = NARROW || GATHER ? 0 : kv_tensor_map(&tmap, p);
-  /* pages smaller than a block have kernels of their own: the 16-row boxes'
+  /* pages of 16 or 32 slots have kernels of their own: the 16-row boxes'
    * branch in the loader cost the whole-page steps 1% */
   if constexpr (F == PMLA_KV_BF16 && !NARROW && !GATHER)
     if (use_tma == 2)

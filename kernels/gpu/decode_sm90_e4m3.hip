@@ -204,7 +204,10 @@ __device__ __forceinline__ void k_frags(uint32_t (&a)[2][4], uint32_t aS, int ks
 }
 } /* namespace e4n */
 
-template <int NC>
+/* SMALL (32 rows only): pages smaller than a block, each loader warp's 16
+ * rows by TMA where they are one page's run; a kernel of its own, as the
+ * branch cost the other pages' 32-row steps 2% */
+template <int NC, bool SMALL>
 __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, float scale_log2,
                                                  const CUtensorMap *kv_tmap, int use_tma) {
   using namespace e4n;
@@ -300,11 +303,11 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         char *dst = sSt + s * STG;
         const uint32_t bar = aFull + 8 * s;
 #if PMLA_WG_TMA
-        /* whole pages: use_tma 1 (2, pages smaller than a block, comes to
-         * the 32-row kernel only) */
-        const bool whole_tma = NC == 32 ? use_tma == 1 : use_tma != 0;
+        /* whole pages: use_tma 1 (2, pages of 16 or 32 slots, comes to the
+         * SMALL kernel only) */
+        const bool whole_tma = SMALL ? use_tma == 1 : use_tma != 0;
         const int64_t first =
-            whole_tma ? page_run_slot(p.map, raw_next, kb + blk * BN, ke) : -1;
+            whole_tma ? page_run_slot<BN>(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
           if (t == 0) {
             mbar_expect_tx(bar, KB);
@@ -318,30 +321,27 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
           raw_next = raw_at(blk + 1);
           return;
         }
+        /* pages of 16 or 32 slots, 32 rows: each warp's 16 rows as five
+         * 16-row boxes where they are one page's run */
+        const int64_t gfirst = SMALL && use_tma == 2
+                                   ? page_run_slot<16>(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
+                                   : -1;
+        if (gfirst >= 0) {
+          if (lane == 0) {
+            mbar_expect_tx(bar, KB / 4);
+#pragma unroll
+            for (int c = 0; c < 5; c++)
+              tma_box(smem_u32(dst) + c * CB + 16 * wi * 128, kv_tmap, c * 128, (int)gfirst, bar);
+            ((uint16_t *)sVm)[s * 4 + wi] = 0xffffu;
+          }
+          mbar_arrive(bar);
+          raw_next = raw_at(blk + 1);
+          return;
+        }
 #endif
         const int pos = kb + blk * BN + ld_t;
         const int64_t slot =
             pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
-#if PMLA_WG_TMA
-        /* pages smaller than a block, 32 rows: each warp's 16 rows as five
-         * 16-row boxes where they are 16 consecutive slots */
-        if (NC == 32 && use_tma == 2) {
-          const int64_t gfirst = slot_run16(slot, lane);
-          if (gfirst >= 0) {
-            if (lane == 0) {
-              mbar_expect_tx(bar, KB / 4);
-#pragma unroll
-              for (int c = 0; c < 5; c++)
-                tma_box(smem_u32(dst) + c * CB + 16 * wi * 128, kv_tmap, c * 128, (int)gfirst,
-                        bar);
-              ((uint16_t *)sVm)[s * 4 + wi] = 0xffffu;
-            }
-            mbar_arrive(bar);
-            raw_next = raw_at(blk + 1);
-            return;
-          }
-        }
-#endif
         const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
         if (lane == 0)
           ((uint16_t *)sVm)[s * 4 + wi] = (uint16_t)bits;
@@ -602,25 +602,25 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
 #endif /* PMLA_SM90_DEVICE */
 
 /* kv_tmap: the E4M3 cache as a [num_slots, 576] byte tensor map (128-byte
- * boxes of 64 rows where use_tma == 1, of 16 where it is 2, for 32 rows
- * only; 128B swizzle) */
-template <int NC>
+ * boxes of 64 rows where use_tma == 1, of 16 where it is 2, in the SMALL
+ * kernel only; 128B swizzle) */
+template <int NC, bool SMALL>
 __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_e4m3_kernel(pmla_gpu_problem p, float scale_log2,
                                  const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
   pdl_wait();
   pdl_trigger();
-  body_e4m3_narrow<NC>(p, scale_log2, &kv_tmap, use_tma);
+  body_e4m3_narrow<NC, SMALL>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
 
 /* The cache's rows as bytes for the page loads: 128-byte boxes, the fifth
  * reaching past the row's 576 bytes, which TMA fills with zeros; 1 with
  * 64-row boxes (page size a multiple of 64: a block is one page's run), 2
- * with 16-row boxes (other page sizes: a loader warp's 16 rows, where
- * their slots are consecutive), 0 when TMA does not apply (top-k gather, a
- * cache the map cannot describe) */
+ * with 16-row boxes (other multiples of 16: a loader warp's 16 rows are),
+ * 0 when TMA does not apply (top-k gather, other page sizes, a cache the
+ * map cannot describe) */
 int kv_tensor_map_e4m3(CUtensorMap *m, const pmla_gpu_problem &p) {
   const PFN_cuTensorMapEncodeTiled_v12000 enc =
       (PFN_cuTensorMapEncodeTiled_v12000)pmla_sm90_tensor_map_encoder();
@@ -638,22 +638,30 @@ int kv_tensor_map_e4m3(CUtensorMap *m, const pmla_gpu_problem &p) {
     return 0;
   return rows == BN ? 1 : 2;
 }
-template <int NC> hipError_t launch(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
+template <int NC, bool SMALL>
+hipError_t launch_kernel(const pmla_gpu_problem &p, int tiles, hipStream_t st,
+                         const CUtensorMap &tmap, int use_tma) {
   static unsigned long long opted_in = 0;
-  hipError_t e =
-      pmla_opt_in_smem((const void *)pmla_decode_sm90_e4m3_kernel<NC>, smem_e4n(NC), &opted_in);
+  hipError_t e = pmla_opt_in_smem((const void *)pmla_decode_sm90_e4m3_kernel<NC, SMALL>,
+                                  smem_e4n(NC), &opted_in);
   if (e != hipSuccess)
     return e;
   const dim3 grid((unsigned)tiles, (unsigned)p.num_units);
+  return pdl_launch(pmla_decode_sm90_e4m3_kernel<NC, SMALL>, grid, dim3(NT), smem_e4n(NC), st, p,
+                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
+}
+template <int NC> hipError_t launch(const pmla_gpu_problem &p, int tiles, hipStream_t st) {
   CUtensorMap tmap;
   memset(&tmap, 0, sizeof tmap);
   /* 16-row boxes cost the 16-row kernel 3-5% (bound by memory, its 128
    * gathering threads keep more reads in flight) and gain the 32-row one 7% */
   int use_tma = kv_tensor_map_e4m3(&tmap, p);
-  if (NC == 16 && use_tma == 2)
+  if constexpr (NC == 32)
+    if (use_tma == 2)
+      return launch_kernel<NC, true>(p, tiles, st, tmap, use_tma);
+  if (use_tma == 2)
     use_tma = 0;
-  return pdl_launch(pmla_decode_sm90_e4m3_kernel<NC>, grid, dim3(NT), smem_e4n(NC), st, p,
-                    p.softmax_scale * pmla_mma::LOG2E_F, tmap, use_tma);
+  return launch_kernel<NC, false>(p, tiles, st, tmap, use_tma);
 }
 
 } /* namespace */

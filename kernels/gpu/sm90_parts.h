@@ -37,9 +37,11 @@ template <bool PARTIAL> struct Staged {
 };
 
 /* the rows of a KV tensor map's boxes for a page size: BN where a block is
- * one page's run (page sizes that are multiples of 64), else 16, a loader
- * warp's rows, which are one box wherever their slots are consecutive */
-constexpr int tma_box_rows(int32_t page_size) { return page_size % BN == 0 ? BN : 16; }
+ * one page's run, 16 where a loader warp's rows are (pages of 16 or 32
+ * slots), 0 where neither is (no TMA) */
+constexpr int tma_box_rows(int32_t page_size) {
+  return page_size % BN == 0 ? BN : page_size % 16 == 0 ? 16 : 0;
+}
 
 #ifdef PMLA_SM90_DEVICE
 using pmla_mma::fast_exp2;
@@ -47,23 +49,18 @@ using pmla_mma::row_lse;
 
 constexpr float RESCALE_SLACK = 8.f;
 
-/* The first slot of the block of tokens [pos, pos + BN) when it is one
- * valid run inside a single page (page size a multiple of BN, pos
- * BN-aligned, before ke), else -1. Every thread that loads the block holds
- * the same raw entry, so all of them decide alike. */
+/* The first slot of the RUN tokens [pos, pos + RUN) when they are one
+ * valid run inside a single page (page size a multiple of RUN, pos
+ * RUN-aligned, before ke), else -1: a whole block (RUN = BN) or a loader
+ * warp's 16 rows (RUN = 16). Every thread that loads them holds the same
+ * raw entry, so all of them decide alike. */
+template <int RUN>
 __device__ __forceinline__ int64_t page_run_slot(const pmla_kv_map &m, int32_t raw, int pos,
                                                  int ke) {
-  if (m.topk || m.page_size % BN != 0 || pos % BN != 0 || pos + BN > ke || raw < 0)
+  if (m.topk || m.page_size % RUN != 0 || pos % RUN != 0 || pos + RUN > ke || raw < 0)
     return -1;
   const int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)pos);
-  return slot + BN <= m.num_slots ? slot : -1;
-}
-/* The first of a loader warp's 16 rows' slots when they are 16 consecutive
- * slots (a page's run, or pages side by side in the cache), else -1; lanes
- * l and l + 16 hold row l's slot (-1: none) */
-__device__ __forceinline__ int64_t slot_run16(int64_t slot, int lane) {
-  const int64_t first = __shfl_sync(0xffffffffu, slot, 0);
-  return __all_sync(0xffffffffu, first >= 0 && slot == first + (lane & 15)) ? first : -1;
+  return slot + RUN <= m.num_slots ? slot : -1;
 }
 /* a loader warp's token validity as bits (the TPT lanes of a token agree):
  * bit k = the warp's k-th token; read back as one word instead of one shared
