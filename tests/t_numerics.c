@@ -136,14 +136,11 @@ static void shuffle(int32_t *a, int32_t n, uint64_t *rng) {
 }
 
 /* a[0..n) = the pages 0..n - 1 in random order, in runs of `run` pages
- * that lie side by side (run <= 1: each page on its own) */
+ * that lie side by side (run <= 1: each page on its own, the runs' order
+ * then being the pages' order) */
 static void deal_pages(int32_t *a, int32_t n, int32_t run, uint64_t *rng) {
-  if (run <= 1) {
-    for (int32_t i = 0; i < n; i++)
-      a[i] = i;
-    shuffle(a, n, rng);
-    return;
-  }
+  if (run < 1)
+    run = 1;
   const int32_t runs = (n + run - 1) / run;
   int32_t *order = malloc(sizeof(int32_t) * (size_t)runs);
   ck_assert(order);

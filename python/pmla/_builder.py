@@ -98,8 +98,9 @@ _KV_DTYPES = {"bf16": _abi.DTYPE_BF16, "fp8_e4m3": _abi.DTYPE_FP8_E4M3,
 def _kv_dtype(value):
     if isinstance(value, str) and value in _KV_DTYPES:
         return _KV_DTYPES[value]
-    if _int(value) is not None and _int(value) in _KV_DTYPES.values():
-        return _int(value)
+    code = _int(value)
+    if code is not None and code in _KV_DTYPES.values():
+        return code
     raise InvalidArgument("Builder: kv_dtype = %r; accepted: %s" % (
         value, ", ".join(repr(k) for k in _KV_DTYPES)))
 
