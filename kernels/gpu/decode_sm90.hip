@@ -460,7 +460,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
   const int tid = threadIdx.x, g = tid >> 7, wi = (tid >> 5) & 3, lane = tid & 31;
   /* whole pages by TMA: use_tma is 0 or 1, and 2 (pages of 16 or 32 slots)
    * in the SMALL kernels only */
-  const bool whole_tma = SMALL ? use_tma == 1 : use_tma != 0;
+  const bool whole_tma = !SMALL && use_tma != 0;
 #if PMLA_WG_TMA
   /* warpgroup 1: boxes [C0, 9) of a whole-page KV block (its first slot:
    * first) into stage st by TMA, the bytes of all nine expected with box
@@ -730,7 +730,7 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           /* pages of 16 or 32 slots: each warp's 16 rows by TMA where they
            * are one page's run */
           const int64_t gfirst =
-              SMALL && !NARROW && !GATHER && use_tma == 2
+              SMALL && !NARROW && !GATHER
                   ? page_run_slot<16>(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
                   : -1;
           if (gfirst >= 0) {
