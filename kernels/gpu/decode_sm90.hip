@@ -435,6 +435,10 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
    * first stage when the last block's P V is done with it. */
   constexpr int ROWB = KvFmt<F>::ROW_BYTES, HALF = BN / 2 * ROWB, NH = TILE / HALF;
   static_assert(!RING || NH >= 3, "a block converts while the next half lands");
+  bool scale_ok;
+  const float out_scale = kv_out_scale<F>(p, scale_ok);
+  if (F == PMLA_KV_E4M3)
+    scale_log2 *= out_scale;
   extern __shared__ __align__(1024) char smem_wg[];
   char *sQ = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
   char *sKV = sQ + TILE;
@@ -510,20 +514,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-#if PMLA_WG_TMA
-  /* the KV tensor map's descriptor fetched while the step's schedule is
-   * still being written: the first box of every work-group no longer waits
-   * for it */
-  if (tid == 128 && use_tma)
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(kv_tmap) : "memory");
-#endif
-  /* shared memory is set up before the wait for the metadata kernel (pdl.h) */
-  pdl_wait();
-  pdl_trigger();
-  bool scale_ok;
-  const float out_scale = kv_out_scale<F>(p, scale_ok);
-  if (F == PMLA_KV_E4M3)
-    scale_log2 *= out_scale;
   __syncthreads();
   uint32_t done_phase = 0; /* warpgroup 1: parity of aDone's next completion */
   uint32_t conv_before = 0; /* RING: blocks converted before the item */
@@ -1308,6 +1298,8 @@ __global__ void __launch_bounds__(NT, 1)
     pmla_decode_sm90_kernel(pmla_gpu_problem p, float scale_log2,
                             const __grid_constant__ CUtensorMap kv_tmap, int use_tma) {
 #ifdef PMLA_SM90_DEVICE
+  pdl_wait();
+  pdl_trigger();
   body_pp<F, FOLD, NARROW, KV_FIRST, GATHER, SMALL>(p, scale_log2, &kv_tmap, use_tma);
 #endif
 }
