@@ -24,7 +24,12 @@
  *   PMLA_ERR_DEVICE_INPUT writes the bits it found to *flags). last_error()
  *   gives a message naming the argument, the value given and what is
  *   accepted. For a failed init_builder (no builder exists yet) call
- *   last_error(NULL) on the same thread.
+ *   last_error(NULL) on the same thread. A call given a pointer that is not
+ *   a live builder of its backend (destroyed, never made, or made by another
+ *   backend) is refused without reading through it; last_error(pointer)
+ *   gives the message. decode's out and lse may
+ *   share no byte with its inputs (q, kv_cache, kv_scale, the step's index
+ *   tensors) or with each other.
  *
  * Threading
  *   Builders are independent: many may live in one process and be used from

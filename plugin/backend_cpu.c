@@ -21,6 +21,11 @@ typedef struct cpu_state {
   float *scratch;        /* one slice per worker */
   size_t scratch_floats; /* per worker */
   int32_t *errors;       /* per worker, device-error bits */
+  /* a dense step's qo_indptr, kv_lens or kv_indptr, and kv_last_page_len,
+   * copied at build (3 x (max_batch + 1)): what was validated and planned is
+   * what every decode of the step reads, whatever the host's tensors hold
+   * later */
+  int32_t *indptr_copy;
   pmla_cpu_problem pb;   /* the decode in flight */
 } cpu_state;
 
@@ -55,19 +60,24 @@ static uint64_t host_available_bytes(void) {
   return have && avail + swap < UINT64_MAX / 1024 ? (avail + swap) * 1024 : UINT64_MAX;
 }
 
-static void cpu_destroy(pmla_builder *b) {
-  if (!b)
-    return;
+/* frees a builder of this backend, whole or partly made */
+static void cpu_free(pmla_builder *b) {
   cpu_state *s = b->impl;
   if (s) {
     pmla_workers_stop(s->workers);
     free(s->scratch);
     free(s->errors);
+    free(s->indptr_copy);
     free(s);
   }
   for (int i = 0; i < PMLA_BUF_COUNT; i++)
     free(b->buf[i]);
   free(b);
+}
+
+static void cpu_destroy(pmla_builder *b) {
+  if (b && pmla_builder_forget(b, &pmla_cpu_backend))
+    cpu_free(b);
 }
 
 static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **out) {
@@ -92,6 +102,8 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
   const size_t scratch_floats =
       (pmla_cpu_scratch_floats((int32_t)cfg.num_heads, (int32_t)cfg.max_q_len) + 15) / 16 * 16;
   b->info.total_bytes += (uint64_t)scratch_floats * cus * 4;
+  const size_t indptr_words = 3 * ((size_t)cfg.max_batch + 1);
+  b->info.total_bytes += indptr_words * 4;
   const uint64_t avail = host_available_bytes(), need = b->info.total_bytes;
   if (need > avail) {
     /* the message reads the builder: made before it is freed */
@@ -103,7 +115,7 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
         need / 1073741824.0, cus, b->info.max_partial_slots, cfg.num_heads, cfg.max_q_len,
         avail / 1073741824.0,
         pmla_batch_invariant(b) ? ", or no PMLA_BUILDER_BATCH_INVARIANT" : "");
-    cpu_destroy(b);
+    cpu_free(b);
     return st;
   }
   cpu_state *s = calloc(1, sizeof *s);
@@ -114,16 +126,21 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
   if (ok) {
     s->scratch_floats = scratch_floats;
     ok = (s->scratch = alloc_zero((uint64_t)s->scratch_floats * cus * 4)) != NULL &&
-         (s->errors = calloc(cus, sizeof *s->errors)) != NULL;
+         (s->errors = calloc(cus, sizeof *s->errors)) != NULL &&
+         (s->indptr_copy = calloc(indptr_words, sizeof *s->indptr_copy)) != NULL;
   }
   if (!ok) {
-    cpu_destroy(b);
+    cpu_free(b);
     return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY,
                      "init_builder: out of host memory for %u workers' buffers", cus);
   }
   if (!(s->workers = pmla_workers_start(cus))) {
-    cpu_destroy(b);
+    cpu_free(b);
     return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: cannot start %u threads", cus);
+  }
+  if (!pmla_builder_adopt(b)) {
+    cpu_free(b);
+    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: out of host memory");
   }
   *out = b;
   return PMLA_OK;
@@ -177,12 +194,36 @@ static pmla_status validate_dense_step(pmla_builder *b) {
   return PMLA_OK;
 }
 
+/* The step's per-request arrays into the builder's copy, which the step
+ * then reads instead of the host's tensors. */
+static void copy_indptrs(pmla_builder *b) {
+  pmla_step *s = &b->step;
+  cpu_state *cs = b->impl;
+  const size_t R = (size_t)s->num_requests, n = (size_t)b->cfg.max_batch + 1;
+  int32_t *qo = cs->indptr_copy, *kv = qo + n, *last = kv + n;
+  memcpy(qo, s->qo_indptr, (R + 1) * sizeof *qo);
+  s->qo_indptr = qo;
+  /* (an empty tensor's data may be NULL: copied only when it has entries) */
+  if (s->kv_layout == PMLA_KV_BLOCK_TABLE && R) {
+    memcpy(kv, s->kv_lens, R * sizeof *kv);
+    s->kv_lens = kv;
+  }
+  if (s->kv_layout == PMLA_KV_CSR) {
+    memcpy(kv, s->kv_indptr, (R + 1) * sizeof *kv);
+    s->kv_indptr = kv;
+    if (R)
+      memcpy(last, s->kv_last_page_len, R * sizeof *last);
+    s->kv_last_page_len = last;
+  }
+}
+
 /* Plans on the host; a dense step's host data is validated first. */
 static pmla_status cpu_plan(pmla_builder *b, int32_t cap, void *stream, const char *what) {
   pmla_step *s = &b->step;
   pmla_status st;
   (void)stream;
   if (s->topk_stride == 0) {
+    copy_indptrs(b);
     if ((st = validate_dense_step(b)))
       return st;
     const int64_t T = s->qo_indptr[s->num_requests],
@@ -204,11 +245,13 @@ static pmla_status cpu_plan(pmla_builder *b, int32_t cap, void *stream, const ch
 }
 
 static pmla_status cpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
-  return pmla_build_dense(b, batch, kDLCPU, cpu_plan);
+  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "build_decode");
+  return st ? st : pmla_build_dense(b, batch, kDLCPU, cpu_plan);
 }
 
 static pmla_status cpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
-  return pmla_build_sparse(b, batch, kDLCPU, cpu_plan);
+  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "build_sparse");
+  return st ? st : pmla_build_sparse(b, batch, kDLCPU, cpu_plan);
 }
 
 /* The page and slot indices the step will read, checked against the cache. */
@@ -271,8 +314,8 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   pmla_decode_args a;
   int64_t num_slots;
   pmla_status st;
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "decode: builder is NULL");
+  if ((st = pmla_builder_check(b, &pmla_cpu_backend, "decode")))
+    return st;
   pmla_clear_error(b);
   if ((st = pmla_check_decode_args(b, args, kDLCPU, &a, &num_slots)) ||
       (st = validate_indices(b, num_slots)))
@@ -313,8 +356,9 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
 }
 
 static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "check_device_error: builder is NULL");
+  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "check_device_error");
+  if (st)
+    return st;
   int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];
   uint32_t bits = (uint32_t)meta[PMLA_META_ERROR];
   meta[PMLA_META_ERROR] = 0;
@@ -322,7 +366,9 @@ static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
 }
 
 static pmla_status cpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
-  pmla_status st = pmla_check_copy_args(b, which, dst, bytes);
+  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "copy_buffer");
+  if (st == PMLA_OK)
+    st = pmla_check_copy_args(b, which, dst, bytes);
   if (st == PMLA_OK)
     memcpy(dst, b->buf[which], (size_t)bytes);
   return st;

@@ -99,9 +99,8 @@ static pmla_status runtime_fail(pmla_builder *b, const char *what, int code) {
                    code, code > 0 ? pmla_gpu_error_string(code) : "unknown");
 }
 
-static void gpu_destroy(pmla_builder *b) {
-  if (!b)
-    return;
+/* frees a builder of this backend, whole or partly made */
+static void gpu_free(pmla_builder *b) {
   device_scope d = enter_device(b->cfg.device);
   for (int i = 0; i < PMLA_BUF_COUNT; i++)
     if (b->buf[i])
@@ -109,6 +108,11 @@ static void gpu_destroy(pmla_builder *b) {
   leave_device(d);
   free(b->impl);
   free(b);
+}
+
+static void gpu_destroy(pmla_builder *b) {
+  if (b && pmla_builder_forget(b, &pmla_gpu_backend))
+    gpu_free(b);
 }
 
 static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **out) {
@@ -181,7 +185,7 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
     if (e != GPU_SUCCESS) {
       gpuGetLastError(); /* clear the sticky-free error state */
       uint64_t total = b->info.total_bytes;
-      gpu_destroy(b);
+      gpu_free(b);
       leave_device(d);
       /* only a refused allocation is a lack of memory; anything else is
        * the runtime's failure, named */
@@ -199,13 +203,17 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
    * could run under it. init_builder is never captured, so it waits. */
   if ((e = gpuDeviceSynchronize()) != GPU_SUCCESS) {
     gpuGetLastError();
-    gpu_destroy(b);
+    gpu_free(b);
     leave_device(d);
     return pmla_fail(NULL, PMLA_ERR_DEVICE, "init_builder: %s runtime error %d (%s) zeroing "
                      "the buffers on device %d", GPU_PLATFORM_NAME, (int)e,
                      gpuGetErrorString(e), cfg.device);
   }
   leave_device(d);
+  if (!pmla_builder_adopt(b)) {
+    gpu_free(b);
+    return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: out of host memory");
+  }
   *out = b;
   return PMLA_OK;
 }
@@ -226,19 +234,21 @@ static pmla_status gpu_plan(pmla_builder *b, int32_t cap, void *stream, const ch
 }
 
 static pmla_status gpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
-  return pmla_build_dense(b, batch, GPU_DLPACK_DEVICE, gpu_plan);
+  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "build_decode");
+  return st ? st : pmla_build_dense(b, batch, GPU_DLPACK_DEVICE, gpu_plan);
 }
 
 static pmla_status gpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
-  return pmla_build_sparse(b, batch, GPU_DLPACK_DEVICE, gpu_plan);
+  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "build_sparse");
+  return st ? st : pmla_build_sparse(b, batch, GPU_DLPACK_DEVICE, gpu_plan);
 }
 
 static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   pmla_decode_args a;
   int64_t num_slots;
   pmla_status st;
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "decode: builder is NULL");
+  if ((st = pmla_builder_check(b, &pmla_gpu_backend, "decode")))
+    return st;
   pmla_clear_error(b);
   if ((st = pmla_check_decode_args(b, args, GPU_DLPACK_DEVICE, &a, &num_slots)))
     return st;
@@ -288,8 +298,9 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
 }
 
 static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "check_device_error: builder is NULL");
+  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "check_device_error");
+  if (st)
+    return st;
   int32_t meta[PMLA_META_WORDS];
   device_scope d = enter_device(b->cfg.device);
   if (!d.ok)
@@ -312,7 +323,9 @@ static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
 }
 
 static pmla_status gpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
-  pmla_status st = pmla_check_copy_args(b, which, dst, bytes);
+  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "copy_buffer");
+  if (st == PMLA_OK)
+    st = pmla_check_copy_args(b, which, dst, bytes);
   if (st != PMLA_OK)
     return st;
   device_scope d = enter_device(b->cfg.device);

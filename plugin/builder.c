@@ -4,7 +4,9 @@
 #include "builder.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mla_types.h"
@@ -50,8 +52,79 @@ pmla_status pmla_fail(pmla_builder *b, pmla_status status, const char *fmt, ...)
 
 void pmla_clear_error(pmla_builder *b) { (b ? b->error : init_error)[0] = '\0'; }
 
+/* The live builders: few per process, so a list under one lock; every
+ * entry point looks its builder up before reading through it. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static const pmla_builder **live;
+static size_t live_count, live_room;
+
+/* the index of b in `live`, or live_count; under live_lock */
+static size_t live_find(const pmla_builder *b) {
+  size_t i = 0;
+  while (i < live_count && live[i] != b)
+    i++;
+  return i;
+}
+
+int pmla_builder_adopt(pmla_builder *b) {
+  int ok = 1;
+  pthread_mutex_lock(&live_lock);
+  if (live_count == live_room) {
+    const size_t room = live_room ? 2 * live_room : 16;
+    const pmla_builder **grown = realloc(live, room * sizeof *grown);
+    if (grown) {
+      live = grown;
+      live_room = room;
+    } else {
+      ok = 0;
+    }
+  }
+  if (ok)
+    live[live_count++] = b;
+  pthread_mutex_unlock(&live_lock);
+  return ok;
+}
+
+/* the builder's backend if b is live, else NULL */
+static const pmla_backend *live_backend(const pmla_builder *b) {
+  pthread_mutex_lock(&live_lock);
+  const pmla_backend *be = live_find(b) < live_count ? b->backend : NULL;
+  pthread_mutex_unlock(&live_lock);
+  return be;
+}
+
+pmla_status pmla_builder_check(const pmla_builder *b, const pmla_backend *be, const char *what) {
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "%s: builder is NULL", what);
+  const pmla_backend *made_by = live_backend(b);
+  if (!made_by)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
+                     "%s: builder %p is not a live builder of this plugin (destroyed, or not "
+                     "made by init_builder); accepted: a builder init_builder returned and "
+                     "destroy_builder has not freed",
+                     what, (const void *)b);
+  if (be && made_by != be)
+    return pmla_fail((pmla_builder *)b, PMLA_ERR_INVALID_ARGUMENT,
+                     "%s: the builder was made by backend %s; this is backend %s (accepted: the "
+                     "backend whose init_builder made it)",
+                     what, made_by->name, be->name);
+  return PMLA_OK;
+}
+
+int pmla_builder_forget(pmla_builder *b, const pmla_backend *be) {
+  if (pmla_builder_check(b, be, "destroy_builder"))
+    return 0;
+  pthread_mutex_lock(&live_lock);
+  const size_t i = live_find(b);
+  const int found = i < live_count;
+  if (found)
+    live[i] = live[--live_count];
+  pthread_mutex_unlock(&live_lock);
+  return found;
+}
+
 const char *pmla_builder_last_error(const pmla_builder *b) {
-  return b ? b->error : init_error;
+  return b && live_backend(b) ? b->error : init_error;
 }
 
 static int is_pow2(uint32_t v) { return v && !(v & (v - 1)); }
@@ -260,9 +333,11 @@ void pmla_step_kv_map(const pmla_builder *b, int64_t num_slots, pmla_kv_map *map
 }
 
 pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info) {
-  if (!b || !info)
-    return pmla_fail((pmla_builder *)b, PMLA_ERR_INVALID_ARGUMENT,
-                     "query_builder: %s is NULL", b ? "info" : "builder");
+  pmla_status st = pmla_builder_check(b, NULL, "query_builder");
+  if (st)
+    return st;
+  if (!info)
+    return pmla_fail((pmla_builder *)b, PMLA_ERR_INVALID_ARGUMENT, "query_builder: info is NULL");
   if (info->struct_size < sizeof *info)
     return pmla_fail((pmla_builder *)b, PMLA_ERR_STRUCT_SIZE,
                      "query_builder: info->struct_size = %u is smaller than the ABI 1.0 "
@@ -438,6 +513,73 @@ pmla_status pmla_check_tensor(pmla_builder *b, const char *name, const DLTensor 
       return st_;                                                                              \
   } while (0)
 
+/* The bytes [*lo, *hi) of a tensor pmla_check_tensor accepted (contiguous,
+ * its end inside the address space); empty: lo == hi. */
+static void tensor_span(const DLTensor *t, uintptr_t *lo, uintptr_t *hi) {
+  uint64_t bytes = (uint64_t)t->dtype.bits / 8 * t->dtype.lanes;
+  for (int i = 0; i < t->ndim; i++)
+    bytes *= (uint64_t)t->shape[i];
+  *lo = (uintptr_t)pmla_tensor_data(t);
+  *hi = *lo + (uintptr_t)bytes;
+}
+
+/* remembers an accepted index tensor of the step being built */
+static void step_span(pmla_step *s, const DLTensor *t, const char *name) {
+  tensor_span(t, &s->spans[s->num_spans].lo, &s->spans[s->num_spans].hi);
+  s->spans[s->num_spans++].name = name;
+}
+
+static int spans_overlap(uintptr_t lo0, uintptr_t hi0, uintptr_t lo1, uintptr_t hi1) {
+  return lo0 < hi0 && lo1 < hi1 && lo0 < hi1 && lo1 < hi0;
+}
+
+/* decode's outputs share no byte with its inputs, the step's index tensors
+ * or each other: the kernels and pmla-cpu's workers read the inputs while
+ * the outputs are written */
+static pmla_status check_no_overlap(pmla_builder *b, const pmla_decode_args *a) {
+  struct {
+    uintptr_t lo, hi;
+    const char *name;
+  } in[8];
+  int n = 0;
+  const DLTensor *const reads[3] = {a->q, a->kv_cache, a->kv_scale};
+  static const char *const read_names[3] = {"args->q", "args->kv_cache", "args->kv_scale"};
+  for (int i = 0; i < 3; i++)
+    if (reads[i]) {
+      tensor_span(reads[i], &in[n].lo, &in[n].hi);
+      in[n++].name = read_names[i];
+    }
+  for (int i = 0; i < b->step.num_spans; i++) {
+    in[n].lo = b->step.spans[i].lo;
+    in[n].hi = b->step.spans[i].hi;
+    in[n++].name = b->step.spans[i].name;
+  }
+  const DLTensor *const writes[2] = {a->out, a->lse};
+  static const char *const write_names[2] = {"args->out", "args->lse"};
+  uintptr_t wlo[2] = {0, 0}, whi[2] = {0, 0};
+  for (int w = 0; w < 2; w++) {
+    if (!writes[w])
+      continue;
+    tensor_span(writes[w], &wlo[w], &whi[w]);
+    for (int i = 0; i < n; i++)
+      if (spans_overlap(wlo[w], whi[w], in[i].lo, in[i].hi))
+        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                         "decode: %s (bytes 0x%llx..0x%llx) overlaps %s (bytes 0x%llx..0x%llx); "
+                         "accepted: outputs that share no byte with q, kv_cache, kv_scale, the "
+                         "step's index tensors or each other",
+                         write_names[w], (unsigned long long)wlo[w], (unsigned long long)whi[w],
+                         in[i].name, (unsigned long long)in[i].lo, (unsigned long long)in[i].hi);
+  }
+  if (spans_overlap(wlo[0], whi[0], wlo[1], whi[1]))
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "decode: args->out (bytes 0x%llx..0x%llx) overlaps args->lse (bytes "
+                     "0x%llx..0x%llx); accepted: outputs that share no byte with q, kv_cache, "
+                     "kv_scale, the step's index tensors or each other",
+                     (unsigned long long)wlo[0], (unsigned long long)whi[0],
+                     (unsigned long long)wlo[1], (unsigned long long)whi[1]);
+  return PMLA_OK;
+}
+
 static pmla_status check_struct(pmla_builder *b, const char *what, const void *p, uint32_t size,
                                 size_t need) {
   if (!p)
@@ -474,6 +616,7 @@ pmla_status pmla_check_decode_batch(pmla_builder *b, const pmla_decode_batch *ba
   s->num_tokens = -1;
   s->kv_layout = batch->kv_layout;
   s->qo_indptr = pmla_tensor_data(batch->qo_indptr);
+  step_span(s, batch->qo_indptr, "batch->qo_indptr");
   const int64_t shape_r[1] = {R}, shape_r1[1] = {R + 1}, shape_bt[2] = {R, -1};
   if (batch->kv_layout == PMLA_KV_BLOCK_TABLE) {
     CHECK(pmla_check_tensor(b, "build_decode: batch->block_table", batch->block_table,
@@ -489,6 +632,8 @@ pmla_status pmla_check_decode_batch(pmla_builder *b, const pmla_decode_batch *ba
     s->block_table = pmla_tensor_data(batch->block_table);
     s->block_table_stride = (int32_t)width;
     s->kv_lens = pmla_tensor_data(batch->kv_lens);
+    step_span(s, batch->block_table, "batch->block_table");
+    step_span(s, batch->kv_lens, "batch->kv_lens");
   } else if (batch->kv_layout == PMLA_KV_CSR) {
     CHECK(pmla_check_tensor(b, "build_decode: batch->kv_indptr", batch->kv_indptr, pmla_dl_int32,
                             1, shape_r1, device_type, dev));
@@ -504,6 +649,9 @@ pmla_status pmla_check_decode_batch(pmla_builder *b, const pmla_decode_batch *ba
     s->kv_indices = pmla_tensor_data(batch->kv_indices);
     s->num_page_indices = batch->kv_indices->shape[0];
     s->kv_last_page_len = pmla_tensor_data(batch->kv_last_page_len);
+    step_span(s, batch->kv_indptr, "batch->kv_indptr");
+    step_span(s, batch->kv_indices, "batch->kv_indices");
+    step_span(s, batch->kv_last_page_len, "batch->kv_last_page_len");
   } else {
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                      "build_decode: batch->kv_layout = %u; accepted: %d (PMLA_KV_BLOCK_TABLE) or "
@@ -546,6 +694,7 @@ pmla_status pmla_check_sparse_batch(pmla_builder *b, const pmla_sparse_batch *ba
   s->num_requests = (int32_t)T;
   s->num_tokens = T;
   s->topk = pmla_tensor_data(batch->topk_indices);
+  step_span(s, batch->topk_indices, "batch->topk_indices");
   s->topk_stride = (int32_t)b->cfg.topk;
   return PMLA_OK;
 }
@@ -572,6 +721,11 @@ static pmla_status check_kv_cache(pmla_builder *b, const DLTensor *kv, int devic
                      : b->cfg.kv_dtype == PMLA_DTYPE_FP8_E4M3 ? "uint8 or float8_e4m3fn"
                                                               : "uint8");
   }
+  if (kv && kv->ndim != 3 && kv->ndim != 4)
+    return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                     "decode: args->kv_cache: ndim = %d; accepted: 3, shape [*, %lld, %lld], or "
+                     "4, shape [*, %lld, 1, %lld]",
+                     kv->ndim, (long long)P, (long long)W, (long long)P, (long long)W);
   if (kv && kv->ndim == 4) {
     const int64_t kv4[4] = {-1, P, 1, W};
     return pmla_check_tensor(b, "decode: args->kv_cache", kv, dt, 4, kv4, device_type, dev);
@@ -634,7 +788,7 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
   } else {
     copy->kv_scale = NULL; /* ignored for the other kv_dtypes */
   }
-  return PMLA_OK;
+  return check_no_overlap(b, copy);
 }
 
 pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, int device_type,

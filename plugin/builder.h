@@ -30,6 +30,13 @@ typedef struct pmla_step {
   const int32_t *kv_last_page_len;
   const int32_t *topk;
   int32_t topk_stride;
+  /* the byte spans [lo, hi) of the step's index tensors, which no output
+   * of its decodes may overlap */
+  struct {
+    uintptr_t lo, hi;
+    const char *name;
+  } spans[4];
+  int num_spans;
   int64_t checked_slots;     /* pmla-cpu: indices already checked against a cache
                                 of this many slots (-1: not yet); the host keeps
                                 the step's tensors unchanged until its last decode */
@@ -50,7 +57,24 @@ struct pmla_builder {
 pmla_status pmla_fail(pmla_builder *b, pmla_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void pmla_clear_error(pmla_builder *b);
+/* b's message; for NULL or a pointer that is not a live builder (never made,
+ * or destroyed), this thread's message (init_builder's, or the refusal of a
+ * call given such a pointer) */
 const char *pmla_builder_last_error(const pmla_builder *b);
+
+/* The plugin's live builders, so that a call given a pointer that is not
+ * one (destroyed, never made by init_builder, or made by another backend)
+ * is refused without reading through it. pmla_builder_adopt enters a
+ * finished builder (0: out of memory, nothing entered); pmla_builder_forget
+ * removes b if it is live and of backend `be` (1) and otherwise leaves it
+ * and says why on this thread (0). */
+int pmla_builder_adopt(pmla_builder *b);
+int pmla_builder_forget(pmla_builder *b, const pmla_backend *be);
+/* PMLA_OK when b is live and, unless `be` is NULL, made by `be`; else the
+ * refusal (INVALID_ARGUMENT), named after `what` (the call). A refusal for
+ * another backend's builder is that builder's message, the others this
+ * thread's. */
+pmla_status pmla_builder_check(const pmla_builder *b, const pmla_backend *be, const char *what);
 
 /* init_builder's common checks: `builder` (the out pointer) and every
  * config field (the message names field, value and what is accepted);

@@ -1205,6 +1205,152 @@ START_TEST(test_rows_before_the_first_request_are_not_touched) {
 }
 END_TEST
 
+/* ---- builders that are not live, or not this backend's ---- */
+
+/* A destroyed builder is no builder: a second destroy is ignored, and any
+ * call given the pointer is refused without reading through it (the
+ * address sanitizer of CI's CPU run would see such a read). */
+START_TEST(test_a_destroyed_builder_is_refused_and_destroying_it_again_is_ignored) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  pmla_builder *dead = f.b;
+  g_be->destroy_builder(dead);
+  g_be->destroy_builder(dead);
+  ck_assert_msg(strstr(g_be->last_error(NULL), "not a live builder"),
+                "second destroy: message '%s'", g_be->last_error(NULL));
+  pmla_builder_info info = {.struct_size = sizeof info};
+  uint32_t flags = 0;
+  int32_t word[PMLA_META_WORDS];
+  const pmla_status got[6] = {
+      g_be->build_decode(dead, &f.bt_batch), g_be->build_sparse(dead, &f.sparse),
+      g_be->decode(dead, &f.args),           g_be->query_builder(dead, &info),
+      g_be->check_device_error(dead, &flags),
+      g_be->copy_buffer(dead, PMLA_BUF_WORK_META_DATA, word, sizeof word)};
+  for (int i = 0; i < 6; i++) {
+    ck_assert_msg(got[i] == PMLA_ERR_INVALID_ARGUMENT, "call %d on a destroyed builder: %s", i,
+                  harness_status_name(got[i]));
+  }
+  /* last_error of the dead pointer is this thread's message, the last refusal */
+  ck_assert_msg(strstr(g_be->last_error(dead), "copy_buffer: builder") &&
+                    strstr(g_be->last_error(dead), "not a live builder"),
+                "last_error(destroyed): '%s'", g_be->last_error(dead));
+  f.b = NULL; /* fx_teardown's destroy of NULL does nothing */
+  fx_teardown(&f);
+}
+END_TEST
+
+/* Each backend serves only the builders its own init_builder made: another
+ * backend of the plugin refuses them (or, built without a GPU, refuses
+ * everything), and its destroy leaves them alive. */
+START_TEST(test_a_builder_is_refused_by_the_other_backend_and_stays_usable) {
+  REQUIRE_BACKEND();
+  const pmla_backend *other = NULL;
+  for (size_t i = 0; i < pmla_registry_count(g_registry); i++) {
+    const pmla_backend *be = pmla_registry_backend(g_registry, i);
+    if (be != g_be && strcmp(pmla_registry_backend_path(g_registry, i), g_plugin_path) == 0)
+      other = be;
+  }
+  if (!other) {
+    fprintf(stderr, "SKIP %s: the plugin has no second backend\n", __func__);
+    return;
+  }
+  fx f;
+  fx_setup(&f, 0);
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "build");
+  fx_poison_outputs(&f);
+  ck_assert_int_ne(other->build_decode(f.b, &f.bt_batch), PMLA_OK);
+  ck_assert_int_ne(other->decode(f.b, &f.args), PMLA_OK);
+  ck_assert_msg(fx_outputs_intact(&f), "%s's decode wrote outputs of a %s builder", other->name,
+                g_be->name);
+  other->destroy_builder(f.b);
+  pmla_builder_info info = {.struct_size = sizeof info};
+  expect_status(g_be->query_builder(f.b, &info), PMLA_OK, &f, "query after the other's destroy");
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "build after the other's calls");
+  expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "decode after the other's calls");
+  fx_teardown(&f);
+}
+END_TEST
+
+/* decode's outputs may not share a byte with what it reads: q, the cache,
+ * the step's index tensors, or each other. Refused by name, nothing written. */
+START_TEST(test_outputs_overlapping_an_input_are_refused_by_name) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "build");
+  static const struct {
+    const char *out, *in;
+  } want[5] = {{"args->out", "args->q"},
+               {"args->out", "args->kv_cache"},
+               {"args->out", "batch->block_table"},
+               {"args->lse", "args->kv_cache"},
+               {"args->out", "args->lse"}};
+  for (int c = 0; c < 5; c++) {
+    DLTensor out = f.out.t, lse = f.lse.t;
+    switch (c) {
+    case 0: out.data = f.q.t.data; break;
+    case 1: out.data = f.kv.t.data; out.byte_offset = 1024; break;
+    case 2: out.data = f.t_bt.t.data; break;
+    case 3: lse.data = f.kv.t.data; break;
+    case 4: lse.data = f.out.t.data; lse.byte_offset = 4096; break;
+    }
+    pmla_decode_args a = f.args;
+    a.out = &out;
+    a.lse = &lse;
+    fx_poison_outputs(&f);
+    expect_status(g_be->decode(f.b, &a), PMLA_ERR_INVALID_ARGUMENT, &f, want[c].in);
+    const char *m = g_be->last_error(f.b);
+    const char *w = strstr(m, want[c].out);
+    ck_assert_msg(w && strstr(w, "overlaps") && strstr(m, want[c].in),
+                  "case %d: message '%s' does not name %s and %s", c, m, want[c].out, want[c].in);
+    ck_assert_msg(fx_outputs_intact(&f), "case %d: outputs written", c);
+  }
+  expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "separate outputs");
+  fx_teardown(&f);
+}
+END_TEST
+
+/* pmla-cpu reads a dense step's qo_indptr, kv_lens, kv_indptr and
+ * kv_last_page_len once, at build: a host that breaks the contract and
+ * rewrites them before decode gets the step it built, not a wild read or
+ * write. (A GPU reads them on the device, which checks what it reads.) */
+START_TEST(test_cpu_indptrs_rewritten_after_the_build_change_nothing) {
+  REQUIRE_BACKEND();
+  if (g_mem->device_type != kDLCPU) {
+    fprintf(stderr, "SKIP %s: the indices are read on the device\n", __func__);
+    return;
+  }
+  for (int csr = 0; csr < 2; csr++) {
+    fx f;
+    fx_setup(&f, 0);
+    const pmla_decode_batch *batch = csr ? &f.csr_batch : &f.bt_batch;
+    uint16_t *out0 = malloc((size_t)TOKENS * H * 512 * 2), *out1 = malloc((size_t)TOKENS * H * 512 * 2);
+    ck_assert(out0 && out1);
+    expect_status(g_be->build_decode(f.b, batch), PMLA_OK, &f, "build");
+    expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "decode");
+    tt_download(&f.out, out0);
+    expect_status(g_be->build_decode(f.b, batch), PMLA_OK, &f, "build again");
+    for (int r = 0; r <= BATCH; r++) {
+      f.qo[r] = r == BATCH ? 1 << 30 : -(1 << 30) + r;
+      f.kv_indptr[r] = r % 2 ? 1 << 29 : -7;
+    }
+    for (int r = 0; r < BATCH; r++)
+      f.lens[r] = f.last[r] = 1 << 30;
+    fx_upload_indices(&f);
+    expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "decode after the rewrite");
+    tt_download(&f.out, out1);
+    ck_assert_msg(memcmp(out0, out1, (size_t)TOKENS * H * 512 * 2) == 0,
+                  "%s: the decode after the rewrite differs", csr ? "CSR" : "block table");
+    uint32_t flags = 0;
+    expect_status(g_be->check_device_error(f.b, &flags), PMLA_OK, &f, "no error bits");
+    free(out0);
+    free(out1);
+    fx_teardown(&f);
+  }
+}
+END_TEST
+
 Suite *suite_args(void) {
   Suite *s = suite_create("arguments");
   TCase *tc = tcase_create("build_decode");
@@ -1243,6 +1389,12 @@ Suite *suite_args(void) {
   tcase_add_loop_test(tc, test_misaligned_tensors_are_refused_by_name_and_nothing_is_written, 0,
                       N_ALIGN_CASES);
   tcase_add_test(tc, test_int32_and_fp32_tensors_one_element_in_are_accepted);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("builders");
+  tcase_add_test(tc, test_a_destroyed_builder_is_refused_and_destroying_it_again_is_ignored);
+  tcase_add_test(tc, test_a_builder_is_refused_by_the_other_backend_and_stays_usable);
+  tcase_add_test(tc, test_outputs_overlapping_an_input_are_refused_by_name);
+  tcase_add_test(tc, test_cpu_indptrs_rewritten_after_the_build_change_nothing);
   suite_add_tcase(s, tc);
   return s;
 }
