@@ -318,6 +318,7 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
     return st;
   pmla_clear_error(b);
   if ((st = pmla_check_decode_args(b, args, kDLCPU, &a, &num_slots)) ||
+      (st = pmla_check_no_overlap(b, &a)) ||
       (st = validate_indices(b, num_slots)))
     return st;
   cpu_state *s = b->impl;

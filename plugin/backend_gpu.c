@@ -261,6 +261,8 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
                                    "the pmla backend moves q, kv_cache and out in 16-byte "
                                    "pieces")))
       return st;
+  if ((st = pmla_check_no_overlap(b, &a)))
+    return st;
   pmla_gpu_problem p;
   memset(&p, 0, sizeof p);
   p.num_heads = (int32_t)b->cfg.num_heads;

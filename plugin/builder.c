@@ -533,10 +533,7 @@ static int spans_overlap(uintptr_t lo0, uintptr_t hi0, uintptr_t lo1, uintptr_t 
   return lo0 < hi0 && lo1 < hi1 && lo0 < hi1 && lo1 < hi0;
 }
 
-/* decode's outputs share no byte with its inputs, the step's index tensors
- * or each other: the kernels and pmla-cpu's workers read the inputs while
- * the outputs are written */
-static pmla_status check_no_overlap(pmla_builder *b, const pmla_decode_args *a) {
+pmla_status pmla_check_no_overlap(pmla_builder *b, const pmla_decode_args *a) {
   struct {
     uintptr_t lo, hi;
     const char *name;
@@ -561,14 +558,22 @@ static pmla_status check_no_overlap(pmla_builder *b, const pmla_decode_args *a) 
     if (!writes[w])
       continue;
     tensor_span(writes[w], &wlo[w], &whi[w]);
-    for (int i = 0; i < n; i++)
-      if (spans_overlap(wlo[w], whi[w], in[i].lo, in[i].hi))
-        return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                         "decode: %s (bytes 0x%llx..0x%llx) overlaps %s (bytes 0x%llx..0x%llx); "
-                         "accepted: outputs that share no byte with q, kv_cache, kv_scale, the "
-                         "step's index tensors or each other",
-                         write_names[w], (unsigned long long)wlo[w], (unsigned long long)whi[w],
-                         in[i].name, (unsigned long long)in[i].lo, (unsigned long long)in[i].hi);
+    /* every input it overlaps, named with its bytes */
+    char hit[320] = "";
+    size_t len = 0;
+    for (int i = 0; i < n && len < sizeof hit; i++)
+      if (spans_overlap(wlo[w], whi[w], in[i].lo, in[i].hi)) {
+        const int k = snprintf(hit + len, sizeof hit - len, "%s%s (bytes 0x%llx..0x%llx)",
+                               len ? ", " : "", in[i].name, (unsigned long long)in[i].lo,
+                               (unsigned long long)in[i].hi);
+        len += k > 0 ? (size_t)k : 0;
+      }
+    if (hit[0])
+      return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
+                       "decode: %s (bytes 0x%llx..0x%llx) overlaps %s; accepted: outputs that "
+                       "share no byte with q, kv_cache, kv_scale, the step's index tensors or "
+                       "each other",
+                       write_names[w], (unsigned long long)wlo[w], (unsigned long long)whi[w], hit);
   }
   if (spans_overlap(wlo[0], whi[0], wlo[1], whi[1]))
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
@@ -788,7 +793,7 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
   } else {
     copy->kv_scale = NULL; /* ignored for the other kv_dtypes */
   }
-  return check_no_overlap(b, copy);
+  return PMLA_OK;
 }
 
 pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, int device_type,

@@ -128,6 +128,11 @@ pmla_status pmla_check_sparse_batch(pmla_builder *b, const pmla_sparse_batch *ba
  * builder's kv_dtype reads it); returns num_slots of the cache. */
 pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args,
                                    int device_type, pmla_decode_args *copy, int64_t *num_slots);
+/* decode's outputs (in args accepted by pmla_check_decode_args) share no
+ * byte with its inputs, the step's index tensors or each other: the
+ * kernels and pmla-cpu's workers read the inputs while the outputs are
+ * written. Each backend calls it after its own checks of the tensors. */
+pmla_status pmla_check_no_overlap(pmla_builder *b, const pmla_decode_args *args);
 
 /* A backend's planning of the step just remembered in b->step, under the
  * given split cap (0: uncapped), on `stream`; `what` names the ABI call. */
