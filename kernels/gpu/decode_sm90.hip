@@ -741,18 +741,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
 #endif
           const int64_t slot =
               pos < ke ? kv_slot(p.map, raw_next, pos, errw, lane < 16 && blockIdx.x == 0) : -1;
-#if PMLA_WG_TMA
-          /* pages of fewer than 16 slots: each warp's 16 rows by TMA where
-           * they are 16 consecutive slots */
-          if (SMALL && !NARROW && !GATHER && p.map.page_size < 16) {
-            const int64_t sfirst = slot_run16(slot, lane);
-            if (sfirst >= 0) {
-              group_boxes(st, sfirst, kv_first, blk != 0);
-              raw_next = raw_at(blk + 1);
-              return blk == 0;
-            }
-          }
-#endif
           const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
           if (lane == 0)
             ((uint16_t *)sVm)[st * 4 + wi] = (uint16_t)bits;
@@ -1344,9 +1332,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
  * 4-5% of their time */
 int kv_tensor_map(CUtensorMap *m, const pmla_gpu_problem &p) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-  /* pages of fewer than 16 slots: 16-row boxes too, for a loader warp's
-   * rows that are 16 consecutive slots */
-  const int rows = p.map.page_size < 16 ? 16 : tma_box_rows(p.map.page_size);
+  const int rows = tma_box_rows(p.map.page_size);
   if (!PMLA_WG_TMA || !enc || p.kv_format != PMLA_KV_BF16 || p.map.topk || rows == 0 ||
       p.map.num_slots < rows || p.map.num_slots > INT32_MAX || ((uintptr_t)p.kv & 15) != 0)
     return 0;

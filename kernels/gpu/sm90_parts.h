@@ -62,16 +62,6 @@ __device__ __forceinline__ int64_t page_run_slot(const pmla_kv_map &m, int32_t r
   const int64_t slot = (int64_t)raw * m.page_size + pmla_fastdiv_r(m.page_div, (uint32_t)pos);
   return slot + RUN <= m.num_slots ? slot : -1;
 }
-/* The first of a loader warp's 16 rows' slots when they are 16 consecutive
- * valid slots (pages side by side in the cache), else -1; lanes l and
- * l + 16 hold row l's slot (-1: none), so slot - (lane & 15) is one value
- * across the warp exactly then */
-__device__ __forceinline__ int64_t slot_run16(int64_t slot, int lane) {
-  int same;
-  const long long key = slot >= 0 ? slot - (lane & 15) : -1 - lane;
-  (void)__match_all_sync(0xffffffffu, key, &same);
-  return same ? key : -1;
-}
 /* a loader warp's token validity as bits (the TPT lanes of a token agree):
  * bit k = the warp's k-th token; read back as one word instead of one shared
  * load per element (those loads sat on the softmax's critical path) */
