@@ -119,6 +119,12 @@ int pmla_builder_forget(pmla_builder *b, const pmla_backend *be) {
   const int found = i < live_count;
   if (found)
     live[i] = live[--live_count];
+  if (live_count == 0) { /* the list leaves with the last builder: the
+                            plugin may be unloaded next */
+    free(live);
+    live = NULL;
+    live_room = 0;
+  }
   pthread_mutex_unlock(&live_lock);
   return found;
 }
