@@ -25,18 +25,21 @@
  *   gives a message naming the argument, the value given and what is
  *   accepted. For a failed init_builder (no builder exists yet) call
  *   last_error(NULL) on the same thread. A call given a pointer that is not
- *   a live builder of its backend (destroyed, never made, or made by another
- *   backend) is refused without reading through it; last_error(pointer)
- *   gives the message. decode's out and lse may
+ *   a live builder (destroyed, or never made) is refused without reading
+ *   through it, and last_error(pointer) gives the message on the same
+ *   thread; a builder given to another backend of the plugin is refused,
+ *   the message in the builder. (A destroyed builder's address that a later
+ *   init_builder reuses is that new builder.) decode's out and lse may
  *   share no byte with its inputs (q, kv_cache, kv_scale, the step's index
  *   tensors) or with each other.
  *
  * Threading
  *   Builders are independent: many may live in one process and be used from
  *   many threads at once. One builder is used by one thread at a time (the
- *   host serialises calls on it). Besides builders, the plugin keeps only
- *   process-wide caches that every thread may fill and that never change
- *   results: the GPU backend's per-device opt-in of each kernel's shared
+ *   host serialises calls on it). Besides builders, the plugin keeps the
+ *   list of its live builders (one lock, held for a lookup by every call)
+ *   and process-wide caches that every thread may fill and that never
+ *   change results: the GPU backend's per-device opt-in of each kernel's shared
  *   memory (a bit per device, set atomically) and the driver's tensor-map
  *   encoder (looked up once). Failed init_builder messages are per thread.
  *
@@ -312,7 +315,9 @@ typedef struct pmla_backend {
 
   /* --- 1.0 --- */
   pmla_status (*init_builder)(const pmla_builder_config *config, pmla_builder **out);
-  void (*destroy_builder)(pmla_builder *builder); /* NULL-safe */
+  /* NULL, and any pointer that is not a live builder of this backend, are
+   * ignored */
+  void (*destroy_builder)(pmla_builder *builder);
   pmla_status (*query_builder)(const pmla_builder *builder, pmla_builder_info *info);
   pmla_status (*build_decode)(pmla_builder *builder, const pmla_decode_batch *batch);
   pmla_status (*build_sparse)(pmla_builder *builder, const pmla_sparse_batch *batch);

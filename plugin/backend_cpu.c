@@ -356,6 +356,11 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   return PMLA_OK;
 }
 
+static pmla_status cpu_query(const pmla_builder *b, pmla_builder_info *info) {
+  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "query_builder");
+  return st ? st : pmla_query_builder(b, info);
+}
+
 static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
   pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "check_device_error");
   if (st)
@@ -382,7 +387,7 @@ const pmla_backend pmla_cpu_backend = {
     .description = "pmla persistent MLA decode on CPU worker threads (fp32 accumulation)",
     .init_builder = cpu_init,
     .destroy_builder = cpu_destroy,
-    .query_builder = pmla_query_builder,
+    .query_builder = cpu_query,
     .build_decode = cpu_build_decode,
     .build_sparse = cpu_build_sparse,
     .decode = cpu_decode,

@@ -299,6 +299,11 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   return rc ? runtime_fail(b, "decode", rc) : PMLA_OK;
 }
 
+static pmla_status gpu_query(const pmla_builder *b, pmla_builder_info *info) {
+  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "query_builder");
+  return st ? st : pmla_query_builder(b, info);
+}
+
 static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
   pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "check_device_error");
   if (st)
@@ -349,7 +354,7 @@ const pmla_backend pmla_gpu_backend = {
     .description = "pmla persistent MLA decode on a GPU (" GPU_PLATFORM_NAME ")",
     .init_builder = gpu_init,
     .destroy_builder = gpu_destroy,
-    .query_builder = pmla_query_builder,
+    .query_builder = gpu_query,
     .build_decode = gpu_build_decode,
     .build_sparse = gpu_build_sparse,
     .decode = gpu_decode,

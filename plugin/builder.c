@@ -339,9 +339,6 @@ void pmla_step_kv_map(const pmla_builder *b, int64_t num_slots, pmla_kv_map *map
 }
 
 pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info) {
-  pmla_status st = pmla_builder_check(b, NULL, "query_builder");
-  if (st)
-    return st;
   if (!info)
     return pmla_fail((pmla_builder *)b, PMLA_ERR_INVALID_ARGUMENT, "query_builder: info is NULL");
   if (info->struct_size < sizeof *info)

@@ -154,7 +154,8 @@ pmla_status pmla_check_copy_args(pmla_builder *b, pmla_buffer which, const void 
  * (and cleared): writes *flags, explains set bits, returns the status. */
 pmla_status pmla_device_error_status(pmla_builder *b, uint32_t bits, uint32_t *flags);
 
-/* Answers the query call from b->info. */
+/* Answers the query call from b->info, for a builder its backend has looked
+ * up (pmla_builder_check). */
 pmla_status pmla_query_builder(const pmla_builder *b, pmla_builder_info *info);
 
 /* The planner's input for the step in b->step (pointers as the backend
