@@ -245,13 +245,11 @@ static pmla_status cpu_plan(pmla_builder *b, int32_t cap, void *stream, const ch
 }
 
 static pmla_status cpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
-  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "build_decode");
-  return st ? st : pmla_build_dense(b, batch, kDLCPU, cpu_plan);
+  return pmla_build_dense(b, batch, &pmla_cpu_backend, kDLCPU, cpu_plan);
 }
 
 static pmla_status cpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
-  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "build_sparse");
-  return st ? st : pmla_build_sparse(b, batch, kDLCPU, cpu_plan);
+  return pmla_build_sparse(b, batch, &pmla_cpu_backend, kDLCPU, cpu_plan);
 }
 
 /* The page and slot indices the step will read, checked against the cache. */
@@ -372,9 +370,7 @@ static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
 }
 
 static pmla_status cpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
-  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "copy_buffer");
-  if (st == PMLA_OK)
-    st = pmla_check_copy_args(b, which, dst, bytes);
+  pmla_status st = pmla_check_copy_args(b, &pmla_cpu_backend, which, dst, bytes);
   if (st == PMLA_OK)
     memcpy(dst, b->buf[which], (size_t)bytes);
   return st;

@@ -234,13 +234,11 @@ static pmla_status gpu_plan(pmla_builder *b, int32_t cap, void *stream, const ch
 }
 
 static pmla_status gpu_build_decode(pmla_builder *b, const pmla_decode_batch *batch) {
-  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "build_decode");
-  return st ? st : pmla_build_dense(b, batch, GPU_DLPACK_DEVICE, gpu_plan);
+  return pmla_build_dense(b, batch, &pmla_gpu_backend, GPU_DLPACK_DEVICE, gpu_plan);
 }
 
 static pmla_status gpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch) {
-  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "build_sparse");
-  return st ? st : pmla_build_sparse(b, batch, GPU_DLPACK_DEVICE, gpu_plan);
+  return pmla_build_sparse(b, batch, &pmla_gpu_backend, GPU_DLPACK_DEVICE, gpu_plan);
 }
 
 static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
@@ -330,9 +328,7 @@ static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
 }
 
 static pmla_status gpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
-  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "copy_buffer");
-  if (st == PMLA_OK)
-    st = pmla_check_copy_args(b, which, dst, bytes);
+  pmla_status st = pmla_check_copy_args(b, &pmla_gpu_backend, which, dst, bytes);
   if (st != PMLA_OK)
     return st;
   device_scope d = enter_device(b->cfg.device);

@@ -799,12 +799,12 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
   return PMLA_OK;
 }
 
-pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, int device_type,
-                             pmla_plan_fn plan) {
+pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch,
+                             const pmla_backend *be, int device_type, pmla_plan_fn plan) {
   pmla_decode_batch copy;
   pmla_status st;
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_decode: builder is NULL");
+  if ((st = pmla_builder_check(b, be, "build_decode")))
+    return st;
   pmla_clear_error(b);
   b->step.kind = PLAN_NONE;
   if ((st = pmla_check_decode_batch(b, batch, device_type, &copy)) ||
@@ -815,12 +815,12 @@ pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, in
   return PMLA_OK;
 }
 
-pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, int device_type,
-                              pmla_plan_fn plan) {
+pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch,
+                              const pmla_backend *be, int device_type, pmla_plan_fn plan) {
   pmla_sparse_batch copy;
   pmla_status st;
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "build_sparse: builder is NULL");
+  if ((st = pmla_builder_check(b, be, "build_sparse")))
+    return st;
   pmla_clear_error(b);
   b->step.kind = PLAN_NONE;
   if ((st = pmla_check_sparse_batch(b, batch, device_type, &copy)))
@@ -837,10 +837,11 @@ pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, i
   return PMLA_OK;
 }
 
-pmla_status pmla_check_copy_args(pmla_builder *b, pmla_buffer which, const void *dst,
-                                 uint64_t bytes) {
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "copy_buffer: builder is NULL");
+pmla_status pmla_check_copy_args(pmla_builder *b, const pmla_backend *be, pmla_buffer which,
+                                 const void *dst, uint64_t bytes) {
+  pmla_status st = pmla_builder_check(b, be, "copy_buffer");
+  if (st)
+    return st;
   pmla_clear_error(b);
   if ((unsigned)which >= PMLA_BUF_COUNT)
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "copy_buffer: which = %d; accepted: 0..%d",

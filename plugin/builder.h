@@ -138,17 +138,19 @@ pmla_status pmla_check_no_overlap(pmla_builder *b, const pmla_decode_args *args)
  * given split cap (0: uncapped), on `stream`; `what` names the ABI call. */
 typedef pmla_status (*pmla_plan_fn)(pmla_builder *b, int32_t cap, void *stream, const char *what);
 
-/* build_decode / build_sparse for every backend: check the batch against
- * device_type, remember the step, choose the split cap, let the backend
- * plan it. A step counts as built only when all of that succeeded. */
-pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch, int device_type,
-                             pmla_plan_fn plan);
-pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch, int device_type,
-                              pmla_plan_fn plan);
+/* build_decode / build_sparse for every backend: look the builder up as
+ * backend be's (pmla_builder_check), check the batch against device_type,
+ * remember the step, choose the split cap, let the backend plan it. A step
+ * counts as built only when all of that succeeded. */
+pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch,
+                             const pmla_backend *be, int device_type, pmla_plan_fn plan);
+pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch,
+                              const pmla_backend *be, int device_type, pmla_plan_fn plan);
 
-/* copy_buffer's argument checks (NULL builder included), for both backends. */
-pmla_status pmla_check_copy_args(pmla_builder *b, pmla_buffer which, const void *dst,
-                                 uint64_t bytes);
+/* copy_buffer's argument checks for both backends, the builder looked up as
+ * backend be's (pmla_builder_check) first. */
+pmla_status pmla_check_copy_args(pmla_builder *b, const pmla_backend *be, pmla_buffer which,
+                                 const void *dst, uint64_t bytes);
 
 /* check_device_error's answer for the error word `bits` the backend read
  * (and cleared): writes *flags, explains set bits, returns the status. */
