@@ -597,7 +597,8 @@ START_TEST(test_decode_rejects_bad_arguments_and_writes_nothing) {
   int64_t q_tok[3] = {TOKENS + 1, H, 576}, q_heads[3] = {TOKENS, 2 * H, 576},
           q_dim[3] = {TOKENS, H, 512}, q2[2] = {TOKENS, H * 576};
   int64_t kv_dim[3] = {NPAGES, PS, 512}, kv_ps[3] = {NPAGES * 2, PS / 2, 576},
-          kv4[4] = {NPAGES, PS, 2, 576}, kv_strides[3] = {PS * 576, 1, PS};
+          kv4[4] = {NPAGES, PS, 2, 576}, kv_strides[3] = {PS * 576, 1, PS},
+          kv5[5] = {NPAGES, PS, 1, 1, 576};
   int64_t out_tok[3] = {TOKENS - 1, H, 512}, out_dim[3] = {TOKENS, H, 576},
           out_strides[3] = {H * 512, 1, H};
   int64_t lse_h[2] = {TOKENS, H / 2};
@@ -641,11 +642,16 @@ START_TEST(test_decode_rejects_bad_arguments_and_writes_nothing) {
     case 23: what = "lse bf16"; lse.dtype.code = kDLBfloat; lse.dtype.bits = 16; break;
     case 24: what = "lse heads != num_heads"; lse.shape = lse_h; break;
     case 25: what = "lse 3-d"; lse.ndim = 3; lse.shape = out_tok; break;
+    case 26: what = "kv 5-d"; kv.ndim = 5; kv.shape = kv5; break;
     default: what = NULL; break;
     }
     if (!what)
       break;
     expect_decode_fails(&f, pa, want, what);
+    if (i == 26) /* a cache of neither accepted rank is told both */
+      ck_assert_msg(strstr(g_be->last_error(f.b), "ndim = 5; accepted: 3, shape [*, 16, 576], or "
+                                                   "4, shape [*, 16, 1, 576]"),
+                    "kv 5-d: message '%s'", g_be->last_error(f.b));
   }
   ck_assert_int_eq(g_be->decode(NULL, &f.args), PMLA_ERR_INVALID_ARGUMENT);
   fx_teardown(&f);
