@@ -303,9 +303,9 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         char *dst = sSt + s * STG;
         const uint32_t bar = aFull + 8 * s;
 #if PMLA_WG_TMA
-        /* whole pages: use_tma 1 (2, pages of 16 or 32 slots, comes to the
-         * SMALL kernel only) */
-        const bool whole_tma = SMALL ? use_tma == 1 : use_tma != 0;
+        /* whole pages: use_tma 1; the SMALL kernel is launched with 2
+         * (pages of 16 or 32 slots) only, so it has no whole-page path */
+        const bool whole_tma = !SMALL && use_tma != 0;
         const int64_t first =
             whole_tma ? page_run_slot<BN>(p.map, raw_next, kb + blk * BN, ke) : -1;
         if (first >= 0) {
@@ -323,9 +323,8 @@ __device__ __forceinline__ void body_e4m3_narrow(const pmla_gpu_problem &p, floa
         }
         /* pages of 16 or 32 slots, 32 rows: each warp's 16 rows as five
          * 16-row boxes where they are one page's run */
-        const int64_t gfirst = SMALL && use_tma == 2
-                                   ? page_run_slot<16>(p.map, raw_next, kb + blk * BN + 16 * wi, ke)
-                                   : -1;
+        const int64_t gfirst =
+            SMALL ? page_run_slot<16>(p.map, raw_next, kb + blk * BN + 16 * wi, ke) : -1;
         if (gfirst >= 0) {
           if (lane == 0) {
             mbar_expect_tx(bar, KB / 4);
