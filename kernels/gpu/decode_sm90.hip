@@ -675,6 +675,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
       if (g == 1) {
         /* ---------------- warpgroup 1: loader + PV columns 256.. */
         const int t = tid - 128;
+        if (b0 == 0 && q_new && nblk > 0)
+          load_q(sQ, qb, qe, t);
         const int32_t csr_first = (!p.map.topk && !p.map.block_table) ? p.map.kv_indptr[r] : 0;
         /* each loader warp gathers 16 tokens of a block; lane l (and l + 16)
          * holds the page entry and slot of token 16 wi + (l & 15) */
@@ -683,12 +685,6 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           int pos = kb + blk * BN + ld_t;
           return pos < ke ? kv_raw(p.map, r, pos, csr_first) : -1;
         };
-        /* block 0's page entry asked for before Q's copies, which would
-         * queue ahead of it: the block's copy waits for the entry */
-        if (b0 == 0 && !RING)
-          raw_next = raw_at(0);
-        if (b0 == 0 && q_new && nblk > 0)
-          load_q(sQ, qb, qe, t);
         if (staged) {
           /* the stages held the last item's O: its bulk copies have read it */
           if (wi == 0)
@@ -696,6 +692,8 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
           asm volatile("bar.sync 4, 128;\n" ::: "memory");
           staged = false;
         }
+        if (b0 == 0 && !RING)
+          raw_next = raw_at(0);
         /* FP8: half-block h (32 rows of block h / 2), four threads a row: this
          * thread's row rt, its page entry raw_h read a half ahead */
         const int rt = t >> 2, rsub = t & 3;
