@@ -41,6 +41,25 @@ def _uint(name, value):
     return v
 
 
+def _check_q_to_size(tq):
+    """What the plugin checks of q that bounds out's size by q's, checked
+    before out and lse are sized from q: a broadcast q of 2^31 tokens, or
+    rows narrower than 576, is refused here, not by an allocator asked for
+    terabytes (the plugin checks the rest)."""
+    shape = tq.shape
+    if len(shape) != 3 or shape[2] != _abi.HEAD_DIM:
+        raise InvalidArgument("run: q has shape %r; accepted: [tokens, heads, %d]"
+                              % (shape, _abi.HEAD_DIM), call="decode")
+    if tq.dl.strides and 0 not in shape:
+        expect = 1
+        for i in (2, 1, 0):
+            if shape[i] != 1 and tq.dl.strides[i] != expect:
+                raise InvalidArgument("run: q: stride %d in dim %d; accepted: contiguous "
+                                      "row-major (%d)" % (tq.dl.strides[i], i, expect),
+                                      call="decode")
+            expect *= shape[i]
+
+
 class _Out:
     """An output the builder allocates on each run, in q's library."""
 
@@ -253,6 +272,7 @@ class Builder:
         kv_indices [pages], kv_last_page_len [batch]. qo_indptr [batch + 1]
         gives each request's query rows (0..max_q_len, causal)."""
         h = self._handle("build_decode")
+        self._step_kind = None  # a plan refused here leaves no step, as one the plugin refuses
         bt = block_table is not None or kv_lens is not None
         csr = kv_indptr is not None or kv_indices is not None or kv_last_page_len is not None
         if bt == csr or (bt and (block_table is None or kv_lens is None)) or \
@@ -284,6 +304,7 @@ class Builder:
         unused); max_seq_len, the step's longest KV length (host int, sets the
         split cap; split_cap=False schedules uncapped)."""
         h = self._handle("build_sparse")
+        self._step_kind = None
         msl = _int(max_seq_len)
         if msl is None or not -2**63 <= msl < 2**63:
             raise InvalidArgument("plan_sparse: max_seq_len = %r; accepted: an int >= 0"
@@ -324,9 +345,7 @@ class Builder:
         tq = ts["q"]
         c.alloc_out = c.alloc_lse = None
         if out is None or (lse is None and want_lse):
-            if len(tq.shape) != 3:
-                raise InvalidArgument("run: q has shape %r; accepted: [tokens, heads, 576]"
-                                      % (tq.shape,), call="decode")
+            _check_q_to_size(tq)
             T, H = tq.shape[0], tq.shape[1]
             if out is None:
                 c.alloc_out = _Out(tq, (T, H, _abi.KV_LORA_RANK), _abi.kDLBfloat, 16)
@@ -373,6 +392,12 @@ class Builder:
         and CuPy have no bfloat16: bf16 values travel as uint16 bit patterns.
         stream: a stream handle; default the current torch (or CuPy) stream
         for GPU tensors. Returns (out, lse)."""
+        if self._step_kind is None and self._step is not None:
+            # the plugin still holds the step before a plan refused here
+            # (self._step keeps its tensors alive); running it would ignore
+            # that refusal
+            raise BadState("run: the last plan was refused, so there is no step to run; plan "
+                           "again", call="decode")
         c = self._rc
         if c is None or c.q is not q or c.kv is not kv_cache or c.out is not out or \
                 c.lse is not lse or c.kv_scale is not kv_scale or c.want_lse is not return_lse \

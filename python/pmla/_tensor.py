@@ -117,8 +117,10 @@ def _finish(t, obj, owner, dl, lib, bf16):
 def _layout_reader(obj, lib):
     """A function reading what an in-place change of obj could move (a torch
     tensor's set_, resize_ or transpose_; a numpy array's resize, shape,
-    strides or dtype), or None where nothing can (a capsule, a list, which
-    is never reused)."""
+    strides or dtype), or None where nothing can (a consumed capsule, whose
+    memory stays the producer's until its deleter runs; a list, which is
+    never reused). Any other exporter may hand out other memory at each
+    export, and nothing tells pmla when: it is exported again every call."""
     if lib == "torch" and hasattr(obj, "data_ptr"):
         return lambda: (obj.data_ptr(), obj.shape, obj.stride(), obj.dtype, obj.device)
     if lib == "numpy" and _has(obj, "__array_interface__"):
@@ -126,7 +128,24 @@ def _layout_reader(obj, lib):
                         obj.flags.writeable)
     if lib == "cupy" and hasattr(obj, "data"):
         return lambda: (obj.data.ptr, obj.shape, obj.strides, obj.dtype)
-    return None
+    if is_capsule(obj) or isinstance(obj, (list, tuple)):
+        return None
+    return _Never
+
+
+class _Never:
+    """A layout that equals no other, itself included: the Tensor holding it
+    is never reused."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return False
+
+    def __ne__(self, other):
+        return True
+
+    __hash__ = None
 
 
 class _Managed:
@@ -177,6 +196,10 @@ def _from_capsule(capsule, name, writable=False):
     # The copy points at the producer's shape/strides, valid until the
     # deleter runs.
     ctypes.memmove(ctypes.addressof(dl), addr, ctypes.sizeof(dl))
+    if dl.ndim < 0 or (dl.ndim > 0 and not dl.shape):
+        raise InvalidArgument("%s: a DLPack tensor of ndim %d, shape %s; accepted: ndim >= 0 "
+                              "and a shape of ndim entries"
+                              % (name, dl.ndim, "NULL" if not dl.shape else "given"))
     deleter = ctypes.c_void_p.from_address(managed + deleter_at).value
     if _capsule_set_name(capsule, ctypes.addressof(_USED_NAME[cname])) != 0:
         raise InvalidArgument("%s: the DLPack capsule could not be marked used" % name)
@@ -246,6 +269,9 @@ def _from_list(obj, name):
     else:
         flat = list(rows)
     try:
+        # a bool is an int to Python, not an index to pmla
+        if any(isinstance(v, bool) or type(v).__name__ == "bool_" for v in flat):
+            raise TypeError
         flat = [operator.index(v) for v in flat]
     except TypeError:
         raise InvalidArgument("%s: a list that is not all ints" % name) from None
@@ -321,7 +347,9 @@ def as_tensor(obj, name, bf16=False, writable=False):
 def same(t, obj):
     """t was made from obj and still describes it: a tensor's data pointer,
     shape, strides and dtype are read again (each can change in place); a
-    list is read again every time (its contents can)."""
+    list, and an object of a library other than torch, numpy and CuPy, is
+    read again every time (its contents, or the memory it exports, can
+    change unseen)."""
     return t is not None and t.obj is obj and not isinstance(obj, (list, tuple)) and \
         (t.check is None or t.check() == t.sig)
 

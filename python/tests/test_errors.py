@@ -187,9 +187,12 @@ class TestStepErrors(unittest.TestCase):
             b.run(np.zeros((1, 16, 576), np.uint16), kv, lse=np.zeros((1, 16), np.float64))
         self.assertIn("args->lse: dtype", cm.exception.message)
         q = np.zeros((1, 16, 576), np.uint16)
-        with self.assertRaises(pmla.InvalidArgument) as cm:
-            b.run(q[:, :, ::2], kv)  # strided
+        with self.assertRaises(pmla.InvalidArgument) as cm:  # strided
+            b.run(q[:, :, ::2], kv, out=np.zeros((1, 16, 512), np.uint16), return_lse=False)
         self.assertIn("args->q", cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument) as cm:  # out sized from q: refused first
+            b.run(q[:, :, ::2], kv)
+        self.assertIn("run: q has shape (1, 16, 288)", cm.exception.message)
 
     @need_numpy
     def test_page_index_outside_cache(self):
@@ -235,8 +238,9 @@ class TestStepErrors(unittest.TestCase):
 
 @need_numpy
 class TestRefusedRunsChangeNothing(unittest.TestCase):
-    """A refused plan or run raises InvalidArgument and leaves the builder
-    as it was: the next run reads the tensors it read before."""
+    """A refused run raises InvalidArgument and leaves the builder as it
+    was: the next run reads the tensors it read before. A refused plan,
+    refused here or by the plugin, leaves no step."""
 
     def setUp(self):
         self.b, self.q, self.kv = planned_step(3)
@@ -255,6 +259,26 @@ class TestRefusedRunsChangeNothing(unittest.TestCase):
         with self.assertRaises(pmla.InvalidArgument) as cm:
             cpu(topk=4).plan_sparse(None, 1)
         self.assertIn("plan_sparse: topk_indices is None", cm.exception.message)
+
+    def test_a_plan_refused_here_leaves_no_step(self):
+        refusals = (lambda b: b.plan([0, 1], block_table=[[0]]),  # no kv_lens
+                    lambda b: b.plan([0, 1], block_table=[[0]], kv_lens=[1.5]),
+                    lambda b: b.plan([0, 1], block_table=[[0]], kv_lens=object()),
+                    lambda b: b.plan_sparse(np.zeros((1, 4), np.int32), "9"))
+        for i, refuse in enumerate(refusals):
+            b = cpu(page_size=16, topk=4 if i == 3 else 0)
+            if i == 3:
+                b.plan_sparse(np.zeros((1, 4), np.int32), 9)
+            else:
+                b.plan([0, 1], block_table=[[0]], kv_lens=[9])
+            with self.assertRaises(pmla.InvalidArgument, msg=str(i)):
+                refuse(b)
+            with self.assertRaises(pmla.BadState, msg=str(i)) as cm:
+                b.run(self.q, self.kv)
+            self.assertIn("the last plan was refused", cm.exception.message)
+        self.b.plan([0, 1], block_table=[[0]], kv_lens=[9])  # planned again: runs again
+        out, lse = self.b.run(self.q, self.kv)
+        self.assertTrue(np.array_equal(out, self.out) and np.array_equal(lse, self.lse))
 
     def test_read_only_outputs(self):
         for name in ("out", "lse"):
@@ -368,6 +392,71 @@ class TestExporters(unittest.TestCase):
             with self.assertRaises(pmla.InvalidArgument) as cm:
                 self.b.run(obj, self.kv)
             self.assertIn(text, cm.exception.message)
+
+    def test_other_exporters_are_read_again_every_call(self):
+        class Holder:  # exports whatever array it holds now
+            def __init__(self, a):
+                self.a = a
+
+            @property
+            def __array_interface__(self):
+                return self.a.__array_interface__
+        first, second = (np.zeros((1, 16, 512), np.uint16) for _ in range(2))
+        out = Holder(first)
+        self.b.run(self.q, self.kv, out=out, return_lse=False)
+        self.assertTrue(first.any())
+        first[...] = 0
+        out.a = second
+        self.b.run(self.q, self.kv, out=out, return_lse=False)
+        self.assertTrue(second.any())
+        self.assertFalse(first.any())  # not written through the first export
+        kv = Holder(np.zeros((64, 16, 576), np.uint16))
+        self.b.run(self.q, kv, out=first, return_lse=False)
+        kv.a = self.kv  # the first cache freed: never read again
+        gc.collect()
+        self.b.run(self.q, kv, out=first, return_lse=False)
+        want, _ = self.b.run(self.q, self.kv)
+        self.assertTrue(np.array_equal(first, want))
+
+    def test_a_capsule_without_its_shape_is_refused(self):
+        import ctypes
+        from pmla import _abi
+
+        class Managed(ctypes.Structure):  # DLManagedTensor, no deleter
+            _fields_ = [("dl", _abi.DLTensor), ("ctx", ctypes.c_void_p),
+                        ("deleter", ctypes.c_void_p)]
+        data = np.array([0, 1], np.int32)
+        m = Managed()
+        m.dl.data = data.ctypes.data
+        m.dl.device.device_type = _abi.kDLCPU
+        m.dl.ndim = 1  # and shape left NULL
+        m.dl.dtype.code, m.dl.dtype.bits, m.dl.dtype.lanes = _abi.kDLInt, 32, 1
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                       ctypes.c_void_p]
+        cap = new(ctypes.addressof(m), b"dltensor", None)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.plan(cap, block_table=[[0]], kv_lens=[9])
+        self.assertIn("plan: qo_indptr: a DLPack tensor of ndim 1, shape NULL",
+                      cm.exception.message)
+
+    def test_bools_are_not_ints(self):
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.plan([False, True], block_table=[[0]], kv_lens=[9])
+        self.assertIn("plan: qo_indptr: a list that is not all ints", cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument):
+            self.b.plan([0, 1], block_table=[[np.bool_(False)]], kv_lens=[9])
+
+    def test_a_broadcast_q_is_refused_before_outputs_are_sized(self):
+        huge = np.broadcast_to(self.q, (2 ** 31, 16, 576))  # 2^31 tokens in one row
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.run(huge, self.kv)
+        self.assertIn("run: q: stride 0 in dim 0; accepted: contiguous row-major",
+                      cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.run(np.zeros((2 ** 26, 16, 1), np.uint16), self.kv)  # out would be 1 TiB
+        self.assertIn("run: q has shape (67108864, 16, 1); accepted: [tokens, heads, 576]",
+                      cm.exception.message)
 
     def test_a_writable_flag_cleared_in_place_is_noticed(self):
         out = np.full((1, 16, 512), 7, np.uint16)
