@@ -315,12 +315,17 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     # made from (masked, repeated or made contiguous) are taken again.
     plan = meta._plan
     inputs = (block_table, cache_seqlens, indices, topk_length)
+    # the same tensors, also where they are now: set_ or resize_ moves a
+    # tensor's memory under the same object
+    where = tuple(None if x is None else (x.data_ptr(), tuple(x.shape), x.stride())
+                  for x in inputs)
     if plan is None or plan[0] is not builder or plan[1] != mode or \
-            any(x is not y for x, y in zip(plan[2], inputs)) or plan[3] != (b, s_q) or \
-            builder._step is None or backend == "pmla-cpu":
+            any(x is not y for x, y in zip(plan[2], inputs)) or plan[3] != (b, s_q, where) or \
+            builder._step_kind is None or backend == "pmla-cpu":
+        meta._plan = None  # until this plan is made
         refresh = _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices,
                         topk_length, b, s_q, page)
-        meta._plan = (builder, mode, inputs, (b, s_q), refresh)
+        meta._plan = (builder, mode, inputs, (b, s_q, where), refresh)
     else:
         for copy_again in plan[4]:
             copy_again()

@@ -67,7 +67,8 @@ def in_place_layers(test, device):
     object, the same tensors rewritten in place between layers (as DeepSeek
     V3.2 does with its indices), each layer against the reference. Covers
     the inputs pmla copies: indices masked by topk_length, a block table
-    repeated for s_q > 1 without causal, and a strided block table."""
+    repeated for s_q > 1 without causal, a strided block table, and one
+    moved to other memory under the same object."""
     c = Case(31, [40, 40, 25], 2, blocks=12)
     dev = torch.device(device)
     q, k_cache = c.q.to(dev), c.k_cache.to(dev)
@@ -99,6 +100,17 @@ def in_place_layers(test, device):
             assert_close(test, torch_f64(out), torch_f64(lse), ref[0], ref[1],
                          "%s dense s_q=2, %s table, layer %d"
                          % (device, "strided" if strided else "contiguous", layer))
+    # the same table object moved to other memory (set_), the old freed
+    for layer in range(2):
+        perm = c.rng.permutation(c.k_cache.shape[0])[:9].reshape(3, 3).tolist()
+        table.set_(torch.tensor(perm, dtype=torch.int32, device=dev))
+        gc.collect()
+        out, lse = fm.flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, meta, splits,
+                                             causal=False)
+        ref = flash_ref(bits_f64(c.q_bits), bits_f64(c.kv_bits).reshape(-1, D), perm, c.lens,
+                        c.page, False)
+        assert_close(test, torch_f64(out), torch_f64(lse), ref[0], ref[1],
+                     "%s dense s_q=2, table moved by set_, layer %d" % (device, layer))
     return meta
 
 
