@@ -42,6 +42,11 @@
  *   change results: the GPU backend's per-device opt-in of each kernel's shared
  *   memory (a bit per device, set atomically) and the driver's tensor-map
  *   encoder (looked up once). Failed init_builder messages are per thread.
+ *   After fork(), a child may go on using a pmla-cpu builder made before the
+ *   fork (its units then run on the calling thread: the builder's worker
+ *   threads stayed in the parent) when no other thread was inside a pmla
+ *   call at the fork; GPU builders do not survive fork, as their runtime
+ *   does not.
  *
  * Plan/run
  *   build_decode / build_sparse fill the builder's persistent schedule for one

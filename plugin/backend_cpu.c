@@ -107,7 +107,7 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
   const uint64_t avail = host_available_bytes(), need = b->info.total_bytes;
   if (need > avail) {
     /* the message reads the builder: made before it is freed */
-    pmla_status st = pmla_fail(
+    st = pmla_fail(
         NULL, PMLA_ERR_OUT_OF_MEMORY,
         "init_builder: pmla-cpu needs %.2f GiB of host memory for %u workers (%u partial slots "
         "of %u heads x %u query tokens, and each worker's scratch), %.2f GiB is available "

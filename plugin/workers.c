@@ -1,11 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* workers.c - a generation-counted dispatch: the caller bumps `generation`
  * and broadcasts; each worker runs the job once per generation and the last
- * one to finish wakes the caller. */
+ * one to finish wakes the caller. In a process forked after the start the
+ * threads stayed behind in the parent: there the caller runs every index
+ * itself. */
 #include "workers.h"
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 struct pmla_workers {
   pthread_mutex_t lock;
@@ -16,6 +20,7 @@ struct pmla_workers {
   pmla_job_fn job;
   void *arg;
   pthread_t *threads;
+  pid_t pid; /* the process whose threads these are */
 };
 
 typedef struct {
@@ -57,9 +62,21 @@ pmla_workers *pmla_workers_start(uint32_t count) {
     free(w);
     return NULL;
   }
-  pthread_cond_init(&w->wake, NULL);
-  pthread_cond_init(&w->done, NULL);
+  if (pthread_cond_init(&w->wake, NULL)) {
+    pthread_mutex_destroy(&w->lock);
+    free(w->threads);
+    free(w);
+    return NULL;
+  }
+  if (pthread_cond_init(&w->done, NULL)) {
+    pthread_cond_destroy(&w->wake);
+    pthread_mutex_destroy(&w->lock);
+    free(w->threads);
+    free(w);
+    return NULL;
+  }
   w->count = count;
+  w->pid = getpid();
   for (uint32_t i = 0; i < count; i++) {
     worker_arg *a = malloc(sizeof *a);
     if (!a || (a->w = w, a->index = i, pthread_create(&w->threads[i], NULL, worker_main, a))) {
@@ -75,6 +92,11 @@ pmla_workers *pmla_workers_start(uint32_t count) {
 void pmla_workers_stop(pmla_workers *w) {
   if (!w)
     return;
+  if (getpid() != w->pid) { /* forked: no thread of ours to stop or join here */
+    free(w->threads);
+    free(w);
+    return;
+  }
   pthread_mutex_lock(&w->lock);
   w->stopping = 1;
   pthread_cond_broadcast(&w->wake);
@@ -89,6 +111,11 @@ void pmla_workers_stop(pmla_workers *w) {
 }
 
 void pmla_workers_run(pmla_workers *w, pmla_job_fn job, void *arg) {
+  if (getpid() != w->pid) { /* forked: the jobs are independent, so one thread runs them all */
+    for (uint32_t i = 0; i < w->count; i++)
+      job(arg, i);
+    return;
+  }
   pthread_mutex_lock(&w->lock);
   w->job = job;
   w->arg = arg;

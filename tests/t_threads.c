@@ -5,9 +5,13 @@
  * kernels may run at the same time); run concurrently, every decode must
  * give bit-for-bit what the same builder gave when run alone. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "reference.h"
@@ -96,6 +100,18 @@ static void *worker_run(void *arg) {
   return NULL;
 }
 
+static void worker_free(worker *w) {
+  g_be->destroy_builder(w->b);
+  g_mem->stream_free(w->stream);
+  tt_free(&w->idx);
+  tt_free(&w->q);
+  tt_free(&w->kv);
+  tt_free(&w->out);
+  tt_free(&w->lse);
+  free(w->expect);
+  free(w->got);
+}
+
 START_TEST(test_builders_run_concurrently_on_threads) {
   REQUIRE_BACKEND();
   worker w[NTHREADS];
@@ -113,17 +129,53 @@ START_TEST(test_builders_run_concurrently_on_threads) {
                   "thread %d: %d of %d concurrent decodes differ from the same builder alone", i,
                   w[i].mismatches, ROUNDS);
   }
-  for (int i = 0; i < NTHREADS; i++) {
-    g_be->destroy_builder(w[i].b);
-    g_mem->stream_free(w[i].stream);
-    tt_free(&w[i].idx);
-    tt_free(&w[i].q);
-    tt_free(&w[i].kv);
-    tt_free(&w[i].out);
-    tt_free(&w[i].lse);
-    free(w[i].expect);
-    free(w[i].got);
+  for (int i = 0; i < NTHREADS; i++)
+    worker_free(&w[i]);
+}
+END_TEST
+
+/* A pmla-cpu builder made before fork() decodes in the child, whose process
+ * has none of the builder's worker threads, and gives the bits it gives in
+ * the parent; the child's destroy_builder returns. (A GPU runtime does not
+ * survive fork.) */
+START_TEST(test_a_cpu_builder_decodes_in_a_forked_child) {
+  REQUIRE_BACKEND();
+  if (strcmp(g_backend_name, "pmla-cpu") != 0) {
+    harness_print_skip(__func__, "GPU runtimes are not usable after fork");
+    return;
   }
+  worker w;
+  worker_setup(&w, 2); /* 3 units: 3 worker threads */
+  int fd[2];
+  ck_assert_int_eq(pipe(fd), 0);
+  const pid_t pid = fork();
+  ck_assert_msg(pid >= 0, "fork failed");
+  if (pid == 0) {
+    signal(SIGALRM, SIG_DFL); /* not the test runner's handler */
+    alarm(30);                /* a decode waiting for the parent's threads ends here */
+    char same = g_be->build_sparse(w.b, &w.sb) == PMLA_OK &&
+                g_be->decode(w.b, &w.args) == PMLA_OK &&
+                g_mem->download(w.got, w.out.t.data, w.n_out * 2) == 0 &&
+                memcmp(w.got, w.expect, w.n_out * 2) == 0;
+    g_be->destroy_builder(w.b);
+    _exit(write(fd[1], &same, 1) == 1 ? 0 : 1);
+  }
+  close(fd[1]);
+  char same = 0;
+  const ssize_t n = read(fd[0], &same, 1);
+  close(fd[0]);
+  int ws = 0;
+  ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+  ck_assert_msg(n == 1 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0,
+                "the child did not finish its decode (%s %d)",
+                WIFSIGNALED(ws) ? "signal" : "exit status",
+                WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws));
+  ck_assert_msg(same == 1, "the child's decode differs from the parent's");
+  /* the parent's builder and threads are untouched */
+  ck_assert_int_eq(g_be->decode(w.b, &w.args), PMLA_OK);
+  tt_download(&w.out, w.got);
+  ck_assert(memcmp(w.got, w.expect, w.n_out * 2) == 0);
+  worker_free(&w);
 }
 END_TEST
 
@@ -132,6 +184,7 @@ Suite *suite_threads(void) {
   TCase *tc = tcase_create("independent builders");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_builders_run_concurrently_on_threads);
+  tcase_add_test(tc, test_a_cpu_builder_decodes_in_a_forked_child);
   suite_add_tcase(s, tc);
   return s;
 }
