@@ -100,18 +100,26 @@ def in_place_layers(test, device):
             assert_close(test, torch_f64(out), torch_f64(lse), ref[0], ref[1],
                          "%s dense s_q=2, %s table, layer %d"
                          % (device, "strided" if strided else "contiguous", layer))
-    # the same table object moved to other memory (set_), the old freed
-    for layer in range(2):
+    copied = meta._plan is not None and bool(meta._plan[4])  # the strided table's copies
+    # a table that pmla reads itself (causal, contiguous: no copy), moved to
+    # other memory under the same object (set_) and the old memory freed
+    table = torch.tensor(perm, dtype=torch.int32, device=dev)
+    for layer in range(3):
         perm = c.rng.permutation(c.k_cache.shape[0])[:9].reshape(3, 3).tolist()
-        table.set_(torch.tensor(perm, dtype=torch.int32, device=dev))
+        if layer:
+            table.set_(torch.tensor(perm, dtype=torch.int32, device=dev))
+        else:
+            table.copy_(torch.tensor(perm, dtype=torch.int32))
         gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
         out, lse = fm.flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, meta, splits,
-                                             causal=False)
+                                             causal=True)
         ref = flash_ref(bits_f64(c.q_bits), bits_f64(c.kv_bits).reshape(-1, D), perm, c.lens,
-                        c.page, False)
+                        c.page, True)
         assert_close(test, torch_f64(out), torch_f64(lse), ref[0], ref[1],
-                     "%s dense s_q=2, table moved by set_, layer %d" % (device, layer))
-    return meta
+                     "%s dense s_q=2 causal, table moved by set_, layer %d" % (device, layer))
+    return meta, copied
 
 
 @need_torch
