@@ -57,24 +57,13 @@ pmla_workers *pmla_workers_start(uint32_t count) {
   if (!w)
     return NULL;
   w->threads = calloc(count, sizeof *w->threads);
-  if (!w->threads || pthread_mutex_init(&w->lock, NULL)) {
-    free(w->threads);
-    free(w);
-    return NULL;
-  }
-  if (pthread_cond_init(&w->wake, NULL)) {
-    pthread_mutex_destroy(&w->lock);
-    free(w->threads);
-    free(w);
-    return NULL;
-  }
-  if (pthread_cond_init(&w->done, NULL)) {
-    pthread_cond_destroy(&w->wake);
-    pthread_mutex_destroy(&w->lock);
-    free(w->threads);
-    free(w);
-    return NULL;
-  }
+  /* each failure undoes what was made before it, in reverse */
+  if (!w->threads || pthread_mutex_init(&w->lock, NULL))
+    goto no_lock;
+  if (pthread_cond_init(&w->wake, NULL))
+    goto no_wake;
+  if (pthread_cond_init(&w->done, NULL))
+    goto no_done;
   w->count = count;
   w->pid = getpid();
   for (uint32_t i = 0; i < count; i++) {
@@ -87,6 +76,14 @@ pmla_workers *pmla_workers_start(uint32_t count) {
     w->started++;
   }
   return w;
+no_done:
+  pthread_cond_destroy(&w->wake);
+no_wake:
+  pthread_mutex_destroy(&w->lock);
+no_lock:
+  free(w->threads);
+  free(w);
+  return NULL;
 }
 
 void pmla_workers_stop(pmla_workers *w) {
