@@ -3,7 +3,10 @@
  * threads, one per scheduling unit. All data is host memory (kDLCPU), so
  * every device-side check of the GPU backend is done here up front, with a
  * message, before anything is written. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT_S: the CPUs this process may use */
+#include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +63,30 @@ static uint64_t host_available_bytes(void) {
   return have && avail + swap < UINT64_MAX / 1024 ? (avail + swap) * 1024 : UINT64_MAX;
 }
 
+/* The CPUs this process may run on (its affinity mask, as a container's
+ * cpuset or taskset leaves it), clamped to 1..1024; the online CPUs where
+ * the mask cannot be read. One worker a CPU: more would only take turns. */
+static uint32_t usable_cpus(void) {
+  long n = 0;
+  for (int cpus = 1024; cpus <= 262144 && n == 0; cpus *= 8) {
+    cpu_set_t *set = CPU_ALLOC(cpus);
+    if (!set)
+      break;
+    const size_t size = CPU_ALLOC_SIZE(cpus);
+    CPU_ZERO_S(size, set);
+    const int got = sched_getaffinity(0, size, set) == 0;
+    const int again = !got && errno == EINVAL; /* the kernel's mask is larger */
+    if (got)
+      n = CPU_COUNT_S(size, set);
+    CPU_FREE(set);
+    if (!got && !again)
+      break;
+  }
+  if (n < 1)
+    n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > 1024 ? 1024 : (uint32_t)n;
+}
+
 /* frees a builder of this backend, whole or partly made */
 static void cpu_free(pmla_builder *b) {
   cpu_state *s = b->impl;
@@ -88,11 +115,7 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
   if (cfg.device != 0)
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
                      "init_builder: config.device = %d; accepted for pmla-cpu: 0", cfg.device);
-  uint32_t cus = cfg.cu_count;
-  if (!cus) {
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    cus = online < 1 ? 1 : online > 1024 ? 1024 : (uint32_t)online;
-  }
+  const uint32_t cus = cfg.cu_count ? cfg.cu_count : usable_cpus();
   pmla_builder *b = calloc(1, sizeof *b);
   if (!b)
     return pmla_fail(NULL, PMLA_ERR_OUT_OF_MEMORY, "init_builder: out of host memory");

@@ -3,11 +3,14 @@
  * / last_error: accepted and rejected configs with their codes and
  * messages, struct_size both ways, buffer sizes against the header's
  * formulas, the CU-count override. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getaffinity / sched_setaffinity */
 #include <math.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -427,11 +430,65 @@ START_TEST(test_query_honours_the_cu_count_override) {
   pmla_builder_info info = harness_query(b);
   ck_assert_uint_ge(info.cu_count, 1);
   if (strcmp(g_backend_name, "pmla-cpu") == 0) {
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    ck_assert_msg(online < 1 || info.cu_count == (uint32_t)online,
-                  "pmla-cpu default cu_count %u, online CPUs %ld", info.cu_count, online);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+      const int usable = CPU_COUNT(&set);
+      ck_assert_msg(info.cu_count == (uint32_t)(usable > 1024 ? 1024 : usable),
+                    "pmla-cpu default cu_count %u, CPUs in the affinity mask %d", info.cu_count,
+                    usable);
+    }
   }
   g_be->destroy_builder(b);
+}
+END_TEST
+
+/* cu_count 0 on pmla-cpu: one worker a CPU the process may run on, not one
+ * a CPU of the machine (a container's cpuset, taskset). The mask is narrowed
+ * to one CPU in a child, so the runner's own mask is left alone. */
+START_TEST(test_cpu_default_workers_follow_the_affinity_mask) {
+  REQUIRE_BACKEND();
+  if (strcmp(g_backend_name, "pmla-cpu") != 0) {
+    harness_print_skip(__func__, "the affinity mask counts host threads (pmla-cpu)");
+    return;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ck_assert_int_eq(sched_getaffinity(0, sizeof set, &set), 0);
+  int first = 0;
+  while (first < CPU_SETSIZE && !CPU_ISSET(first, &set))
+    first++;
+  ck_assert_int_lt(first, CPU_SETSIZE);
+  int fd[2];
+  ck_assert_int_eq(pipe(fd), 0);
+  const pid_t pid = fork();
+  ck_assert_msg(pid >= 0, "fork failed");
+  if (pid == 0) {
+    signal(SIGALRM, SIG_DFL);
+    alarm(30);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    uint32_t units = 0;
+    pmla_builder_config c = harness_config(16, 16, 4, 2, 0, 0);
+    pmla_builder *b = NULL;
+    if (sched_setaffinity(0, sizeof one, &one) == 0 && g_be->init_builder(&c, &b) == PMLA_OK) {
+      pmla_builder_info info = {.struct_size = sizeof info};
+      if (g_be->query_builder(b, &info) == PMLA_OK)
+        units = info.cu_count;
+      g_be->destroy_builder(b);
+    }
+    _exit(write(fd[1], &units, sizeof units) == sizeof units ? 0 : 1);
+  }
+  close(fd[1]);
+  uint32_t units = 0;
+  const ssize_t n = read(fd[0], &units, sizeof units);
+  close(fd[0]);
+  int ws = 0;
+  ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+  ck_assert_msg(n == sizeof units && WIFEXITED(ws) && WEXITSTATUS(ws) == 0,
+                "the child did not report its builder");
+  ck_assert_msg(units == 1, "one CPU in the affinity mask, cu_count 0: %u workers", units);
 }
 END_TEST
 
@@ -495,6 +552,7 @@ Suite *suite_builder(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_query_buffer_bytes_match_the_header_formulas);
   tcase_add_test(tc, test_query_honours_the_cu_count_override);
+  tcase_add_test(tc, test_cpu_default_workers_follow_the_affinity_mask);
   tcase_add_test(tc, test_query_refuses_a_small_struct_and_leaves_a_larger_ones_tail_alone);
   tcase_add_test(tc, test_check_device_error_is_clean_on_a_fresh_builder);
   suite_add_tcase(s, tc);
