@@ -14,6 +14,7 @@
 
 #include "backends.h"
 #include "builder.h"
+#include "host_memory.h"
 #include "mla_cpu.h"
 #include "plan_invariant.h"
 #include "planner.h"
@@ -38,29 +39,6 @@ static void *alloc_zero(uint64_t bytes) {
   if (p)
     memset(p, 0, size ? size : 64);
   return p;
-}
-
-/* Host memory a builder may still take: MemAvailable + SwapFree of
- * /proc/meminfo, or UINT64_MAX where that cannot be read. init_builder zeroes
- * what it allocates, and under Linux's overcommit zeroing more than this ends
- * in the OOM killer rather than in a failed allocation. */
-static uint64_t host_available_bytes(void) {
-  FILE *f = fopen("/proc/meminfo", "r");
-  if (!f)
-    return UINT64_MAX;
-  char line[256];
-  unsigned long long kb, avail = 0, swap = 0;
-  int have = 0;
-  while (fgets(line, sizeof line, f)) {
-    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-      avail = kb;
-      have = 1;
-    } else if (sscanf(line, "SwapFree: %llu kB", &kb) == 1) {
-      swap = kb;
-    }
-  }
-  fclose(f);
-  return have && avail + swap < UINT64_MAX / 1024 ? (avail + swap) * 1024 : UINT64_MAX;
 }
 
 /* The CPUs this process may run on (its affinity mask, as a container's
@@ -127,16 +105,18 @@ static pmla_status cpu_init(const pmla_builder_config *config, pmla_builder **ou
   b->info.total_bytes += (uint64_t)scratch_floats * cus * 4;
   const size_t indptr_words = 3 * ((size_t)cfg.max_batch + 1);
   b->info.total_bytes += indptr_words * 4;
-  const uint64_t avail = host_available_bytes(), need = b->info.total_bytes;
+  int by_cgroup = 0;
+  const uint64_t avail = pmla_host_available_bytes(&by_cgroup), need = b->info.total_bytes;
   if (need > avail) {
     /* the message reads the builder: made before it is freed */
     st = pmla_fail(
         NULL, PMLA_ERR_OUT_OF_MEMORY,
         "init_builder: pmla-cpu needs %.2f GiB of host memory for %u workers (%u partial slots "
         "of %u heads x %u query tokens, and each worker's scratch), %.2f GiB is available "
-        "(MemAvailable + SwapFree); accepted: a smaller cu_count, max_q_len or num_heads%s",
+        "(%s); accepted: a smaller cu_count, max_q_len or num_heads%s",
         need / 1073741824.0, cus, b->info.max_partial_slots, cfg.num_heads, cfg.max_q_len,
         avail / 1073741824.0,
+        by_cgroup ? "below this process's cgroup memory limit" : "MemAvailable + SwapFree",
         pmla_batch_invariant(b) ? ", or no PMLA_BUILDER_BATCH_INVARIANT" : "");
     cpu_free(b);
     return st;

@@ -4,6 +4,7 @@ plugin_LTLIBRARIES += plugin/pmla.la
 plugin_pmla_la_SOURCES = plugin/entry.c plugin/backends.h \
 	plugin/builder.h plugin/builder.c \
 	plugin/workers.h plugin/workers.c \
+	plugin/host_memory.h plugin/host_memory.c \
 	plugin/backend_cpu.c
 plugin_pmla_la_CPPFLAGS = $(AM_CPPFLAGS) $(GPU_CPPFLAGS)
 plugin_pmla_la_CFLAGS = $(AM_CFLAGS) $(VISIBILITY_CFLAGS)

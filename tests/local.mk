@@ -57,7 +57,16 @@ tests_noimage_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi -I$(top_srcdir)/test
 tests_noimage_LDADD = abi/libpmla-registry.la $(DL_LIBS) $(LIBM)
 tests_noimage_LDFLAGS = -export-dynamic
 
-TESTS += tests/pmla-conformance tests/pmla-unit tests/noalloc tests/noimage
+# ---- cgroup: a container's memory limit heeded; it defines fopen, so it is
+# its own program (no Check)
+check_PROGRAMS += tests/cgroup
+tests_cgroup_SOURCES = tests/cgroup.c tests/interpose.h tests/test_config.c tests/test_config.h
+tests_cgroup_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/abi -I$(top_srcdir)/tests \
+	-DPMLA_TEST_DEFAULT_PLUGIN='"$(abs_top_builddir)/plugin/.libs/pmla.so"'
+tests_cgroup_LDADD = abi/libpmla-registry.la $(DL_LIBS) $(LIBM)
+tests_cgroup_LDFLAGS = -export-dynamic
+
+TESTS += tests/pmla-conformance tests/pmla-unit tests/noalloc tests/noimage tests/cgroup
 
 # ---- plan-emu: the GPU metadata kernel's source run on the CPU (its
 # work-group as contexts of one thread) against the host planner, so CI,
