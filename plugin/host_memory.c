@@ -25,10 +25,12 @@ static uint64_t read_bytes(const char *dir, const char *name) {
   return got && v < (1ull << 62) ? (uint64_t)v : UINT64_MAX;
 }
 
+/* what a limit leaves beside its usage (the whole limit where the usage
+ * cannot be read) */
 static uint64_t room(uint64_t limit, uint64_t used) {
-  if (limit == UINT64_MAX)
-    return UINT64_MAX;
-  return used == UINT64_MAX ? 0 : limit > used ? limit - used : 0;
+  if (limit == UINT64_MAX || used == UINT64_MAX)
+    return limit;
+  return limit > used ? limit - used : 0;
 }
 
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
