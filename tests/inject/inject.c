@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* inject.c - "on error nothing leaks": makes the k-th allocation fail, for
  * k = 1, 2, ... until a run makes fewer than k, and separately the k-th
- * pthread_create, over
+ * call that starts a builder's threads (pthread_create, pthread_mutex_init,
+ * pthread_cond_init), over
  *   init      init_builder alone (then destroy_builder when it succeeded);
  *   cycle     init_builder, build_decode, decode, build_sparse, decode,
  *             destroy_builder;
@@ -18,8 +19,8 @@
  *
  * It interposes malloc, calloc, realloc, free, posix_memalign,
  * aligned_alloc, memalign and valloc (forwarding to glibc's __libc_* entry
- * points, as tests/noalloc.c does) and pthread_create (forwarding to the
- * next definition). Exit 0 pass, 1 fail, 77 skip, 99 hard error. Prints
+ * points, as tests/noalloc.c does) and pthread_create, pthread_mutex_init
+ * and pthread_cond_init (forwarding to the next definitions). Exit 0 pass, 1 fail, 77 skip, 99 hard error. Prints
  * "N passed, M failed", one per injected run. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -140,17 +141,32 @@ void *valloc(size_t n) {
 #endif
 
 typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+typedef int (*mutex_init_fn)(pthread_mutex_t *, const pthread_mutexattr_t *);
+typedef int (*cond_init_fn)(pthread_cond_t *, const pthread_condattr_t *);
 static create_fn real_create;
+static mutex_init_fn real_mutex_init;
+static cond_init_fn real_cond_init;
+
+/* pthread_create, pthread_mutex_init and pthread_cond_init are numbered in
+ * one sequence: the calls that start a builder's threads */
+static int fail_this_thread_call(void) {
+  if (!atomic_load(&watching))
+    return 0;
+  long n = atomic_fetch_add(&creates, 1) + 1;
+  if (n != atomic_load(&fail_create_at))
+    return 0;
+  atomic_store(&hit, 1);
+  return 1;
+}
 
 int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
-  if (atomic_load(&watching)) {
-    long n = atomic_fetch_add(&creates, 1) + 1;
-    if (n == atomic_load(&fail_create_at)) {
-      atomic_store(&hit, 1);
-      return EAGAIN;
-    }
-  }
-  return real_create(t, attr, fn, arg);
+  return fail_this_thread_call() ? EAGAIN : real_create(t, attr, fn, arg);
+}
+int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr) {
+  return fail_this_thread_call() ? ENOMEM : real_mutex_init(m, attr);
+}
+int pthread_cond_init(pthread_cond_t *c, const pthread_condattr_t *attr) {
+  return fail_this_thread_call() ? ENOMEM : real_cond_init(c, attr);
 }
 
 /* ---- what a run leaves behind ---- */
@@ -284,12 +300,12 @@ static void run(scenario what, result *r) {
   be->destroy_builder(b);
 }
 
-/* Runs `what` with the k-th allocation (kind 0) or pthread_create (kind 1)
+/* Runs `what` with the k-th allocation (kind 0) or thread-start call (kind 1)
  * failing; returns 0 once k is past the last one the run makes. */
 static int injected_run(scenario what, int kind, long k, const result *clean, int threads) {
   static result r;
   const char *name = scenario_name[what];
-  const char *thing = kind ? "pthread_create" : "allocation";
+  const char *thing = kind ? "thread call" : "allocation";
   atomic_store(&allocs, 0);
   atomic_store(&creates, 0);
   atomic_store(&fail_alloc_at, kind ? 0 : k);
@@ -326,7 +342,8 @@ static void sweep(scenario what, int kind, const result *clean, int threads) {
   while (k < 100000 && injected_run(what, kind, k, clean, threads))
     k++;
   printf("%s: %ld %s points, each failed once\n", scenario_name[what], k - 1,
-         kind ? "pthread_create" : "allocation");
+         kind ? "thread-start (pthread_create, pthread_mutex_init, pthread_cond_init)"
+              : "allocation");
 }
 
 int main(int argc, char **argv) {
@@ -345,8 +362,13 @@ int main(int argc, char **argv) {
   }
   void *next = dlsym(RTLD_NEXT, "pthread_create");
   memcpy(&real_create, &next, sizeof next);
-  if (!real_create) {
-    fprintf(stderr, "inject: no pthread_create to forward to\n");
+  next = dlsym(RTLD_NEXT, "pthread_mutex_init");
+  memcpy(&real_mutex_init, &next, sizeof next);
+  next = dlsym(RTLD_NEXT, "pthread_cond_init");
+  memcpy(&real_cond_init, &next, sizeof next);
+  if (!real_create || !real_mutex_init || !real_cond_init) {
+    fprintf(stderr, "inject: no pthread_create, pthread_mutex_init or pthread_cond_init to "
+                    "forward to\n");
     return 99;
   }
   /* the interposers must see the plugin's calls */
@@ -382,7 +404,7 @@ int main(int argc, char **argv) {
   atomic_store(&watching, 1);
   run(CYCLE, &clean);
   atomic_store(&watching, 0);
-  printf("a cycle without failures: %ld allocations, %ld threads started, %zu outstanding\n",
+  printf("a cycle without failures: %ld allocations, %ld thread-start calls, %zu outstanding\n",
          atomic_load(&allocs), atomic_load(&creates), live_count);
   int threads = count_threads();
   if (live_count || threads < 1) {

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: MIT
-# tests/inject/: allocation and pthread_create failures injected at every
+# tests/inject/: allocation and thread-start failures injected at every
 # point of init_builder and of a whole decode cycle on pmla-cpu (inject.c).
-# It interposes malloc & co and pthread_create, so it is its own program
-# (no Check, like tests/noalloc); it skips under ASan and TSan.
+# It interposes malloc & co and pthread_create / _mutex_init / _cond_init, so
+# it is its own program (no Check, like tests/noalloc); it skips under ASan
+# and TSan.
 check_PROGRAMS += tests/inject/inject
 tests_inject_inject_SOURCES = tests/inject/inject.c tests/interpose.h tests/test_config.c \
 	tests/test_config.h
