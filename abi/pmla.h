@@ -209,8 +209,8 @@ typedef struct pmla_builder_config {
   uint32_t topk;          /* sparse top-k; 0 = dense only, else 1..65536 */
   float softmax_scale;    /* > 0, at most FLT_MAX / log2(e); usually 576^-0.5 */
   int32_t device;         /* GPU ordinal; must be 0 for pmla-cpu */
-  uint32_t cu_count;      /* 0 = all CUs / the CPUs the process may run on
-                           * (affinity); else 1..1024 */
+  uint32_t cu_count;      /* 0 = all CUs / the CPUs of the calling
+                           * thread's affinity mask; else 1..1024 */
   /* --- 1.1 --- */
   /* pmla_builder_flags; absent (1.0 host) = 0. A 1.0 plugin ignores it (the
    * tail of a larger struct): a host that needs a flag checks that the

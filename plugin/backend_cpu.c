@@ -41,9 +41,10 @@ static void *alloc_zero(uint64_t bytes) {
   return p;
 }
 
-/* The CPUs this process may run on (its affinity mask, as a container's
- * cpuset or taskset leaves it), clamped to 1..1024; the online CPUs where
- * the mask cannot be read. One worker a CPU: more would only take turns. */
+/* The CPUs the calling thread may run on (its affinity mask, as a
+ * container's cpuset or taskset leaves it, which the workers inherit),
+ * clamped to 1..1024; the online CPUs where the mask cannot be read. One
+ * worker a CPU: more would only take turns. */
 static uint32_t usable_cpus(void) {
   long n = 0;
   for (int cpus = 1024; cpus <= 262144 && n == 0; cpus *= 8) {

@@ -25,6 +25,35 @@ static uint64_t read_bytes(const char *dir, const char *name) {
   return got && v < (1ull << 62) ? (uint64_t)v : UINT64_MAX;
 }
 
+/* The value of `key` in a memory.stat file ("key value" lines); 0 where
+ * absent. */
+static uint64_t read_stat(const char *dir, const char *key) {
+  char path[4096], line[256], name[64];
+  if (snprintf(path, sizeof path, "%s/memory.stat", dir) >= (int)sizeof path)
+    return 0;
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 0;
+  unsigned long long v, found = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "%63s %llu", name, &v) == 2 && strcmp(name, key) == 0) {
+      found = v;
+      break;
+    }
+  }
+  fclose(f);
+  return (uint64_t)found;
+}
+
+/* A group's usage as its working set: the usage counts the page cache too,
+ * and its inactive file pages are reclaimed before the group's OOM killer
+ * runs (what container monitors report as the working set). */
+static uint64_t working_set(uint64_t usage, uint64_t inactive_file) {
+  if (usage == UINT64_MAX)
+    return usage;
+  return usage > inactive_file ? usage - inactive_file : 0;
+}
+
 /* what a limit leaves beside its usage (the whole limit where the usage
  * cannot be read) */
 static uint64_t room(uint64_t limit, uint64_t used) {
@@ -46,7 +75,8 @@ typedef struct rooms {
  * hierarchy's root: every ancestor's limit holds too. v2 names its files
  * memory.max / memory.current and memory.swap.max / memory.swap.current; v1
  * memory.limit_in_bytes / memory.usage_in_bytes and, for memory and swap
- * together, memory.memsw.limit_in_bytes / memory.memsw.usage_in_bytes. */
+ * together, memory.memsw.limit_in_bytes / memory.memsw.usage_in_bytes;
+ * each usage less the inactive file pages of memory.stat. */
 static void walk(const char *mount, const char *rel, int v2, rooms *r) {
   char dir[4096];
   if (snprintf(dir, sizeof dir, "%s%s", mount, rel) >= (int)sizeof dir)
@@ -57,14 +87,17 @@ static void walk(const char *mount, const char *rel, int v2, rooms *r) {
     while (n > root && dir[n - 1] == '/')
       dir[--n] = '\0';
     if (v2) {
-      r->mem = min64(r->mem, room(read_bytes(dir, "memory.max"), read_bytes(dir, "memory.current")));
+      const uint64_t used =
+          working_set(read_bytes(dir, "memory.current"), read_stat(dir, "inactive_file"));
+      r->mem = min64(r->mem, room(read_bytes(dir, "memory.max"), used));
       r->swap = min64(r->swap, room(read_bytes(dir, "memory.swap.max"),
                                     read_bytes(dir, "memory.swap.current")));
     } else {
+      const uint64_t cache = read_stat(dir, "total_inactive_file");
       r->mem = min64(r->mem, room(read_bytes(dir, "memory.limit_in_bytes"),
-                                  read_bytes(dir, "memory.usage_in_bytes")));
-      r->both = min64(r->both, room(read_bytes(dir, "memory.memsw.limit_in_bytes"),
-                                    read_bytes(dir, "memory.memsw.usage_in_bytes")));
+                                  working_set(read_bytes(dir, "memory.usage_in_bytes"), cache)));
+      const uint64_t both_used = working_set(read_bytes(dir, "memory.memsw.usage_in_bytes"), cache);
+      r->both = min64(r->both, room(read_bytes(dir, "memory.memsw.limit_in_bytes"), both_used));
     }
     char *slash = strrchr(dir + root, '/');
     if (!slash)
@@ -88,6 +121,10 @@ static rooms cgroup_rooms(void) {
       continue;
     *c1 = *c2 = '\0';
     const char *ctrls = c1 + 1, *rel = c2 + 1;
+    /* a group outside this cgroup namespace's root ("/../x") is not under
+     * the mount: nothing here says what limits it */
+    if (strstr(rel, "/..") || strstr(rel, "/./"))
+      continue;
     if (strcmp(line, "0") == 0 && *ctrls == '\0') {
       walk(CGROUP_ROOT, rel, 1, &r);
       continue;

@@ -2,9 +2,10 @@
 /* cgroup.c - pmla-cpu's init_builder heeds a container's memory limit: this
  * program interposes fopen so that /proc/meminfo, /proc/self/cgroup and the
  * files under /sys/fs/cgroup are read from a directory it writes, then
- * checks that a builder over the room a cgroup leaves is refused (with the
- * limit named) and one under it is made, for cgroup v2 (a limit on an
- * ancestor too) and v1.
+ * checks that a builder over the room a cgroup leaves is refused (saying a
+ * cgroup limit refused it) and one under it is made: cgroup v2 (a limit on
+ * an ancestor too, swap, page cache that does not count, a usage that
+ * cannot be read), v1, and a group outside the namespace's root.
  *
  *   cgroup [PLUGIN.so]     env: PMLA_CONFORMANCE_PLUGIN
  *
@@ -12,6 +13,7 @@
  * own program (no Check), as it replaces a libc function. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,7 +33,7 @@
 
 /* ---- interposition: the three roots read from `fake` ---- */
 
-static char fake[256]; /* "" = pass through */
+static char fake[PATH_MAX]; /* "" = pass through */
 static int redirected; /* opens served from `fake` */
 
 FILE *fopen(const char *path, const char *mode) {
@@ -73,10 +75,19 @@ static void put(const char *rel, const char *fmt, ...) {
 }
 
 static void clear(void) {
-  char cmd[600];
+  char cmd[2 * PATH_MAX + 32];
   snprintf(cmd, sizeof cmd, "rm -rf '%s/proc' '%s/sys'", fake, fake);
   if (system(cmd) != 0)
     exit(99);
+}
+
+/* the fake tree goes whatever way the program ends */
+static void remove_fake(void) {
+  if (fake[0]) {
+    clear();
+    rmdir(fake);
+    fake[0] = '\0';
+  }
 }
 
 /* a host with 64 GiB available and 1 GiB of free swap */
@@ -131,9 +142,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cgroup: pmla-cpu not in %s\n", plugin);
     return 99;
   }
-  snprintf(fake, sizeof fake, "%s/pmla-cgroup-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  if (!mkdtemp(fake))
-    return 99;
+  const char *tmp = getenv("TMPDIR");
+  int made = 0;
+  for (int i = 0; i < 2 && !made; i++) {
+    const char *dir = i == 0 && tmp && *tmp ? tmp : "/tmp";
+    made = snprintf(fake, sizeof fake, "%s/pmla-cgroup-XXXXXX", dir) < (int)sizeof fake &&
+           strlen(fake) + 64 < sizeof fake && mkdtemp(fake) != NULL;
+  }
+  if (!made) {
+    fake[0] = '\0';
+    printf("SKIP: cgroup: no writable directory for the fake tree ($TMPDIR, /tmp)\n");
+    return 77;
+  }
+  atexit(remove_fake);
 
   /* the builder's size, from a builder made with no limit anywhere */
   pmla_builder_config c = test_config(128, 64, 16, 4, 0, 8);
@@ -143,7 +164,7 @@ int main(int argc, char **argv) {
   pmla_builder_info info = {.struct_size = sizeof info};
   if (be->init_builder(&c, &b) != PMLA_OK || be->query_builder(b, &info) != PMLA_OK) {
     fprintf(stderr, "cgroup: no builder without a limit: %s\n", be->last_error(NULL));
-    return 99;
+    return 99; /* remove_fake runs at exit */
   }
   be->destroy_builder(b);
   const unsigned long long need = info.total_bytes, used = 300ull << 20;
@@ -166,6 +187,31 @@ int main(int argc, char **argv) {
   put("/sys/fs/cgroup/pod/ctr/memory.swap.max", "max\n");
   put("/sys/fs/cgroup/pod/memory.max", "%llu\n", 2 * used + need - need / 4);
   expect(be, &c, 1, "v2, a quarter of the builder short of memory.max, 1 GiB of swap allowed");
+  /* page cache counts in memory.current; its inactive file pages are
+   * reclaimed before the group's OOM killer runs */
+  put("/sys/fs/cgroup/pod/ctr/memory.swap.max", "0\n");
+  put("/sys/fs/cgroup/pod/memory.max", "%llu\n", 2 * used + need / 2);
+  put("/sys/fs/cgroup/pod/memory.stat", "anon %llu\nfile %llu\ninactive_file %llu\n", used,
+      used, used);
+  expect(be, &c, 1, "v2, half the builder left below memory.max but for inactive page cache");
+  put("/sys/fs/cgroup/pod/memory.stat", "anon %llu\nfile %llu\nactive_file %llu\n", used, used,
+      used);
+  expect(be, &c, 0, "v2, the same page cache active");
+  /* a usage that cannot be read leaves the whole limit */
+  clear();
+  host();
+  put("/proc/self/cgroup", "0::/ctr\n");
+  put("/sys/fs/cgroup/ctr/memory.max", "%llu\n", need / 2);
+  put("/sys/fs/cgroup/ctr/memory.swap.max", "0\n");
+  expect(be, &c, 0, "v2, a limit of half the builder, no swap, its usage unreadable");
+  put("/sys/fs/cgroup/ctr/memory.max", "%llu\n", 2 * need);
+  expect(be, &c, 1, "v2, a limit of twice the builder, its usage unreadable");
+  /* a group outside the namespace's root is not under the mount */
+  put("/proc/self/cgroup", "0::/../other\n");
+  put("/sys/fs/cgroup/memory.max", "%llu\n", need / 2);
+  put("/sys/fs/cgroup/memory.current", "0\n");
+  put("/sys/fs/cgroup/memory.swap.max", "0\n");
+  expect(be, &c, 1, "v2, a group outside the namespace (\"/../other\"): no limit known");
 
   /* v1: the memory controller's hierarchy, memsw counting swap too */
   clear();
@@ -181,9 +227,7 @@ int main(int argc, char **argv) {
   put("/sys/fs/cgroup/memory/docker/abc/memory.memsw.limit_in_bytes", "9223372036854771712\n");
   expect(be, &c, 1, "v1, no limit (the controller's largest value)");
 
-  clear();
-  rmdir(fake);
-  fake[0] = '\0';
+  remove_fake();
   if (failures) {
     fprintf(stderr, "cgroup: %d failed\n", failures);
     return 1;

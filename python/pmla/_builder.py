@@ -133,8 +133,8 @@ class Builder:
     1..256). max_batch: requests per step. max_q_len: query tokens per request
     (1..8; causal MTP). topk: 0 for dense only, else the sparse top-k width.
     softmax_scale: default 576**-0.5. device: GPU ordinal (0 for pmla-cpu).
-    cu_count: 0 = every CU / every CPU the process may run on (its affinity
-    mask). plugin: a pmla.Plugin (default: load()).
+    cu_count: 0 = every CU / every CPU of the calling thread's affinity
+    mask. plugin: a pmla.Plugin (default: load()).
     batch_invariant: a request's out and lse do not depend on the rest of
     the step nor on cu_count (PMLA_BUILDER_BATCH_INVARIANT).
     invariant_chunk: with batch_invariant, the least chunk a request is read

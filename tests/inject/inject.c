@@ -20,7 +20,8 @@
  * It interposes malloc, calloc, realloc, free, posix_memalign,
  * aligned_alloc, memalign and valloc (forwarding to glibc's __libc_* entry
  * points, as tests/noalloc.c does) and pthread_create, pthread_mutex_init
- * and pthread_cond_init (forwarding to the next definitions). Exit 0 pass, 1 fail, 77 skip, 99 hard error. Prints
+ * and pthread_cond_init (forwarding to the next definitions, looked up at
+ * their first call). Exit 0 pass, 1 fail, 77 skip, 99 hard error. Prints
  * "N passed, M failed", one per injected run. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -143,9 +144,23 @@ void *valloc(size_t n) {
 typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 typedef int (*mutex_init_fn)(pthread_mutex_t *, const pthread_mutexattr_t *);
 typedef int (*cond_init_fn)(pthread_cond_t *, const pthread_condattr_t *);
-static create_fn real_create;
-static mutex_init_fn real_mutex_init;
-static cond_init_fn real_cond_init;
+
+/* the next definition of `name`, looked up at its first call (a library's
+ * constructor may call it before main); NULL ends the program */
+static void *next_fn(const char *name) {
+  void *f = dlsym(RTLD_NEXT, name);
+  if (!f) {
+    fprintf(stderr, "inject: no %s to forward to\n", name);
+    _exit(99);
+  }
+  return f;
+}
+#define FORWARD(type, name)                                                                \
+  static type real;                                                                        \
+  if (!real) {                                                                             \
+    void *f_ = next_fn(name);                                                              \
+    memcpy(&real, &f_, sizeof f_);                                                         \
+  }
 
 /* pthread_create, pthread_mutex_init and pthread_cond_init are numbered in
  * one sequence: the calls that start a builder's threads */
@@ -160,13 +175,16 @@ static int fail_this_thread_call(void) {
 }
 
 int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
-  return fail_this_thread_call() ? EAGAIN : real_create(t, attr, fn, arg);
+  FORWARD(create_fn, "pthread_create")
+  return fail_this_thread_call() ? EAGAIN : real(t, attr, fn, arg);
 }
 int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr) {
-  return fail_this_thread_call() ? ENOMEM : real_mutex_init(m, attr);
+  FORWARD(mutex_init_fn, "pthread_mutex_init")
+  return fail_this_thread_call() ? ENOMEM : real(m, attr);
 }
 int pthread_cond_init(pthread_cond_t *c, const pthread_condattr_t *attr) {
-  return fail_this_thread_call() ? ENOMEM : real_cond_init(c, attr);
+  FORWARD(cond_init_fn, "pthread_cond_init")
+  return fail_this_thread_call() ? ENOMEM : real(c, attr);
 }
 
 /* ---- what a run leaves behind ---- */
@@ -358,17 +376,6 @@ int main(int argc, char **argv) {
   plugin_path = plugin;
   if (access(plugin, R_OK) != 0) {
     fprintf(stderr, "inject: plugin %s not found\n", plugin);
-    return 99;
-  }
-  void *next = dlsym(RTLD_NEXT, "pthread_create");
-  memcpy(&real_create, &next, sizeof next);
-  next = dlsym(RTLD_NEXT, "pthread_mutex_init");
-  memcpy(&real_mutex_init, &next, sizeof next);
-  next = dlsym(RTLD_NEXT, "pthread_cond_init");
-  memcpy(&real_cond_init, &next, sizeof next);
-  if (!real_create || !real_mutex_init || !real_cond_init) {
-    fprintf(stderr, "inject: no pthread_create, pthread_mutex_init or pthread_cond_init to "
-                    "forward to\n");
     return 99;
   }
   /* the interposers must see the plugin's calls */
