@@ -6,15 +6,23 @@
  * does), then the search_path argument; when neither names a path, the
  * directory `make install` put the plugins in (pmla_registry_plugindir()).
  * Each entry is a plugin file or a directory whose *.so files are taken in
- * name order. Each file is dlopen'ed with RTLD_NOW|RTLD_LOCAL and
- * negotiated; its backends are indexed by name.
+ * name order (a bare file name is the one in the current directory). Each
+ * regular file that is a whole shared library (its loadable segments inside
+ * the file: a copy still being written is skipped, not mapped) is
+ * dlopen'ed with RTLD_NOW|RTLD_LOCAL and negotiated; its backends are
+ * indexed by name. A file or directory reached twice (a repeated entry, a
+ * link) is read once.
  * A name seen twice (in two files, or twice in one plugin) resolves to the
  * first on the path. Files that are not plugins, speak no common version or
  * hand out a malformed descriptor (none at all, a truncated one, a NULL
  * backends array, more than PMLA_REGISTRY_MAX_BACKENDS backends) are skipped;
- * a backend that is NULL, has no name or carries a truncated vtable is
- * skipped alone. Each is described in pmla_registry_diagnostics(); none
- * crashes the host or makes it read past what the plugin handed out.
+ * a backend that is NULL, has no name (or one longer than
+ * PMLA_REGISTRY_MAX_NAME), carries a truncated vtable or implements another
+ * major version is skipped alone. A backend is indexed at the lower of the
+ * plugin's agreed version and its own abi_version. Each is described in
+ * pmla_registry_diagnostics() (at most 64 KiB; a last line counts the lines
+ * past that); none crashes the host or makes it read past what the plugin
+ * handed out.
  * A registry is not thread-safe to open/close; lookups are read-only.
  */
 #ifndef PMLA_REGISTRY_H
@@ -30,8 +38,12 @@ extern "C" {
 
 /* The most backends one plugin descriptor may list. A plugin whose
  * backend_count is larger is refused whole, before its backends array is
- * read, so a count that was never set cannot walk the host off its end. */
+ * read, so a count that was never set cannot walk the host off its end.
+ * A registry also holds at most this many backends in all. */
 #define PMLA_REGISTRY_MAX_BACKENDS 4096u
+/* The longest backend name the registry reads, in bytes: a longer name, or
+ * one without a NUL that near its start, skips the backend. */
+#define PMLA_REGISTRY_MAX_NAME 256u
 
 typedef struct pmla_registry pmla_registry;
 
@@ -57,7 +69,8 @@ const char *pmla_registry_search_path(const pmla_registry *registry);
 const char *pmla_registry_plugindir(void);
 
 /* Negotiates with one already-opened entry point. Exposed for tests and for
- * hosts with their own loader. Returns the plugin's refusal as it gave it,
+ * hosts with their own loader. PMLA_ERR_INVALID_ARGUMENT when entry, plugin
+ * or agreed is NULL; else returns the plugin's refusal as it gave it,
  * PMLA_ERR_VERSION when it agreed a version outside min..max, and
  * PMLA_ERR_INTERNAL when it answered PMLA_OK without a descriptor. message
  * (may be NULL) receives the plugin's message, read no further than its

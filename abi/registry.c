@@ -7,13 +7,16 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <link.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Where `make install` puts plugins (configure's plugindir); abi/local.mk
  * defines it. Searched only when no path is named. */
@@ -28,13 +31,27 @@ typedef struct entry {
   uint32_t slot; /* its index in the plugin's backends array */
 } entry;
 
+/* a file or directory the scan has read, by identity (a name may reach
+ * it twice: a repeated path entry, a link) */
+typedef struct seen_file {
+  dev_t dev;
+  ino_t ino;
+} seen_file;
+
+/* Diagnostics stop growing here; what follows is counted, not kept (a
+ * path that names one plugin of many backends many times would otherwise
+ * fill memory with lines). */
+#define DIAG_CAP (64u * 1024u)
+
 struct pmla_registry {
   void **handles;
   size_t num_handles, cap_handles;
   entry *entries;
   size_t num_entries, cap_entries;
+  seen_file *seen;
+  size_t num_seen, cap_seen;
   char *diag;
-  size_t diag_len, diag_cap;
+  size_t diag_len, diag_cap, diag_dropped;
   char *searched; /* the path scanned, entries joined with ':' */
   size_t searched_len, searched_cap;
 };
@@ -63,24 +80,33 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
 }
 
 static void diag(pmla_registry *r, const char *fmt, ...) {
-  char line[768];
-  va_list ap;
+  char small[768], *line = small;
+  va_list ap, again;
   va_start(ap, fmt);
-  int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+  va_copy(again, ap);
+  int n = vsnprintf(small, sizeof small, fmt, ap);
   va_end(ap);
-  if (n < 0)
+  if (n >= 0 && (size_t)n >= sizeof small) { /* a long path: the line whole */
+    line = malloc((size_t)n + 1);
+    if (line)
+      vsnprintf(line, (size_t)n + 1, fmt, again);
+  }
+  va_end(again);
+  if (n < 0 || !line)
     return;
-  if ((size_t)n > sizeof line - 2)
-    n = (int)sizeof line - 2;
-  for (int i = 0; i < n; i++) /* a name's newline must not start a line of its own */
-    if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
-      line[i] = '?';
-  line[n++] = '\n';
-  if (!grow((void **)&r->diag, &r->diag_cap, r->diag_len + (size_t)n + 1, 1))
-    return;
-  memcpy(r->diag + r->diag_len, line, (size_t)n);
-  r->diag_len += (size_t)n;
-  r->diag[r->diag_len] = '\0';
+  if (r->diag_len + (size_t)n + 1 > DIAG_CAP) {
+    r->diag_dropped++;
+  } else if (grow((void **)&r->diag, &r->diag_cap, r->diag_len + (size_t)n + 2, 1)) {
+    for (int i = 0; i < n; i++) /* a name's newline must not start a line of its own */
+      if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+        line[i] = '?';
+    memcpy(r->diag + r->diag_len, line, (size_t)n);
+    r->diag_len += (size_t)n;
+    r->diag[r->diag_len++] = '\n';
+    r->diag[r->diag_len] = '\0';
+  }
+  if (line != small)
+    free(line);
 }
 
 /* Copies the plugin's message reading no further than its fixed array; one
@@ -96,6 +122,12 @@ static void copy_message(char *dst, size_t size, const char *src, size_t src_siz
 
 pmla_status pmla_negotiate(pmla_entry_fn fn, uint32_t lo, uint32_t hi, const pmla_plugin **plugin,
                            uint32_t *agreed, char *message, size_t message_size) {
+  if (!fn || !plugin || !agreed) {
+    if (message && message_size)
+      snprintf(message, message_size, "pmla_negotiate: %s is NULL",
+               !fn ? "entry" : !plugin ? "plugin" : "agreed");
+    return PMLA_ERR_INVALID_ARGUMENT;
+  }
   pmla_negotiation n;
   memset(&n, 0, sizeof n);
   n.struct_size = sizeof n;
@@ -134,14 +166,65 @@ static const pmla_backend *find(const pmla_registry *r, const char *name, size_t
   return NULL;
 }
 
-/* 1 when the file starts with the ELF magic, as a shared library does */
-static int is_elf(const char *path) {
-  unsigned char magic[4] = {0};
-  FILE *f = fopen(path, "rb");
-  size_t n = f ? fread(magic, 1, sizeof magic, f) : 0;
-  if (f)
-    fclose(f);
-  return n == 4 && !memcmp(magic, "\177ELF", 4);
+/* Whether dlopen may be given `path`: a regular file (dlopen of a FIFO
+ * would wait for a writer forever) that is a shared library whose loadable
+ * segments all lie inside the file (glibc maps a cut-off one and the host
+ * dies of SIGBUS when it touches the missing pages: a copy still being
+ * written, a full disk). Returns 1, or 0 with the reason in `why`; *id is
+ * the file's identity. ELF objects of another class are left to dlopen,
+ * which refuses them with its own message. */
+static int loadable(const char *path, seen_file *id, char *why, size_t why_size) {
+  const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(why, why_size, "%s", strerror(errno));
+    return 0;
+  }
+  struct stat sb;
+  ElfW(Ehdr) eh;
+  int ok = 0;
+  if (fstat(fd, &sb) != 0) {
+    snprintf(why, why_size, "%s", strerror(errno));
+  } else if (!S_ISREG(sb.st_mode)) {
+    snprintf(why, why_size, "not a regular file");
+  } else if (pread(fd, &eh, sizeof eh, 0) < 4 || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
+    snprintf(why, why_size, "not a pmla plugin (not a shared library)");
+  } else {
+    id->dev = sb.st_dev;
+    id->ino = sb.st_ino;
+    ok = 1;
+    const uint64_t size = (uint64_t)sb.st_size;
+    if (eh.e_ident[EI_CLASS] == (sizeof(void *) == 8 ? ELFCLASS64 : ELFCLASS32) &&
+        eh.e_phentsize == sizeof(ElfW(Phdr))) {
+      const uint64_t table = (uint64_t)eh.e_phnum * sizeof(ElfW(Phdr));
+      uint64_t need = eh.e_phoff > size || table > size - eh.e_phoff ? eh.e_phoff + table : 0;
+      for (unsigned i = 0; !need && i < eh.e_phnum; i++) {
+        ElfW(Phdr) ph;
+        if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + i * sizeof ph)) != (ssize_t)sizeof ph)
+          need = size + 1;
+        else if (ph.p_type == PT_LOAD && (ph.p_filesz > size || ph.p_offset > size - ph.p_filesz))
+          need = (uint64_t)ph.p_offset + ph.p_filesz;
+      }
+      if (need) {
+        snprintf(why, why_size,
+                 "a shared library cut short: its segments reach byte %llu of a %llu-byte file "
+                 "(a copy not finished?)",
+                 (unsigned long long)need, (unsigned long long)size);
+        ok = 0;
+      }
+    }
+  }
+  close(fd);
+  return ok;
+}
+
+/* 1 when the file or directory `id` was read before; notes it otherwise */
+static int seen_before(pmla_registry *r, seen_file id) {
+  for (size_t i = 0; i < r->num_seen; i++)
+    if (r->seen[i].dev == id.dev && r->seen[i].ino == id.ino)
+      return 1;
+  if (grow((void **)&r->seen, &r->cap_seen, r->num_seen + 1, sizeof id))
+    r->seen[r->num_seen++] = id;
+  return 0;
 }
 
 /* The name of the first 1.0 function slot of b that is NULL, or NULL. */
@@ -169,24 +252,28 @@ static int defined_in(void *h, void *sym) {
 }
 
 static void load_file(pmla_registry *r, const char *path) {
-  /* only regular files: dlopen of a FIFO would wait for a writer forever */
-  struct stat sb;
-  if (stat(path, &sb) != 0) {
-    diag(r, "skipped %s: %s", path, strerror(errno));
+  char why[256];
+  seen_file id;
+  if (!loadable(path, &id, why, sizeof why)) {
+    diag(r, "skipped %s: %s", path, why);
     return;
   }
-  if (!S_ISREG(sb.st_mode)) {
-    diag(r, "skipped %s: not a regular file", path);
+  if (seen_before(r, id)) {
+    diag(r, "skipped %s: the same file was read before on this path", path);
     return;
   }
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  /* a name without a slash is searched for by dlopen (LD_LIBRARY_PATH, the
+   * system's directories): the file checked here is the one in the
+   * current directory */
+  char *here = NULL;
+  if (!strchr(path, '/') && (here = malloc(strlen(path) + 3)) != NULL)
+    sprintf(here, "./%s", path);
+  void *h = dlopen(here ? here : path, RTLD_NOW | RTLD_LOCAL);
+  free(here);
   if (!h) {
-    const char *why = dlerror();
-    if (!is_elf(path))
-      diag(r, "skipped %s: not a pmla plugin (not a shared library)", path);
-    else
-      diag(r, "skipped %s: a shared library that cannot be loaded: %s", path,
-           why ? why : "dlopen failed");
+    const char *dl = dlerror();
+    diag(r, "skipped %s: a shared library that cannot be loaded: %s", path,
+         dl ? dl : "dlopen failed");
     return;
   }
   void *sym = dlsym(h, PMLA_ENTRY_SYMBOL);
@@ -260,6 +347,24 @@ static void load_file(pmla_registry *r, const char *path) {
       diag(r, "skipped backend #%u of %s: it has an empty name", i, path);
       continue;
     }
+    if (strnlen(b->name, PMLA_REGISTRY_MAX_NAME + 1) > PMLA_REGISTRY_MAX_NAME) {
+      diag(r, "skipped backend #%u of %s: its name is longer than %u bytes (or has no NUL): "
+              "%.40s...",
+           i, path, PMLA_REGISTRY_MAX_NAME, b->name);
+      continue;
+    }
+    if (PMLA_VERSION_MAJOR(b->abi_version) != PMLA_VERSION_MAJOR(agreed)) {
+      diag(r, "skipped backend #%u \"%s\" of %s: it implements ABI %u.%u, the plugin agreed %u.%u",
+           i, b->name, path, PMLA_VERSION_MAJOR(b->abi_version),
+           PMLA_VERSION_MINOR(b->abi_version), PMLA_VERSION_MAJOR(agreed),
+           PMLA_VERSION_MINOR(agreed));
+      continue;
+    }
+    if (r->num_entries >= PMLA_REGISTRY_MAX_BACKENDS) {
+      diag(r, "skipped backends #%u.. of %s: the registry holds its most, %u backends", i, path,
+           PMLA_REGISTRY_MAX_BACKENDS);
+      break;
+    }
     const char *missing = null_slot(b);
     if (missing) {
       diag(r, "skipped backend #%u \"%s\" of %s: its %s function is NULL", i, b->name, path,
@@ -282,7 +387,9 @@ static void load_file(pmla_registry *r, const char *path) {
       diag(r, "skipped backend #%u \"%s\" of %s: out of memory", i, b->name, path);
       continue;
     }
-    r->entries[r->num_entries++] = (entry){b, p, agreed, i};
+    /* a backend older than the plugin's agreed minor is used at its own */
+    const uint32_t version = b->abi_version < agreed ? b->abi_version : agreed;
+    r->entries[r->num_entries++] = (entry){b, p, version, i};
     added++;
   }
   if (!added || !grow((void **)&r->handles, &r->cap_handles, r->num_handles + 1, sizeof(void *))) {
@@ -303,7 +410,7 @@ static int by_name(const void *a, const void *b) {
 static void load_dir(pmla_registry *r, const char *dir) {
   DIR *d = opendir(dir);
   if (!d) {
-    diag(r, "skipped %s: cannot open directory", dir);
+    diag(r, "skipped %s: cannot open directory: %s", dir, strerror(errno));
     return;
   }
   char **names = NULL;
@@ -360,8 +467,12 @@ static int scan(pmla_registry *r, const char *path, const char *from) {
         diag(r, "skipped %s (%s): %s", item, from,
              errno == ENOENT ? "no such file or directory" : strerror(errno));
       else if (S_ISDIR(st.st_mode)) {
-        diag(r, "searched directory %s (%s)", item, from);
-        load_dir(r, item);
+        if (seen_before(r, (seen_file){st.st_dev, st.st_ino})) {
+          diag(r, "skipped directory %s (%s): searched before on this path", item, from);
+        } else {
+          diag(r, "searched directory %s (%s)", item, from);
+          load_dir(r, item);
+        }
       } else {
         diag(r, "searched file %s (%s)", item, from);
         load_file(r, item);
@@ -393,6 +504,16 @@ pmla_status pmla_registry_open(const char *search_path, pmla_registry **out) {
       diag(r, "searched nothing: neither %s nor the program named a path, and this registry "
               "was built without a plugin directory", PMLA_PLUGIN_PATH_ENV);
   }
+  if (r->diag_dropped) { /* past the cap: one line says how many went */
+    char tail[96];
+    int n = snprintf(tail, sizeof tail,
+                     "... %zu more lines not kept (diagnostics stop at %u bytes)\n",
+                     r->diag_dropped, DIAG_CAP);
+    if (n > 0 && grow((void **)&r->diag, &r->diag_cap, r->diag_len + (size_t)n + 1, 1)) {
+      memcpy(r->diag + r->diag_len, tail, (size_t)n + 1);
+      r->diag_len += (size_t)n;
+    }
+  }
   *out = r;
   return PMLA_OK;
 }
@@ -405,6 +526,7 @@ void pmla_registry_close(pmla_registry *r) {
   for (size_t i = r->num_handles; i-- > 0;)
     dlclose(r->handles[i]);
   free(r->entries);
+  free(r->seen);
   free(r->handles);
   free(r->diag);
   free(r->searched);

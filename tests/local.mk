@@ -97,7 +97,7 @@ check_LTLIBRARIES += tests/mock_wrong_major.la tests/mock_old_minor.la \
 	tests/mock_unterminated_message.la tests/mock_null_plugin.la \
 	tests/mock_null_backends.la tests/mock_unnamed_backends.la \
 	tests/mock_dup_within.la tests/mock_huge_count.la tests/mock_links_plugin.la \
-	tests/mock_no_backends.la
+	tests/mock_no_backends.la tests/mock_odd_backends.la
 
 tests_mock_wrong_major_la_SOURCES = tests/mock_plugin.c
 tests_mock_wrong_major_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=1
@@ -138,6 +138,9 @@ tests_mock_huge_count_la_LDFLAGS = $(MOCK_LDFLAGS)
 tests_mock_no_backends_la_SOURCES = tests/mock_plugin.c
 tests_mock_no_backends_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=13
 tests_mock_no_backends_la_LDFLAGS = $(MOCK_LDFLAGS)
+tests_mock_odd_backends_la_SOURCES = tests/mock_plugin.c
+tests_mock_odd_backends_la_CPPFLAGS = $(MOCK_CPPFLAGS) -DMOCK_KIND=16
+tests_mock_odd_backends_la_LDFLAGS = $(MOCK_LDFLAGS)
 tests_mock_not_plugin_la_SOURCES = tests/mock_not_plugin.c
 tests_mock_not_plugin_la_LDFLAGS = $(MOCK_LDFLAGS)
 # links mock_old_minor (found beside it through $ORIGIN) and defines no entry

@@ -21,6 +21,9 @@
  *                    --check must fail it, also beside the real pmla-cpu)
  *  15 exiting        as 14, but decode calls exit(0) (pmla-conformance must
  *                    fail a test whose process ends that way)
+ *  16 odd backends   speaks 1.0 .. 1.1; backends: one with a 300-byte name,
+ *                    "mock-other-major" (abi_version 2.0),
+ *                    "mock-older-backend" (1.0), then "mock-odd" (1.1)
  * Other kinds' backends refuse to build anything (PMLA_ERR_UNSUPPORTED):
  * only their names and descriptions are looked at. */
 #include <stddef.h>
@@ -113,6 +116,11 @@
 #define MOCK_DESC "exiting: decode calls exit(0)"
 #define MOCK_IDLE 1
 #define MOCK_EXIT_IN_DECODE 1
+#elif MOCK_KIND == 16
+#define MOCK_MIN PMLA_VERSION(1, 0)
+#define MOCK_MAX PMLA_VERSION(1, 1)
+#define MOCK_NAME "mock-odd"
+#define MOCK_ODD 1
 #else
 #error "unknown MOCK_KIND"
 #endif
@@ -203,6 +211,24 @@ static const pmla_backend mock_no_decode = {
     mock_copy};
 static const pmla_backend *const mock_backends[] = {NULL, &mock_no_name, &mock_empty_name,
                                                     &mock_no_decode, &mock_backend};
+#elif defined(MOCK_ODD)
+/* a name of 300 bytes; a backend of another major; one of an older minor */
+#define MOCK_X10 "xxxxxxxxxx"
+#define MOCK_X50 MOCK_X10 MOCK_X10 MOCK_X10 MOCK_X10 MOCK_X10
+#define MOCK_X100 MOCK_X50 MOCK_X50
+static const pmla_backend mock_long_name = MOCK_VTABLE(MOCK_X100 MOCK_X100 MOCK_X100, "long name");
+static const pmla_backend mock_other_major = {
+    MOCK_BACKEND_SIZE, PMLA_VERSION(2, 0), "mock-other-major", "a backend of ABI 2.0",
+    mock_init,         mock_destroy,       mock_query,         mock_build_decode,
+    mock_build_sparse, mock_decode,        mock_last_error,    mock_check,
+    mock_copy};
+static const pmla_backend mock_older = {
+    MOCK_BACKEND_SIZE, PMLA_VERSION(1, 0), "mock-older-backend", "a backend of ABI 1.0",
+    mock_init,         mock_destroy,       mock_query,           mock_build_decode,
+    mock_build_sparse, mock_decode,        mock_last_error,      mock_check,
+    mock_copy};
+static const pmla_backend *const mock_backends[] = {&mock_long_name, &mock_other_major,
+                                                    &mock_older, &mock_backend};
 #elif defined(MOCK_TWICE)
 static const pmla_backend mock_twice = MOCK_VTABLE(MOCK_NAME, "second");
 static const pmla_backend *const mock_backends[] = {&mock_backend, &mock_twice};

@@ -962,6 +962,137 @@ START_TEST(test_registry_refuses_a_backend_count_beyond_its_limit) {
 }
 END_TEST
 
+/* A plugin file cut off inside its segments (a copy not finished) is
+ * skipped with the reason; dlopen would map past its end and the host die of
+ * SIGBUS at the first touch. */
+START_TEST(test_registry_skips_a_shared_library_cut_short) {
+  char old_minor[600], dup_b[600];
+  NEED_MOCK(old_minor, "mock_old_minor");
+  NEED_MOCK(dup_b, "mock_dup_b");
+  tmpdir t;
+  tmpdir_make(&t);
+  FILE *in = fopen(old_minor, "rb");
+  ck_assert_ptr_nonnull(in);
+  static char bytes[1 << 16];
+  const size_t n = fread(bytes, 1, sizeof bytes, in);
+  fclose(in);
+  ck_assert_msg(n > 5000 && n < sizeof bytes, "mock_old_minor.so is %zu bytes", n);
+  FILE *out = fopen(tmpdir_file(&t, "cut.so"), "wb");
+  ck_assert_ptr_nonnull(out);
+  ck_assert_uint_eq(fwrite(bytes, 1, 5000, out), 5000);
+  fclose(out);
+  tmpdir_link(&t, "zz-good.so", dup_b);
+  pmla_registry *r = open_registry(t.path);
+  const char *diag = pmla_registry_diagnostics(r);
+  char line[1024];
+  diag_line(diag, "cut.so", line, sizeof line);
+  ck_assert_msg(strstr(line, "cut.so: a shared library cut short"), "cut.so: '%s'", diag);
+  ck_assert_msg(pmla_registry_find(r, "mock-old-minor") == NULL, "cut.so was loaded");
+  ck_assert_msg(pmla_registry_find(r, "mock-dup") != NULL, "the plugin beside it: '%s'", diag);
+  pmla_registry_close(r);
+  tmpdir_remove(&t);
+}
+END_TEST
+
+/* A path entry without a slash is the file in the current directory, as a
+ * shell reads it; dlopen alone would search LD_LIBRARY_PATH instead. */
+START_TEST(test_registry_reads_a_bare_file_name_in_the_current_directory) {
+  char old_minor[600], cwd[4096];
+  NEED_MOCK(old_minor, "mock_old_minor");
+  ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+  tmpdir t;
+  tmpdir_make(&t);
+  tmpdir_link(&t, "bare-plugin.so", old_minor);
+  ck_assert_int_eq(chdir(t.path), 0);
+  pmla_registry *r = open_registry("bare-plugin.so");
+  const int found = pmla_registry_find(r, "mock-old-minor") != NULL;
+  char diag[2048];
+  snprintf(diag, sizeof diag, "%s", pmla_registry_diagnostics(r));
+  pmla_registry_close(r);
+  ck_assert_int_eq(chdir(cwd), 0);
+  tmpdir_remove(&t);
+  ck_assert_msg(found, "bare-plugin.so in the current directory not loaded: '%s'", diag);
+}
+END_TEST
+
+/* One file reached twice (a repeated path entry, a link) is read once, and
+ * a repeated directory is searched once. */
+START_TEST(test_registry_reads_a_file_or_directory_once) {
+  char old_minor[600];
+  NEED_MOCK(old_minor, "mock_old_minor");
+  tmpdir t;
+  tmpdir_make(&t);
+  tmpdir_link(&t, "a.so", old_minor);
+  tmpdir_link(&t, "b.so", old_minor);
+  char path[2400];
+  snprintf(path, sizeof path, "%s:%s:%s", t.path, t.path, old_minor);
+  pmla_registry *r = open_registry(path);
+  const char *diag = pmla_registry_diagnostics(r);
+  char line[1024];
+  ck_assert_uint_eq(pmla_registry_count(r), 1);
+  diag_line(diag, "b.so", line, sizeof line);
+  ck_assert_msg(strstr(line, "b.so: the same file was read before"), "b.so: '%s'", diag);
+  ck_assert_msg(strstr(diag, "searched before on this path"), "the second %s: '%s'", t.path,
+                diag);
+  pmla_registry_close(r);
+  tmpdir_remove(&t);
+}
+END_TEST
+
+/* Diagnostics stop at 64 KiB, with a last line counting the rest. */
+START_TEST(test_registry_diagnostics_are_bounded) {
+  enum { ENTRIES = 3000 };
+  char *path = malloc(ENTRIES * 32);
+  ck_assert_ptr_nonnull(path);
+  size_t len = 0;
+  for (int i = 0; i < ENTRIES; i++)
+    len += (size_t)sprintf(path + len, "%s/nonexistent/pmla-%04d", i ? ":" : "", i);
+  pmla_registry *r = open_registry(path);
+  free(path);
+  const char *diag = pmla_registry_diagnostics(r);
+  const size_t n = strlen(diag);
+  ck_assert_msg(n <= 64 * 1024 + 128, "%zu bytes of diagnostics", n);
+  ck_assert_msg(strstr(diag, "more lines not kept (diagnostics stop at 65536 bytes)"),
+                "no line counts what was left out: '...%s'", diag + (n > 200 ? n - 200 : 0));
+  ck_assert_msg(strstr(diag, "pmla-0000"), "the first entry's line is gone");
+  pmla_registry_close(r);
+}
+END_TEST
+
+/* Backends a host cannot use are skipped alone: a name past
+ * PMLA_REGISTRY_MAX_NAME bytes, another major; one that implements an older
+ * minor than its plugin agreed is indexed at its own version. */
+START_TEST(test_registry_skips_odd_backends_alone_and_keeps_each_ones_version) {
+  char odd[600];
+  NEED_MOCK(odd, "mock_odd_backends");
+  pmla_registry *r = open_registry(odd);
+  const char *diag = pmla_registry_diagnostics(r);
+  ck_assert_msg(strstr(diag, "backend #0 of") && strstr(diag, "its name is longer than 256"),
+                "the 300-byte name: '%s'", diag);
+  ck_assert_msg(strstr(diag, "\"mock-other-major\"") && strstr(diag, "implements ABI 2.0"),
+                "the 2.0 backend: '%s'", diag);
+  ck_assert_ptr_null(pmla_registry_find(r, "mock-other-major"));
+  ck_assert_uint_eq(pmla_registry_count(r), 2);
+  for (size_t i = 0; i < 2; i++) {
+    const char *name = pmla_registry_backend(r, i)->name;
+    const uint32_t want = strcmp(name, "mock-older-backend") == 0 ? V(1, 0) : V(1, 1);
+    ck_assert_msg(pmla_registry_backend_version(r, i) == want, "%s indexed at %x, want %x",
+                  name, pmla_registry_backend_version(r, i), want);
+  }
+  pmla_registry_close(r);
+}
+END_TEST
+
+START_TEST(test_negotiate_refuses_null_arguments_with_a_message) {
+  const pmla_plugin *plugin = NULL;
+  uint32_t agreed = 0;
+  char msg[128];
+  ck_assert_int_eq(pmla_negotiate(NULL, V(1, 0), V(1, 1), &plugin, &agreed, msg, sizeof msg),
+                   PMLA_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(msg, "entry is NULL"), "message '%s'", msg);
+}
+END_TEST
+
 START_TEST(test_status_names_are_distinct) {
   for (int i = PMLA_OK; i <= PMLA_ERR_INTERNAL; i++) {
     const char *a = pmla_status_name((pmla_status)i);
@@ -1006,6 +1137,12 @@ Suite *suite_abi(void) {
   tcase_add_test(tc, test_registry_name_listed_twice_in_one_plugin_keeps_the_first);
   tcase_add_test(tc, test_registry_shadowed_name_diagnostic_names_both_files);
   tcase_add_test(tc, test_registry_refuses_a_backend_count_beyond_its_limit);
+  tcase_add_test(tc, test_registry_skips_a_shared_library_cut_short);
+  tcase_add_test(tc, test_registry_reads_a_bare_file_name_in_the_current_directory);
+  tcase_add_test(tc, test_registry_reads_a_file_or_directory_once);
+  tcase_add_test(tc, test_registry_diagnostics_are_bounded);
+  tcase_add_test(tc, test_registry_skips_odd_backends_alone_and_keeps_each_ones_version);
+  tcase_add_test(tc, test_negotiate_refuses_null_arguments_with_a_message);
   tcase_add_test(tc, test_status_names_are_distinct);
   suite_add_tcase(s, tc);
   return s;
