@@ -264,12 +264,16 @@ static pmla_status validate_indices(pmla_builder *b, int64_t num_slots) {
   const int64_t P = b->cfg.page_size, pages = num_slots / P;
   if (s->kind == PLAN_SPARSE) {
     for (int64_t i = 0; i < (int64_t)s->num_requests * s->topk_stride; i++)
-      if (s->topk[i] < -1 || s->topk[i] >= num_slots)
+      if (s->topk[i] < -1 || s->topk[i] >= num_slots) {
+        char range[64] = "only -1 (the KV cache has no slots)";
+        if (num_slots > 0)
+          snprintf(range, sizeof range, "-1 or 0..%lld (KV cache slots)",
+                   (long long)num_slots - 1);
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                         "decode: topk_indices[%lld][%lld] = %d; accepted: -1 or 0..%lld (KV "
-                         "cache slots)",
+                         "decode: topk_indices[%lld][%lld] = %d; accepted: %s",
                          (long long)(i / s->topk_stride), (long long)(i % s->topk_stride),
-                         s->topk[i], (long long)num_slots - 1);
+                         s->topk[i], range);
+      }
     s->checked_slots = num_slots;
     return PMLA_OK;
   }
@@ -283,11 +287,14 @@ static pmla_status validate_indices(pmla_builder *b, int64_t num_slots) {
         bt ? (int32_t)((s->kv_lens[r] + P - 1) / P) : s->kv_indptr[r + 1] - s->kv_indptr[r];
     for (int32_t j = 0; j < used; j++) {
       const int32_t page = base[first + j];
-      if (page < 0 || page >= pages)
+      if (page < 0 || page >= pages) {
+        char range[64] = "none (the KV cache has no whole page)";
+        if (pages > 0)
+          snprintf(range, sizeof range, "0..%lld (KV cache pages)", (long long)pages - 1);
         return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
-                         "decode: page %d of request %d is %d (%s); accepted: 0..%lld (KV cache "
-                         "pages)",
-                         j, r, page, bt ? "block_table" : "kv_indices", (long long)pages - 1);
+                         "decode: page %d of request %d is %d (%s); accepted: %s", j, r, page,
+                         bt ? "block_table" : "kv_indices", range);
+      }
     }
   }
   s->checked_slots = num_slots;

@@ -230,7 +230,8 @@ pmla_status pmla_validate_init(const pmla_builder_config *cfg, pmla_builder **bu
                      cfg->cu_count);
   if (cfg->device < 0)
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
-                     "init_builder: config.device = %d; accepted: a device ordinal >= 0",
+                     "init_builder: config.device = %d; accepted: a GPU ordinal >= 0 (0 for "
+                     "pmla-cpu)",
                      cfg->device);
   if (cfg->flags & ~(uint32_t)PMLA_BUILDER_BATCH_INVARIANT)
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
@@ -378,7 +379,10 @@ static void dtype_str(DLDataType d, char *s, size_t n) {
     snprintf(s, n, "%s", code);
     return;
   }
-  snprintf(s, n, "%s%u%s", code, d.bits, d.lanes == 1 ? "" : "xN");
+  if (d.lanes == 1)
+    snprintf(s, n, "%s%u", code, d.bits);
+  else
+    snprintf(s, n, "%s%u with %u lanes", code, d.bits, d.lanes);
 }
 
 /* The one alignment rule per dtype: what a load of one element needs. */
@@ -561,16 +565,26 @@ pmla_status pmla_check_no_overlap(pmla_builder *b, const pmla_decode_args *a) {
     if (!writes[w])
       continue;
     tensor_span(writes[w], &wlo[w], &whi[w]);
-    /* every input it overlaps, named with its bytes */
-    char hit[320] = "";
+    /* every input it overlaps, named with its bytes, as many as the message
+     * holds whole; the rest counted */
+    char hit[256] = "";
     size_t len = 0;
-    for (int i = 0; i < n && len < sizeof hit; i++)
+    int more = 0;
+    for (int i = 0; i < n; i++)
       if (spans_overlap(wlo[w], whi[w], in[i].lo, in[i].hi)) {
-        const int k = snprintf(hit + len, sizeof hit - len, "%s%s (bytes 0x%llx..0x%llx)",
-                               len ? ", " : "", in[i].name, (unsigned long long)in[i].lo,
+        char one[128];
+        const int k = snprintf(one, sizeof one, "%s%s (bytes 0x%llx..0x%llx)", len ? ", " : "",
+                               in[i].name, (unsigned long long)in[i].lo,
                                (unsigned long long)in[i].hi);
-        len += k > 0 ? (size_t)k : 0;
+        if (k > 0 && (size_t)k < sizeof one && len + (size_t)k + 24 < sizeof hit) {
+          memcpy(hit + len, one, (size_t)k + 1);
+          len += (size_t)k;
+        } else {
+          more++;
+        }
       }
+    if (more)
+      snprintf(hit + len, sizeof hit - len, " and %d more input%s", more, more > 1 ? "s" : "");
     if (hit[0])
       return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT,
                        "decode: %s (bytes 0x%llx..0x%llx) overlaps %s; accepted: outputs that "

@@ -643,6 +643,7 @@ START_TEST(test_decode_rejects_bad_arguments_and_writes_nothing) {
     case 24: what = "lse heads != num_heads"; lse.shape = lse_h; break;
     case 25: what = "lse 3-d"; lse.ndim = 3; lse.shape = out_tok; break;
     case 26: what = "kv 5-d"; kv.ndim = 5; kv.shape = kv5; break;
+    case 27: what = "q of 2 lanes"; q.dtype.lanes = 2; break;
     default: what = NULL; break;
     }
     if (!what)
@@ -652,6 +653,23 @@ START_TEST(test_decode_rejects_bad_arguments_and_writes_nothing) {
       ck_assert_msg(strstr(g_be->last_error(f.b), "ndim = 5; accepted: 3, shape [*, 16, 576], or "
                                                    "4, shape [*, 16, 1, 576]"),
                     "kv 5-d: message '%s'", g_be->last_error(f.b));
+    if (i == 27) /* the value given, lanes included */
+      ck_assert_msg(strstr(g_be->last_error(f.b), "bfloat16 with 2 lanes"),
+                    "q of 2 lanes: message '%s'", g_be->last_error(f.b));
+  }
+  /* a cache of no pages: the accepted range says so (not "0..-1") */
+  if (strcmp(g_backend_name, "pmla-cpu") == 0) {
+    kv = f.kv.t;
+    int64_t none[3] = {0, PS, 576};
+    kv.shape = none;
+    kv.data = NULL;
+    a = f.args;
+    a.kv_cache = &kv;
+    fx_poison_outputs(&f);
+    expect_status(g_be->decode(f.b, &a), PMLA_ERR_INVALID_ARGUMENT, &f, "a cache of no pages");
+    ck_assert_msg(strstr(g_be->last_error(f.b), "accepted: none (the KV cache has no whole page)"),
+                  "a cache of no pages: message '%s'", g_be->last_error(f.b));
+    ck_assert_msg(fx_outputs_intact(&f), "a cache of no pages: outputs written");
   }
   ck_assert_int_eq(g_be->decode(NULL, &f.args), PMLA_ERR_INVALID_ARGUMENT);
   fx_teardown(&f);

@@ -207,6 +207,18 @@ START_TEST(test_cpu_init_refuses_a_builder_larger_than_the_available_memory) {
 }
 END_TEST
 
+/* a negative device: the message gives both rules, so a pmla-cpu host is not
+ * sent on to try 1 */
+START_TEST(test_init_refuses_a_negative_device_naming_the_cpu_rule) {
+  REQUIRE_BACKEND();
+  pmla_builder_config c = base_config();
+  c.device = -1;
+  expect_init_fails(&c, PMLA_ERR_INVALID_ARGUMENT, "config.device", "device -1");
+  ck_assert_msg(strstr(g_be->last_error(NULL), "accepted: a GPU ordinal >= 0 (0 for pmla-cpu)"),
+                "device -1: message '%s'", g_be->last_error(NULL));
+}
+END_TEST
+
 START_TEST(test_init_accepts_the_limits) {
   REQUIRE_BACKEND();
   static const uint32_t pages[] = {1, 2, 64, 256};
@@ -551,6 +563,7 @@ Suite *suite_builder(void) {
   tcase_add_loop_test(tc, test_init_rejects_each_bad_config_field, 0, N_BAD_FIELDS);
   tcase_add_test(tc, test_cpu_init_rejects_nonzero_device);
   tcase_add_test(tc, test_cpu_init_refuses_a_builder_larger_than_the_available_memory);
+  tcase_add_test(tc, test_init_refuses_a_negative_device_naming_the_cpu_rule);
   tcase_add_test(tc, test_init_accepts_the_limits);
   tcase_add_test(tc, test_init_rejects_too_small_struct_size);
   tcase_add_test(tc, test_init_accepts_larger_struct_size);
