@@ -94,7 +94,7 @@ static void diag(pmla_registry *r, const char *fmt, ...) {
   va_end(again);
   if (n < 0 || !line)
     return;
-  if (r->diag_len + (size_t)n + 1 > DIAG_CAP) {
+  if (r->diag_dropped || r->diag_len + (size_t)n + 1 > DIAG_CAP) { /* the rest in order */
     r->diag_dropped++;
   } else if (grow((void **)&r->diag, &r->diag_cap, r->diag_len + (size_t)n + 2, 1)) {
     for (int i = 0; i < n; i++) /* a name's newline must not start a line of its own */
@@ -181,13 +181,19 @@ static int loadable(const char *path, seen_file *id, char *why, size_t why_size)
   }
   struct stat sb;
   ElfW(Ehdr) eh;
+  memset(&eh, 0, sizeof eh);
   int ok = 0;
+  ssize_t got = 0;
   if (fstat(fd, &sb) != 0) {
     snprintf(why, why_size, "%s", strerror(errno));
   } else if (!S_ISREG(sb.st_mode)) {
     snprintf(why, why_size, "not a regular file");
-  } else if (pread(fd, &eh, sizeof eh, 0) < 4 || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
+  } else if ((got = pread(fd, &eh, sizeof eh, 0)) < SELFMAG ||
+             memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
     snprintf(why, why_size, "not a pmla plugin (not a shared library)");
+  } else if (got < (ssize_t)sizeof eh) {
+    snprintf(why, why_size, "a shared library cut short: %lld bytes, not even its ELF header",
+             (long long)got);
   } else {
     id->dev = sb.st_dev;
     id->ino = sb.st_ino;

@@ -981,12 +981,19 @@ START_TEST(test_registry_skips_a_shared_library_cut_short) {
   ck_assert_ptr_nonnull(out);
   ck_assert_uint_eq(fwrite(bytes, 1, 5000, out), 5000);
   fclose(out);
+  out = fopen(tmpdir_file(&t, "head.so"), "wb"); /* the magic, not the whole header */
+  ck_assert_ptr_nonnull(out);
+  ck_assert_uint_eq(fwrite(bytes, 1, 20, out), 20);
+  fclose(out);
   tmpdir_link(&t, "zz-good.so", dup_b);
   pmla_registry *r = open_registry(t.path);
   const char *diag = pmla_registry_diagnostics(r);
   char line[1024];
   diag_line(diag, "cut.so", line, sizeof line);
   ck_assert_msg(strstr(line, "cut.so: a shared library cut short"), "cut.so: '%s'", diag);
+  diag_line(diag, "head.so", line, sizeof line);
+  ck_assert_msg(strstr(line, "head.so: a shared library cut short: 20 bytes"), "head.so: '%s'",
+                diag);
   ck_assert_msg(pmla_registry_find(r, "mock-old-minor") == NULL, "cut.so was loaded");
   ck_assert_msg(pmla_registry_find(r, "mock-dup") != NULL, "the plugin beside it: '%s'", diag);
   pmla_registry_close(r);
