@@ -623,10 +623,16 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
   int ranged = 0, have_L = 0;
   const void *seen[8];
   int nseen = 0;
-  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+  for (char *next = buf, *tok; (tok = next) != NULL;) {
+    char *comma = strchr(tok, ',');
+    next = comma ? comma + 1 : NULL;
+    if (comma)
+      *comma = '\0';
+    if (!*tok) /* strtok would merge it away: "b=1,,L=64" is a typo */
+      return snprintf(why, size, "an empty field (two commas, or one at an end)"), -1;
     char *value = strchr(tok, '=');
     if (!value)
-      return snprintf(why, size, "'%s' is not FIELD=VALUE", tok), -1;
+      return snprintf(why, size, "'%.64s' is not FIELD=VALUE", tok), -1;
     *value++ = '\0';
     if (!strcmp(tok, "kv")) {
       for (int k = 0; k < nseen; k++)
@@ -651,19 +657,19 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
                                                             : NULL;
     if (!field)
       return snprintf(why, size,
-                      "unknown field '%s' (b, tokens, L, slots, h, sq, topk, kv, page, runs)",
+                      "unknown field '%.32s' (b, tokens, L, slots, h, sq, topk, kv, page, runs)",
                       tok),
              -1;
     for (int k = 0; k < nseen; k++)
       if (seen[k] == field)
-        return snprintf(why, size, "%s is given twice (b/tokens and L/slots are one field each)",
+        return snprintf(why, size, "%.32s is given twice (b/tokens and L/slots are one field each)",
                         tok), -1;
     seen[nseen++] = field;
     have_L |= field == &s->L;
     ranged |= dash != NULL;
     int min = field == &s->L ? 0 : 1;
     if (to_int(value, min, &v))
-      return snprintf(why, size, "%s must be a %s integer, not '%s'", tok,
+      return snprintf(why, size, "%.32s must be a %s integer, not '%.64s'", tok,
                       min ? "positive" : "non-negative", value), -1;
     *field = v;
     if (dash && to_int(dash + 1, v, &s->L_max))
@@ -691,12 +697,15 @@ static int parse_shape(const char *text, bench_shape *s, char *why, size_t size)
   return 0;
 }
 
-static void add(options *o, const char *text) {
+/* adds shape `text`, given by `option` (--shape, or --suite NAME) */
+static void add(options *o, const char *option, const char *text) {
   char why[200];
   if (o->nshapes == 64)
-    fprintf(stderr, "pmla-bench: --shape '%s': at most 64 shapes\n", text), exit(2);
+    fprintf(stderr, "pmla-bench: %s: at most 64 shapes in all ('%s' is one too many)\n",
+            option, text),
+        exit(2);
   if (parse_shape(text, &o->shapes[o->nshapes], why, sizeof why))
-    fprintf(stderr, "pmla-bench: --shape '%s': %s\n", text, why), exit(2);
+    fprintf(stderr, "pmla-bench: %s '%s': %s\n", option, text, why), exit(2);
   o->nshapes++;
 }
 
@@ -724,8 +733,10 @@ static void add_suite(options *o, const char *name) {
     fprintf(stderr, "pmla-bench: --suite: '%s' is not a suite (dense, sparse)\n", name), exit(2);
   const char *const *list = is_dense ? dense : sparse;
   size_t n = is_dense ? sizeof dense / sizeof *dense : sizeof sparse / sizeof *sparse;
+  char option[32];
+  snprintf(option, sizeof option, "--suite %s", name);
   for (size_t i = 0; i < n; i++)
-    add(o, list[i]);
+    add(o, option, list[i]);
 }
 
 /* a path as a JSON string: quotes, backslashes and control bytes escaped */
@@ -814,6 +825,10 @@ int main(int argc, char **argv) {
       }
       break;
     case 'p':
+      if (!*optarg) { /* not "no path": the installed directory would be searched */
+        fprintf(stderr, "pmla-bench: --plugin: an empty path; give a plugin file or directory\n");
+        return 2;
+      }
       if (o.nplugins == MAX_PLUGINS) {
         fprintf(stderr, "pmla-bench: --plugin %s: at most %d plugins side by side\n", optarg,
                 MAX_PLUGINS);
@@ -821,7 +836,7 @@ int main(int argc, char **argv) {
       }
       o.plugins[o.nplugins++] = optarg;
       break;
-    case 's': add(&o, optarg); break;
+    case 's': add(&o, "--shape", optarg); break;
     case 'S': add_suite(&o, optarg); break;
     case 'n': o.iters = option_int("iters", optarg, 1, MAX_ITERS); break;
     case 'w': o.warmup = option_int("warmup", optarg, 0, MAX_ITERS); break;
@@ -856,7 +871,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (!o.nshapes)
-    add(&o, "b=8,L=4096,h=16");
+    add(&o, "the default shape", "b=8,L=4096,h=16");
   /* one registry per plugin: the same backend name may come from each.
    * A --plugin given on the command line is used as given: the environment
    * must not put another file's backend in its place. */

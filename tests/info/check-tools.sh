@@ -50,6 +50,11 @@ bad "pmla-bench: --shape 'tokens=2,slots=64,h=16,topk=8,runs=4': runs applies to
 bad "pmla-bench: --shape 'b=1,L=64,h=16,runs=0': runs must be a positive integer, not '0'" \
   --shape b=1,L=64,h=16,runs=0
 bad "pmla-bench: --shape 'b=1,L=64,h=16,h=32': h is given twice" --shape b=1,L=64,h=16,h=32
+bad "pmla-bench: --shape 'b=1,,L=64,h=16': an empty field" --shape b=1,,L=64,h=16
+bad "pmla-bench: --shape 'b=1,L=64,h=16,': an empty field" --shape b=1,L=64,h=16,
+bad "pmla-bench: --plugin: an empty path" --plugin "" --shape b=1,L=64,h=16
+bad "pmla-bench: --suite dense: at most 64 shapes in all" --suite dense --suite dense --suite dense \
+  --suite dense --suite dense --suite dense
 bad "pmla-bench: --shape 'b=1,h=16': L is missing" --shape b=1,h=16
 bad "pmla-bench: --shape 'b=1,L=1073741825,h=16': L is at most 1073741824" --shape b=1,L=1073741825,h=16
 bad "pmla-bench: --shape 'tokens=2,L=100-200,h=16,topk=8': a range of lengths applies to dense shapes only" \
