@@ -6,9 +6,11 @@
 #include "test_config.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 const char *g_plugin_path;
@@ -222,6 +224,30 @@ int harness_mock_path(const char *name, char *buf, size_t size) {
     memcpy(buf, abs, strlen(abs) + 1);
   free(abs);
   return fits ? 0 : -1;
+}
+
+int32_t harness_in_child(int32_t (*fn)(void *), void *arg, const char *what) {
+  int fd[2];
+  ck_assert_int_eq(pipe(fd), 0);
+  const pid_t pid = fork();
+  ck_assert_msg(pid >= 0, "%s: fork failed", what);
+  if (pid == 0) {
+    signal(SIGALRM, SIG_DFL); /* not the test runner's handler */
+    alarm(30);
+    const int32_t v = fn(arg);
+    _exit(write(fd[1], &v, sizeof v) == sizeof v ? 0 : 1);
+  }
+  close(fd[1]);
+  int32_t v = 0;
+  const ssize_t n = read(fd[0], &v, sizeof v);
+  close(fd[0]);
+  int ws = 0;
+  ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+  ck_assert_msg(n == sizeof v && WIFEXITED(ws) && WEXITSTATUS(ws) == 0,
+                "%s: the child did not finish (%s %d)", what,
+                WIFSIGNALED(ws) ? "signal" : "exit status",
+                WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws));
+  return v;
 }
 
 /* ---- the common main ---- */

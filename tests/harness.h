@@ -123,6 +123,10 @@ int harness_file_exists(const char *path);
 void *harness_sized_copy(const void *full, uint32_t size);
 /* mock plugin path "<g_mock_dir>/<name>.so", made absolute, into buf; 0 when it exists. */
 int harness_mock_path(const char *name, char *buf, size_t size);
+/* Runs fn(arg) in a forked child, which has 30 s (SIGALRM) to return, and
+ * returns what it returned; the calling test fails, saying `what` and how
+ * the child ended, when it ended any other way. */
+int32_t harness_in_child(int32_t (*fn)(void *), void *arg, const char *what);
 
 /* ---- the common main ----
  * Picks the plugin (argv[1], else $<PREFIX>_PLUGIN, else the first existing

@@ -6,11 +6,9 @@
 #define _GNU_SOURCE /* sched_getaffinity / sched_setaffinity */
 #include <math.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -455,6 +453,25 @@ START_TEST(test_query_honours_the_cu_count_override) {
 }
 END_TEST
 
+/* In a child: the affinity mask narrowed to CPU *arg, then a builder of
+ * cu_count 0. Returns its workers (> 0), 0 when the mask could not be set,
+ * or minus the status of a failed call. */
+static int32_t workers_on_one_cpu(void *arg) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(*(const int *)arg, &one);
+  if (sched_setaffinity(0, sizeof one, &one) != 0)
+    return 0;
+  pmla_builder_config c = harness_config(16, 16, 4, 2, 0, 0);
+  pmla_builder *b = NULL;
+  pmla_builder_info info = {.struct_size = sizeof info};
+  pmla_status st = g_be->init_builder(&c, &b);
+  if (st == PMLA_OK)
+    st = g_be->query_builder(b, &info);
+  g_be->destroy_builder(b);
+  return st == PMLA_OK ? (int32_t)info.cu_count : -(int32_t)st;
+}
+
 /* cu_count 0 on pmla-cpu: one worker a CPU the calling thread may run on
  * (its affinity mask, which the workers inherit: a container's cpuset,
  * taskset), not one a CPU of the machine. The mask is narrowed to one CPU in
@@ -472,39 +489,7 @@ START_TEST(test_cpu_default_workers_follow_the_affinity_mask) {
   while (first < CPU_SETSIZE && !CPU_ISSET(first, &set))
     first++;
   ck_assert_int_lt(first, CPU_SETSIZE);
-  int fd[2];
-  ck_assert_int_eq(pipe(fd), 0);
-  const pid_t pid = fork();
-  ck_assert_msg(pid >= 0, "fork failed");
-  if (pid == 0) {
-    signal(SIGALRM, SIG_DFL);
-    alarm(30);
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(first, &one);
-    /* the report: workers made (> 0), 0 when the mask could not be set, or
-     * minus the status of a failed call */
-    int32_t report = 0;
-    pmla_builder_config c = harness_config(16, 16, 4, 2, 0, 0);
-    pmla_builder *b = NULL;
-    if (sched_setaffinity(0, sizeof one, &one) == 0) {
-      pmla_builder_info info = {.struct_size = sizeof info};
-      pmla_status st = g_be->init_builder(&c, &b);
-      if (st == PMLA_OK)
-        st = g_be->query_builder(b, &info);
-      report = st == PMLA_OK ? (int32_t)info.cu_count : -(int32_t)st;
-      g_be->destroy_builder(b);
-    }
-    _exit(write(fd[1], &report, sizeof report) == sizeof report ? 0 : 1);
-  }
-  close(fd[1]);
-  int32_t report = 0;
-  const ssize_t n = read(fd[0], &report, sizeof report);
-  close(fd[0]);
-  int ws = 0;
-  ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
-  ck_assert_msg(n == sizeof report && WIFEXITED(ws) && WEXITSTATUS(ws) == 0,
-                "the child did not report its builder");
+  const int32_t report = harness_in_child(workers_on_one_cpu, &first, "the child's builder");
   if (report == 0) {
     harness_print_skip(__func__, "sched_setaffinity is not permitted here");
     return;

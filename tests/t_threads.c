@@ -5,13 +5,9 @@
  * kernels may run at the same time); run concurrently, every decode must
  * give bit-for-bit what the same builder gave when run alone. */
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "harness.h"
 #include "reference.h"
@@ -134,6 +130,17 @@ START_TEST(test_builders_run_concurrently_on_threads) {
 }
 END_TEST
 
+/* the step of w decoded and compared with the parent's bits: 1 when equal */
+static int32_t decode_in_child(void *arg) {
+  worker *w = arg;
+  const int32_t same = g_be->build_sparse(w->b, &w->sb) == PMLA_OK &&
+                       g_be->decode(w->b, &w->args) == PMLA_OK &&
+                       g_mem->download(w->got, w->out.t.data, w->n_out * 2) == 0 &&
+                       memcmp(w->got, w->expect, w->n_out * 2) == 0;
+  g_be->destroy_builder(w->b);
+  return same;
+}
+
 /* A pmla-cpu builder made before fork() decodes in the child, whose process
  * has none of the builder's worker threads, and gives the bits it gives in
  * the parent; the child's destroy_builder returns. (A GPU runtime does not
@@ -146,31 +153,9 @@ START_TEST(test_a_cpu_builder_decodes_in_a_forked_child) {
   }
   worker w;
   worker_setup(&w, 2); /* 3 units: 3 worker threads */
-  int fd[2];
-  ck_assert_int_eq(pipe(fd), 0);
-  const pid_t pid = fork();
-  ck_assert_msg(pid >= 0, "fork failed");
-  if (pid == 0) {
-    signal(SIGALRM, SIG_DFL); /* not the test runner's handler */
-    alarm(30);                /* a decode waiting for the parent's threads ends here */
-    char same = g_be->build_sparse(w.b, &w.sb) == PMLA_OK &&
-                g_be->decode(w.b, &w.args) == PMLA_OK &&
-                g_mem->download(w.got, w.out.t.data, w.n_out * 2) == 0 &&
-                memcmp(w.got, w.expect, w.n_out * 2) == 0;
-    g_be->destroy_builder(w.b);
-    _exit(write(fd[1], &same, 1) == 1 ? 0 : 1);
-  }
-  close(fd[1]);
-  char same = 0;
-  const ssize_t n = read(fd[0], &same, 1);
-  close(fd[0]);
-  int ws = 0;
-  ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
-  ck_assert_msg(n == 1 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0,
-                "the child did not finish its decode (%s %d)",
-                WIFSIGNALED(ws) ? "signal" : "exit status",
-                WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws));
-  ck_assert_msg(same == 1, "the child's decode differs from the parent's");
+  /* a decode waiting for the parent's threads ends at the child's alarm */
+  ck_assert_msg(harness_in_child(decode_in_child, &w, "the child's decode") == 1,
+                "the child's decode differs from the parent's");
   /* the parent's builder and threads are untouched */
   ck_assert_int_eq(g_be->decode(w.b, &w.args), PMLA_OK);
   tt_download(&w.out, w.got);
