@@ -3,7 +3,7 @@
  * threads, one per scheduling unit. All data is host memory (kDLCPU), so
  * every device-side check of the GPU backend is done here up front, with a
  * message, before anything is written. */
-#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT_S: the CPUs this process may use */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT_S: the CPUs the caller may run on */
 #include <errno.h>
 #include <math.h>
 #include <sched.h>

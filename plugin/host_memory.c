@@ -45,21 +45,22 @@ static uint64_t read_stat(const char *dir, const char *key) {
   return (uint64_t)found;
 }
 
-/* A group's usage as its working set: the usage counts the page cache too,
- * and its inactive file pages are reclaimed before the group's OOM killer
- * runs (what container monitors report as the working set). */
-static uint64_t working_set(uint64_t usage, uint64_t inactive_file) {
-  if (usage == UINT64_MAX)
-    return usage;
-  return usage > inactive_file ? usage - inactive_file : 0;
-}
-
-/* what a limit leaves beside its usage (the whole limit where the usage
- * cannot be read) */
-static uint64_t room(uint64_t limit, uint64_t used) {
-  if (limit == UINT64_MAX || used == UINT64_MAX)
-    return limit;
-  return limit > used ? limit - used : 0;
+/* What the limit in file `limit` of group `dir` leaves beside the usage in
+ * file `usage`: UINT64_MAX where nothing limits, the whole limit where the
+ * usage cannot be read. The usage is the working set, less the memory.stat
+ * value `cache` (NULL: none): it counts the page cache too, whose inactive
+ * file pages are reclaimed before the group's OOM killer runs. Usage and
+ * memory.stat are read only under a limit. */
+static uint64_t room(const char *dir, const char *limit, const char *usage, const char *cache) {
+  const uint64_t max = read_bytes(dir, limit);
+  if (max == UINT64_MAX)
+    return max;
+  uint64_t used = read_bytes(dir, usage);
+  if (used == UINT64_MAX)
+    return max;
+  const uint64_t reclaimable = cache ? read_stat(dir, cache) : 0;
+  used = used > reclaimable ? used - reclaimable : 0;
+  return max > used ? max - used : 0;
 }
 
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
@@ -87,17 +88,13 @@ static void walk(const char *mount, const char *rel, int v2, rooms *r) {
     while (n > root && dir[n - 1] == '/')
       dir[--n] = '\0';
     if (v2) {
-      const uint64_t used =
-          working_set(read_bytes(dir, "memory.current"), read_stat(dir, "inactive_file"));
-      r->mem = min64(r->mem, room(read_bytes(dir, "memory.max"), used));
-      r->swap = min64(r->swap, room(read_bytes(dir, "memory.swap.max"),
-                                    read_bytes(dir, "memory.swap.current")));
+      r->mem = min64(r->mem, room(dir, "memory.max", "memory.current", "inactive_file"));
+      r->swap = min64(r->swap, room(dir, "memory.swap.max", "memory.swap.current", NULL));
     } else {
-      const uint64_t cache = read_stat(dir, "total_inactive_file");
-      r->mem = min64(r->mem, room(read_bytes(dir, "memory.limit_in_bytes"),
-                                  working_set(read_bytes(dir, "memory.usage_in_bytes"), cache)));
-      const uint64_t both_used = working_set(read_bytes(dir, "memory.memsw.usage_in_bytes"), cache);
-      r->both = min64(r->both, room(read_bytes(dir, "memory.memsw.limit_in_bytes"), both_used));
+      r->mem = min64(r->mem, room(dir, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                                  "total_inactive_file"));
+      r->both = min64(r->both, room(dir, "memory.memsw.limit_in_bytes",
+                                    "memory.memsw.usage_in_bytes", "total_inactive_file"));
     }
     char *slash = strrchr(dir + root, '/');
     if (!slash)
@@ -129,7 +126,7 @@ static rooms cgroup_rooms(void) {
       walk(CGROUP_ROOT, rel, 1, &r);
       continue;
     }
-    for (const char *t = ctrls; t; t = strchr(t, ',') ? strchr(t, ',') + 1 : NULL) {
+    for (const char *t = ctrls, *comma; t; t = (comma = strchr(t, ',')) ? comma + 1 : NULL) {
       if (strncmp(t, "memory", 6) == 0 && (t[6] == ',' || t[6] == '\0')) {
         walk(CGROUP_ROOT "/memory", rel, 0, &r);
         break;
