@@ -128,12 +128,9 @@ int main(int argc, char **argv) {
   fprintf(stderr, "SKIP: cgroup: built with a sanitizer that intercepts fopen\n");
   return 77;
 #endif
-  const char *env = getenv("PMLA_CONFORMANCE_PLUGIN");
-  const char *plugin = argc > 1 ? argv[1] : env && *env ? env : PMLA_TEST_DEFAULT_PLUGIN;
-  if (access(plugin, R_OK) != 0) {
-    fprintf(stderr, "cgroup: plugin %s not found\n", plugin);
+  const char *plugin = test_plugin(argc, argv, PMLA_TEST_DEFAULT_PLUGIN, "cgroup");
+  if (!plugin)
     return 99;
-  }
   pmla_registry *reg = NULL;
   if (pmla_registry_open(plugin, &reg) != PMLA_OK)
     return 99;

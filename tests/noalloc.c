@@ -132,15 +132,12 @@ int main(int argc, char **argv) {
   fprintf(stderr, "SKIP: noalloc: built with a sanitizer that owns malloc\n");
   return 77;
 #endif
-  const char *env = getenv("PMLA_CONFORMANCE_PLUGIN");
-  const char *plugin = argc > 1 ? argv[1] : env && *env ? env : PMLA_TEST_DEFAULT_PLUGIN;
+  const char *plugin = test_plugin(argc, argv, PMLA_TEST_DEFAULT_PLUGIN, "noalloc");
+  if (!plugin)
+    return 99;
   const char *backend = getenv("PMLA_CONFORMANCE_BACKEND");
   if (!backend || !*backend)
     backend = "pmla-cpu";
-  if (access(plugin, R_OK) != 0) {
-    fprintf(stderr, "noalloc: plugin %s not found\n", plugin);
-    return 99;
-  }
   /* the counters themselves must see the plugin's calls */
   atomic_store(&counting, 1);
   void *volatile probe = malloc(16);

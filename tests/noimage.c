@@ -95,12 +95,9 @@ __attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...) {
 }
 
 int main(int argc, char **argv) {
-  const char *env = getenv("PMLA_CONFORMANCE_PLUGIN");
-  const char *plugin = argc > 1 ? argv[1] : env && *env ? env : PMLA_TEST_DEFAULT_PLUGIN;
-  if (access(plugin, R_OK) != 0) {
-    fprintf(stderr, "noimage: plugin %s not found\n", plugin);
+  const char *plugin = test_plugin(argc, argv, PMLA_TEST_DEFAULT_PLUGIN, "noimage");
+  if (!plugin)
     return 99;
-  }
   pmla_registry *reg = NULL;
   if (pmla_registry_open(plugin, &reg) != PMLA_OK)
     return 99;

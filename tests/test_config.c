@@ -4,7 +4,18 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+const char *test_plugin(int argc, char **argv, const char *fallback, const char *program) {
+  const char *env = getenv("PMLA_CONFORMANCE_PLUGIN");
+  const char *plugin = argc > 1 ? argv[1] : env && *env ? env : fallback;
+  if (access(plugin, R_OK) == 0)
+    return plugin;
+  fprintf(stderr, "%s: plugin %s not found\n", program, plugin);
+  return NULL;
+}
 
 pmla_builder_config test_config(uint32_t heads, uint32_t page_size, uint32_t max_batch,
                                 uint32_t max_q_len, uint32_t topk, uint32_t cu_count) {

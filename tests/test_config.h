@@ -14,6 +14,11 @@ pmla_builder_config test_config(uint32_t heads, uint32_t page_size, uint32_t max
 int64_t test_kv_row_bytes(uint32_t kv_dtype);
 int64_t test_kv_width(uint32_t kv_dtype);
 
+/* The plugin a standalone test program runs against: argv[1], else
+ * $PMLA_CONFORMANCE_PLUGIN, else `fallback`; NULL, after saying so as
+ * `program`, when that file cannot be read. */
+const char *test_plugin(int argc, char **argv, const char *fallback, const char *program);
+
 /* Host memory a program may still take: MemAvailable + SwapFree of
  * /proc/meminfo, in bytes; 0 where that cannot be read. */
 uint64_t test_host_available_bytes(void);

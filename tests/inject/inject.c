@@ -371,13 +371,10 @@ int main(int argc, char **argv) {
   printf("SKIP: inject: built with a sanitizer that owns malloc\n");
   return 77;
 #else
-  const char *env = getenv("PMLA_CONFORMANCE_PLUGIN");
-  const char *plugin = argc > 1 ? argv[1] : env && *env ? env : PMLA_TEST_DEFAULT_PLUGIN;
-  plugin_path = plugin;
-  if (access(plugin, R_OK) != 0) {
-    fprintf(stderr, "inject: plugin %s not found\n", plugin);
+  const char *plugin = test_plugin(argc, argv, PMLA_TEST_DEFAULT_PLUGIN, "inject");
+  if (!plugin)
     return 99;
-  }
+  plugin_path = plugin;
   /* the interposers must see the plugin's calls */
   atomic_store(&watching, 1);
   void *volatile probe = malloc(16);
