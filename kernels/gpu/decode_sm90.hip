@@ -855,49 +855,12 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
             proxy_fence();
             mbar_arrive(aFull + 8 * (blk & 1));
           };
-          /* half h by cp.async straight into its stage once the stage is
-           * free: piece u of this thread's row into the row's 16-bit chunk
-           * 2u, the first of the two it becomes, converted in place by the
-           * same thread (put_async), so no registers wait for it */
-          bool av = false;
-          auto fetch_async = [&](int h) {
-            const int64_t slot = half_slot(h);
-            av = slot >= 0;
-            const char *src = av ? kvbase + slot * ROWB : kvbase;
-            char *dst = sKV + ((h >> 1) & 1) * TILE;
-            const int row = (h & 1) * (BN / 2) + rt;
-#pragma unroll
-            for (int k = 0; k < KvFmt<F>::UNITS / 4; k++) {
-              const int u = rsub + 4 * k;
-              cp16(dst + off(row, 2 * u), av ? src + 16 * u : src, av);
-            }
-            cp_commit();
-            raw_h = raw_of_half(h + 1);
-          };
-          auto put_async = [&](int h) {
-            const int st = (h >> 1) & 1;
-            const uint32_t bits = token_bits<4>(av);
-            if (lane == 0)
-              ((uint8_t *)(sVm + st))[(h & 1) * 4 + wi] = (uint8_t)bits;
-            cp_wait<0>();
-            char *dst = sKV + st * TILE;
-            const int row = (h & 1) * (BN / 2) + rt;
-#pragma unroll
-            for (int k = 0; k < KvFmt<F>::UNITS / 4; k++) {
-              const int u = rsub + 4 * k;
-              uint4 *c0 = (uint4 *)(dst + off(row, 2 * u));
-              uint4 lo, hi;
-              pmla_kv::e4m3x16_to_f16(*c0, lo, hi);
-              *c0 = lo;
-              *(uint4 *)(dst + off(row, 2 * u + 1)) = hi;
-            }
-          };
           cp_commit(); /* Q's copies, if any: cp_wait covers committed groups only */
           if (nblk > 0) {
             fetch(0);
-            fetch_async(1);
             put(0);
-            put_async(1);
+            fetch(1);
+            put(1);
             publish(0);
             if (nblk > 1)
               fetch(2);
@@ -907,15 +870,15 @@ __device__ __forceinline__ void body_pp(const pmla_gpu_problem &p, float scale_l
               /* stage (b + 1) & 1 held block b - 1: both its P V are done */
               if (b >= 1)
                 nb_sync(EMPTY + ((b - 1) & 1));
-              fetch_async(2 * b + 3);
               put(2 * b + 2);
-              if (b + 2 < nblk)
-                fetch(2 * b + 4);
+              fetch(2 * b + 3);
             }
             pv(b);
             if (b + 1 < nblk) {
-              put_async(2 * b + 3); /* under this P V */
+              put(2 * b + 3); /* under this P V */
               publish(b + 1);
+              if (b + 2 < nblk)
+                fetch(2 * b + 4);
             }
             wg_wait0();
             reg_fence<OR>(o);
