@@ -23,7 +23,8 @@
  *                    fail a test whose process ends that way)
  *  16 odd backends   speaks 1.0 .. 1.1; backends: one with a 300-byte name,
  *                    "mock-other-major" (abi_version 2.0),
- *                    "mock-older-backend" (1.0), then "mock-odd" (1.1)
+ *                    "mock-older-backend" (1.0), then "mock-odd" (1.1),
+ *                    whose description is Latin-1, not UTF-8
  * Other kinds' backends refuse to build anything (PMLA_ERR_UNSUPPORTED):
  * only their names and descriptions are looked at. */
 #include <stddef.h>
@@ -120,6 +121,7 @@
 #define MOCK_MIN PMLA_VERSION(1, 0)
 #define MOCK_MAX PMLA_VERSION(1, 1)
 #define MOCK_NAME "mock-odd"
+#define MOCK_DESC "odd: Ger\xe4te (Latin-1)"
 #define MOCK_ODD 1
 #else
 #error "unknown MOCK_KIND"

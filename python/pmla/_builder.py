@@ -2,8 +2,11 @@
 """pmla.Builder: one pmla_builder, its plan (build_decode / build_sparse) and
 its runs (decode)."""
 import ctypes
+import functools
+import math
 import operator
 import sys
+import threading
 
 from . import _abi
 from ._errors import BadState, InvalidArgument, Unsupported, make_error
@@ -39,6 +42,27 @@ def _uint(name, value):
         raise InvalidArgument("Builder: %s = %r; accepted: an int in 0..2^32-1 (the plugin "
                               "checks the range it serves)" % (name, value))
     return v
+
+
+def _in_use(what, call):
+    return BadState("%s: the builder is in use by another thread; one builder is used by one "
+                    "thread at a time (give each thread its own)" % what, call=call)
+
+
+def _one_thread(what, call):
+    """The method runs holding the builder's _busy lock, or raises BadState
+    when another thread holds it."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def method(self, *args, **kw):
+            if not self._busy.acquire(False):
+                raise _in_use(what, call)
+            try:
+                return fn(self, *args, **kw)
+            finally:
+                self._busy.release()
+        return method
+    return wrap
 
 
 def _check_q_to_size(tq):
@@ -156,6 +180,14 @@ class Builder:
         if scale is None:
             raise InvalidArgument("Builder: softmax_scale = %r; accepted: a float (the plugin "
                                   "checks the range it serves)" % (softmax_scale,))
+        f32 = ctypes.c_float(scale).value
+        if math.isfinite(scale) and scale != 0 and (f32 == 0 or not math.isfinite(f32)):
+            # the config holds a float: say what the caller gave, not what it
+            # rounds to
+            raise InvalidArgument("Builder: softmax_scale = %r rounds to %r as the config's "
+                                  "float32; accepted: a finite value > 0 up to FLT_MAX / "
+                                  "log2(e) (about 2.3586e38)" % (softmax_scale, f32),
+                                  call="init_builder")
         dev = _int(device)
         if dev is None or not -2**31 <= dev < 2**31:
             raise InvalidArgument("Builder: device = %r; accepted: an int ordinal" % (device,))
@@ -206,7 +238,12 @@ class Builder:
         self._step = None  # {name: Tensor} of the step built last
         self._step_kind = None
         self._rc = None
-        self._plugin._builders.add(self)
+        # held for each call into the native builder: a second thread's call
+        # meanwhile is refused (pmla.h: one builder is used by one thread at a
+        # time; overlapping calls could hang or corrupt the step)
+        self._busy = threading.Lock()
+        with self._plugin._lock:
+            self._plugin._builders.add(self)
 
     # ---- helpers
     def _handle(self, call):
@@ -235,10 +272,14 @@ class Builder:
 
     # ---- queries
     @property
+    @_one_thread("info", "query_builder")
     def info(self):
         """query_builder: cu_count, sched_units, split_cap, max_requests,
         max_work_items, max_partial_slots, buffer_bytes ({name: bytes}),
         total_bytes."""
+        return self._query()
+
+    def _query(self):
         h = self._handle("query_builder")
         info = _abi.BuilderInfo(struct_size=ctypes.sizeof(_abi.BuilderInfo))
         st = self._be.query_builder(h, ctypes.addressof(info))
@@ -251,13 +292,14 @@ class Builder:
         d["total_bytes"] = info.total_bytes
         return d
 
+    @_one_thread("buffer", "copy_buffer")
     def buffer(self, name):
         """A copy of one persistent buffer (see pmla.h) as bytes; waits for
         pending work. For tests and debugging."""
         if name not in _abi.BUFFER_NAMES:
             raise InvalidArgument("buffer: %r; accepted: %s" % (name, ", ".join(_abi.BUFFER_NAMES)))
         which = _abi.BUFFER_NAMES.index(name)
-        size = self.info["buffer_bytes"][name]
+        size = self._query()["buffer_bytes"][name]
         dst = ctypes.create_string_buffer(max(size, 1))
         st = self._be.copy_buffer(self._handle("copy_buffer"), which, dst, size)
         if st != _abi.OK:
@@ -265,6 +307,7 @@ class Builder:
         return dst.raw[:size]
 
     # ---- plan
+    @_one_thread("plan", "build_decode")
     def plan(self, qo_indptr, block_table=None, kv_lens=None, *, kv_indptr=None,
              kv_indices=None, kv_last_page_len=None, stream=None):
         """Builds the schedule of one dense step (build_decode). All int32 on
@@ -299,6 +342,7 @@ class Builder:
         if st != _abi.OK:
             self._fail(st, "build_decode")
 
+    @_one_thread("plan_sparse", "build_sparse")
     def plan_sparse(self, topk_indices, max_seq_len, *, stream=None, split_cap=True):
         """Builds the schedule of one sparse step (build_sparse): topk_indices
         int32 [tokens, topk] of KV slots (page * page_size + offset, -1
@@ -308,8 +352,8 @@ class Builder:
         self._step_kind = None
         msl = _int(max_seq_len)
         if msl is None or not -2**63 <= msl < 2**63:
-            raise InvalidArgument("plan_sparse: max_seq_len = %r; accepted: an int >= 0"
-                                  % (max_seq_len,), call="build_sparse")
+            raise InvalidArgument("plan_sparse: max_seq_len = %r; accepted: an int in "
+                                  "0..2^63-1" % (max_seq_len,), call="build_sparse")
         max_seq_len = msl
         ts = self._tensors("plan_sparse", (("topk_indices", topk_indices),), ("topk_indices",))
         s = self._sparse
@@ -393,36 +437,41 @@ class Builder:
         and CuPy have no bfloat16: bf16 values travel as uint16 bit patterns.
         stream: a stream handle; default the current torch (or CuPy) stream
         for GPU tensors. Returns (out, lse)."""
-        if self._step_kind is None and self._step is not None:
-            # the plugin still holds the step before a plan refused here
-            # (self._step keeps its tensors alive); running it would ignore
-            # that refusal
-            raise BadState("run: the last plan was refused, so there is no step to run; plan "
-                           "again", call="decode")
-        c = self._rc
-        if c is None or c.q is not q or c.kv is not kv_cache or c.out is not out or \
-                c.lse is not lse or c.kv_scale is not kv_scale or c.want_lse is not return_lse \
-                or not all(t.check is None or t.check() == t.sig for t in c.tensors.values()):
-            if self._h is None:
-                raise BadState("the builder is closed", call="decode")
-            c = self._prepare(q, kv_cache, out, lse, kv_scale, return_lse)
-        if c.alloc_out is not None:
-            out = c.alloc_out.new()
-        if c.alloc_lse is not None:
-            lse = c.alloc_lse.new()
-        if stream is not None:
-            self._args.stream = stream if type(stream) is int and 0 <= stream < 2 ** 64 else \
-                stream_handle(stream)
-        elif c.stream_fn is not None:
-            self._args.stream = c.stream_fn(c.stream_arg)
-        else:
-            self._args.stream = None
-        st = self._decode(self._h, self._args_addr)
-        if st:
-            self._fail(st, "decode")
-        return out, lse
+        if not self._busy.acquire(False):  # inline: run() is the per-layer hot path
+            raise _in_use("run", "decode")
+        try:
+            if self._step_kind is None and self._step is not None:
+                # the plugin still holds the step before a plan refused here
+                # (self._step keeps its tensors alive); running it would ignore
+                # that refusal
+                raise BadState("run: the last plan was refused, so there is no step to run; plan "
+                               "again", call="decode")
+            c = self._rc
+            if c is None or c.q is not q or c.kv is not kv_cache or c.out is not out or \
+                    c.lse is not lse or c.kv_scale is not kv_scale or c.want_lse is not return_lse \
+                    or not all(t.check is None or t.check() == t.sig for t in c.tensors.values()):
+                if self._h is None:
+                    raise BadState("the builder is closed", call="decode")
+                c = self._prepare(q, kv_cache, out, lse, kv_scale, return_lse)
+            if c.alloc_out is not None:
+                out = c.alloc_out.new()
+            if c.alloc_lse is not None:
+                lse = c.alloc_lse.new()
+            if stream is not None:
+                stream = stream if type(stream) is int and 0 <= stream < 2 ** 64 else \
+                    stream_handle(stream)
+            elif c.stream_fn is not None:
+                stream = c.stream_fn(c.stream_arg)
+            self._args.stream = stream
+            st = self._decode(self._h, self._args_addr)
+            if st:
+                self._fail(st, "decode")
+            return out, lse
+        finally:
+            self._busy.release()
 
     # ---- errors, lifetime
+    @_one_thread("check_device_error", "check_device_error")
     def check_device_error(self):
         """Waits for the builder's pending work and reads (and clears) the
         device error word. Returns 0, or raises DeviceInputError whose .flags
@@ -437,11 +486,19 @@ class Builder:
         return flags.value
 
     def close(self):
-        """Destroys the builder (frees its buffers). Idempotent."""
-        h, self._h = self._h, None
-        self._step = self._rc = None
-        if h is not None:
-            self._be.registry.release(h)  # a no-op once the registry has closed it
+        """Destroys the builder (frees its buffers). Idempotent. Refused
+        (BadState) while another thread is inside a call on it."""
+        if getattr(self, "_h", None) is None:
+            return
+        if not self._busy.acquire(False):
+            raise _in_use("close", "destroy_builder")
+        try:
+            h, self._h = self._h, None
+            self._step = self._rc = None
+            if h is not None:
+                self._be.registry.release(h)  # a no-op once the registry has closed it
+        finally:
+            self._busy.release()
 
     def __del__(self):
         if getattr(self, "_h", None) is None or sys is None or sys.is_finalizing():

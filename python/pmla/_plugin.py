@@ -73,6 +73,13 @@ def _open_library():
     raise LoadError("cannot open libpmla-registry: tried %s%s" % ("; ".join(tried), hint))
 
 
+def _text(raw):
+    """A name or description a plugin gave (bytes, may be NULL) as str; bytes
+    that are not UTF-8 are replaced, so one plugin's odd text does not break
+    the listing of every backend."""
+    return raw.decode("utf-8", "replace") if raw else ""
+
+
 class _Registry:
     """An open pmla_registry and the native builders made from its backends.
     Closing it destroys those builders first, then closes the registry
@@ -83,7 +90,9 @@ class _Registry:
         self.lib = lib
         self.reg = reg
         self._live = {}  # native builder handle -> its backend's destroy_builder
-        self._lock = threading.Lock()
+        # re-entrant: the cycle collector may finalise a builder (whose
+        # close() comes back here) inside a locked region on the same thread
+        self._lock = threading.RLock()
 
     def adopt(self, handle, destroy):
         with self._lock:
@@ -121,8 +130,8 @@ class _Backend:
         be = ptr.contents
         self.registry = registry
         self.ptr = ptr
-        self.name = be.name.decode()
-        self.description = (be.description or b"").decode()
+        self.name = _text(be.name)
+        self.description = _text(be.description)
         self.abi_version = be.abi_version
         for slot in ("init_builder", "destroy_builder", "query_builder", "build_decode",
                      "build_sparse", "decode", "last_error", "check_device_error",
@@ -193,10 +202,10 @@ class Plugin:
         for i in range(lib.pmla_registry_count(reg)):
             be = lib.pmla_registry_backend(reg, i).contents
             path = lib.pmla_registry_backend_path(reg, i)
-            out.append(BackendInfo(be.name.decode(), (be.description or b"").decode(),
+            out.append(BackendInfo(_text(be.name), _text(be.description),
                                    _abi.version_str(be.abi_version),
                                    _abi.version_str(lib.pmla_registry_backend_version(reg, i)),
-                                   path.decode() if path else None))
+                                   os.fsdecode(path) if path else None))
         return out
 
     @property
@@ -237,7 +246,9 @@ class Plugin:
     def close(self):
         """Closes this plugin's open builders, then the registry."""
         if getattr(self, "_reg", None) is not None:
-            for b in list(self._builders):
+            with self._lock:  # Builder() adds to the set from any thread
+                builders = list(self._builders)
+            for b in builders:
                 b.close()
             self._registry.close()
             self._backends = {}

@@ -28,12 +28,13 @@ import weakref
 
 from . import _abi
 from ._builder import Builder
-from ._errors import Unsupported
+from ._errors import Error as PmlaError, Unsupported
 
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "MLAMetadata"]
 
 _POOL_PER_KEY = 4
 _DS_MLA_BYTES = 656
+_MAX_REQUESTS = 65536  # init_builder's max_batch (pmla.h)
 _pool = {}
 # re-entrant: a metadata object's finaliser gives builders back, and the
 # cycle collector may run it inside a locked region on the same thread
@@ -147,6 +148,9 @@ class MLAMetadata(_Opaque):
         self._plan = None  # (builder, mode, inputs..., derived tensors)
         self._qo = {}
         self.num_splits = _NumSplits(self)
+        # held by each flash_mla_with_kvcache call: the object's builders and
+        # plan serve one thread at a time
+        self._busy = threading.Lock()
 
     def _builder(self, key):
         b = self._builders.get(key)
@@ -192,8 +196,13 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
     return meta, meta.num_splits
 
 
-def _next_pow2(n):
-    return 1 << max(0, (int(n) - 1).bit_length())
+def _capacity(n, what):
+    """The builder's max_batch for a step of n pmla requests: the next power
+    of two (so nearby sizes share pooled builders), at most what
+    init_builder accepts."""
+    if n > _MAX_REQUESTS:
+        raise _not_served("%s = %d requests in one call (at most %d)" % (what, n, _MAX_REQUESTS))
+    return min(1 << max(0, (int(n) - 1).bit_length()), _MAX_REQUESTS)
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
@@ -224,6 +233,22 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     if not isinstance(meta, MLAMetadata):
         raise TypeError("pmla.flash_mla: tile_scheduler_metadata must come from "
                         "pmla.flash_mla.get_mla_metadata (got %s)" % type(meta).__name__)
+    if not meta._busy.acquire(False):
+        raise RuntimeError("pmla.flash_mla: this tile_scheduler_metadata is in use by another "
+                           "thread; pmla's metadata holds builders that serve one thread at a "
+                           "time: make one with get_mla_metadata for each thread")
+    try:
+        return _with_kvcache(torch, q, k_cache, block_table, cache_seqlens, head_dim_v, meta,
+                             softmax_scale, causal, is_fp8_kvcache, indices, attn_sink,
+                             extra_k_cache, extra_indices_in_kvcache, topk_length,
+                             extra_topk_length)
+    finally:
+        meta._busy.release()
+
+
+def _with_kvcache(torch, q, k_cache, block_table, cache_seqlens, head_dim_v, meta,
+                  softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+                  extra_indices_in_kvcache, topk_length, extra_topk_length):
     if extra_k_cache is not None or extra_indices_in_kvcache is not None or \
             extra_topk_length is not None:
         raise _not_served("a second KV cache (extra_k_cache, extra_indices_in_kvcache, "
@@ -285,6 +310,12 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     else:
         backend, device = "pmla-cpu", 0
     tokens = b * s_q
+    if block_table is not None and (block_table.dim() != 2 or int(block_table.shape[0]) != b):
+        raise ValueError("pmla.flash_mla: block_table has shape %s; expected [%d, max_blocks] "
+                         "(q's batch)" % (tuple(block_table.shape), b))
+    if cache_seqlens is not None and tuple(cache_seqlens.shape) != (b,):
+        raise ValueError("pmla.flash_mla: cache_seqlens has shape %s; expected [%d] (q's "
+                         "batch)" % (tuple(cache_seqlens.shape), b))
 
     if indices is not None:
         mode = "sparse"
@@ -292,19 +323,24 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
             raise ValueError("pmla.flash_mla: indices has shape %s; expected [%d, %d, topk]"
                              % (tuple(indices.shape), b, s_q))
         topk = int(indices.shape[2])
+        if topk < 1:
+            raise ValueError("pmla.flash_mla: indices has shape %s; expected [%d, %d, topk] "
+                             "with topk >= 1" % (tuple(indices.shape), b, s_q))
         if meta.topk is not None and meta.topk != topk:
             raise ValueError("pmla.flash_mla: indices has topk %d; the metadata was made for "
                              "topk=%d" % (topk, meta.topk))
-        key = (backend, device, h_q, page, 1, topk, scale, _next_pow2(tokens), kv_dtype)
+        key = (backend, device, h_q, page, 1, topk, scale, _capacity(tokens, "b * s_q"),
+               kv_dtype)
     elif causal and s_q > 1:
         mode = "causal"
         if s_q > 8:
             raise _not_served("causal decode with s_q = %d (at most 8 query tokens per "
                               "request)" % s_q)
-        key = (backend, device, h_q, page, s_q, 0, scale, _next_pow2(b), kv_dtype)
+        key = (backend, device, h_q, page, s_q, 0, scale, _capacity(b, "b"), kv_dtype)
     else:
         mode = "flat"  # every query row sees the whole cache: one request per row
-        key = (backend, device, h_q, page, 1, 0, scale, _next_pow2(tokens), kv_dtype)
+        key = (backend, device, h_q, page, 1, 0, scale,
+               _capacity(tokens, "b" if s_q == 1 else "b * s_q (causal=False)"), kv_dtype)
     builder = meta._builder(key)
 
     # FlashMLA reads block_table and indices on every call (DeepSeek V3.2
@@ -393,7 +429,9 @@ def _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, 
             max_seq_len = int(cache_seqlens.max())
         else:  # an upper bound without a device sync (it only sets the split cap)
             max_seq_len = int(k_cache.shape[0]) * page
-        builder.plan_sparse(topk, max_seq_len)
+        with _rows_named("topk_indices[t] is indices[t // %d][t %% %d]" % (s_q, s_q),
+                         s_q > 1):
+            builder.plan_sparse(topk, max_seq_len)
         return copies
     if block_table is None or cache_seqlens is None:
         raise ValueError("pmla.flash_mla: dense decode needs block_table and cache_seqlens "
@@ -413,5 +451,25 @@ def _plan(meta, builder, mode, q, k_cache, block_table, cache_seqlens, indices, 
     if s_q > 1:
         block_table = _derived(lambda t: t.repeat_interleave(s_q, dim=0), block_table, copies)
         cache_seqlens = _derived(lambda t: t.repeat_interleave(s_q), cache_seqlens, copies)
-    builder.plan(qo, block_table=block_table, kv_lens=cache_seqlens)
+    with _rows_named("with causal=False each query row is a request of its own: kv_lens[i] "
+                     "and block_table[i] are cache_seqlens[i // %d] and block_table[i // %d]"
+                     % (s_q, s_q), s_q > 1):
+        builder.plan(qo, block_table=block_table, kv_lens=cache_seqlens)
     return copies
+
+
+class _rows_named:
+    """Appends to a pmla error raised inside how its indices map to the
+    caller's (a step planned over rows derived from FlashMLA's arguments)."""
+
+    def __init__(self, mapping, when):
+        self.mapping, self.when = mapping, when
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if self.when and isinstance(err, PmlaError) and err.message:
+            err.message += " (pmla.flash_mla: %s)" % self.mapping
+            err.args = (err.message,)
+        return False

@@ -5,6 +5,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 import unittest
 import weakref
 
@@ -95,6 +96,11 @@ class TestInitErrors(unittest.TestCase):
         with self.assertRaises(pmla.InvalidArgument) as cm:
             cpu(softmax_scale=-1.0)
         self.assertIn("softmax_scale", str(cm.exception))
+        # the config holds a float32: a value it cannot hold is named as given
+        for scale, shown in ((1e39, "1e+39"), (1e-50, "1e-50")):
+            with self.assertRaises(pmla.InvalidArgument) as cm:
+                cpu(softmax_scale=scale)
+            self.assertIn("softmax_scale = %s" % shown, cm.exception.message)
 
     def test_python_side_values(self):
         for kw in ({"max_batch": -1}, {"page_size": 2 ** 32}, {"topk": 1.5},
@@ -121,6 +127,12 @@ class TestStepErrors(unittest.TestCase):
             b.run([0], [0], out=[0], return_lse=False)  # the plugin refuses before reading tensors
         self.assertIn("no step was built", cm.exception.message)
         self.assertEqual(cm.exception.message, b._be.error_message(b._h))  # last_error
+
+    def test_max_seq_len_out_of_range(self):
+        b = cpu(topk=4)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            b.plan_sparse([[0, 1, 2, 3]], 2 ** 63)
+        self.assertIn("accepted: an int in 0..2^63-1", cm.exception.message)
 
     def test_sparse_on_dense_builder(self):
         b = cpu()
@@ -509,6 +521,77 @@ class TestExporters(unittest.TestCase):
         q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
         out, lse = b.run(q, torch.zeros(1, 16, 576, dtype=torch.bfloat16))
         self.assertTrue(torch.isneginf(lse).all())
+
+
+class TestThreads(unittest.TestCase):
+    """One builder is used by one thread at a time (pmla.h): a call from a
+    second thread while one is inside is refused, not run beside it."""
+
+    @need_numpy
+    def test_a_builder_in_use_refuses_other_threads(self):
+        b, q, kv = planned_step(3)
+        entered, release = threading.Event(), threading.Event()
+
+        class Gate:
+            """q through DLPack, once the test lets it go: holds its caller
+            inside run()"""
+
+            def __dlpack__(self, *args, **kw):
+                entered.set()
+                release.wait(30)
+                return q.__dlpack__(*args, **kw)
+
+        got = {}
+        out, lse = np.empty((1, 16, 512), np.uint16), np.empty((1, 16), np.float32)
+
+        def first():
+            try:
+                got["out"] = b.run(Gate(), kv, out, lse)
+            except BaseException as e:  # reported below
+                got["error"] = e
+
+        t = threading.Thread(target=first, daemon=True)
+        t.start()
+        try:
+            self.assertTrue(entered.wait(30))
+            for call, fn in (("run", lambda: b.run(q, kv)),
+                             ("plan", lambda: b.plan([0, 1], block_table=[[0]], kv_lens=[9])),
+                             ("info", lambda: b.info), ("close", b.close)):
+                with self.assertRaises(pmla.BadState, msg=call) as cm:
+                    fn()
+                self.assertIn("%s: the builder is in use by another thread" % call,
+                              cm.exception.message)
+        finally:
+            release.set()
+            t.join(60)
+        self.assertFalse(t.is_alive())
+        self.assertNotIn("error", got)
+        again, again_lse = b.run(q, kv)  # the builder is whole, and free again
+        np.testing.assert_array_equal(again, out)
+        np.testing.assert_array_equal(again_lse, lse)
+        b.close()
+
+    def test_a_builder_finalised_while_another_is_destroyed(self):
+        # the cycle collector may finalise a builder (its close()) while this
+        # thread destroys another inside the registry's lock: that close()
+        # must not wait for the lock its own thread holds
+        p = pmla.load()
+        b1, b2 = (pmla.Builder(16, backend="pmla-cpu", max_batch=2, plugin=p) for _ in "ab")
+        reg = b2._be.registry
+        destroy = reg._live[b2._h]
+
+        def destroy_while_b1_is_finalised(handle):
+            b1.close()  # what b1.__del__ does when the collector runs here
+            destroy(handle)
+
+        reg._live[b2._h] = destroy_while_b1_is_finalised
+        t = threading.Thread(target=b2.close, daemon=True)
+        t.start()
+        t.join(30)
+        self.assertFalse(t.is_alive(), "b2.close() waited for the registry's lock forever")
+        self.assertEqual((b1._h, b2._h), (None, None))
+        self.assertEqual(reg._live, {})
+        p.close()
 
 
 class TestLifetimes(unittest.TestCase):

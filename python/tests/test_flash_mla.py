@@ -3,6 +3,7 @@
 reference of FlashMLA's semantics: out [b, s_q, h, 512], lse [b, h, s_q],
 causal rows for s_q > 1, out 0 and lse +inf for a row with nothing to attend."""
 import gc
+import threading
 import unittest
 
 from _support import (D, DV, assert_close, bits_f64, need_torch, np, pmla, rand_bits,
@@ -300,6 +301,78 @@ class TestFlashMLA(unittest.TestCase):
         with fm._pool_lock:
             gc.collect()
         fm.clear_pool()
+
+    def test_a_metadata_object_serves_one_thread_at_a_time(self):
+        # its builders take one thread at a time: a second thread's call
+        # while the first is inside one is refused, not run over the same
+        # builders (which hung pmla-cpu's workers)
+        c = Case(14, [9, 30], 1)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        entered, release = threading.Event(), threading.Event()
+
+        class Gated(torch.Tensor):
+            """A block table whose data_ptr() waits: holds its caller
+            inside flash_mla_with_kvcache"""
+            __torch_function__ = torch._C._disabled_torch_function_impl
+
+            def data_ptr(self):
+                entered.set()
+                release.wait(30)
+                return super().data_ptr()
+
+        gated = torch.Tensor._make_subclass(Gated, c.block_table)
+        got = {}
+
+        def first():
+            try:
+                got["out"] = fm.flash_mla_with_kvcache(c.q, c.k_cache, gated, c.cache_seqlens,
+                                                       512, meta, splits)
+            except BaseException as e:  # reported below
+                got["error"] = e
+
+        t = threading.Thread(target=first, daemon=True)
+        t.start()
+        try:
+            self.assertTrue(entered.wait(30))
+            with self.assertRaisesRegex(RuntimeError, "in use by another thread"):
+                fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512,
+                                          meta, splits)
+        finally:
+            release.set()
+            t.join(60)
+        self.assertFalse(t.is_alive())
+        self.assertNotIn("error", got)
+        self.check(c, *got["out"], False, what="the first thread's call")
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512,
+                                             meta, splits)
+        self.check(c, out, lse, False, what="the next call")
+
+    def test_arguments_are_named_as_flash_mla_names_them(self):
+        # pmla plans over rows derived from FlashMLA's arguments; its
+        # refusals name the caller's arguments, or say how rows map to them
+        c = Case(15, [9, 20, 5, 30], 2)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.s_q * c.h, 1)
+        call = lambda bt=c.block_table, seq=c.cache_seqlens: fm.flash_mla_with_kvcache(
+            c.q, c.k_cache, bt, seq, 512, meta, splits)
+        with self.assertRaisesRegex(ValueError, r"cache_seqlens has shape \(3,\); expected \[4\]"):
+            call(seq=c.cache_seqlens[:3])
+        with self.assertRaisesRegex(ValueError, r"block_table has shape \(3, 2\); expected \[4, "):
+            call(bt=c.block_table[:3])
+        long = c.cache_seqlens.clone()
+        long[1] = 300  # past the block table's two pages
+        with self.assertRaisesRegex(pmla.InvalidArgument,
+                                    r"kv_lens\[2\].*cache_seqlens\[i // 2\]"):
+            call(seq=long)
+        empty = torch.zeros(c.b, c.s_q, 0, dtype=torch.int32)
+        with self.assertRaisesRegex(ValueError, "topk >= 1"):
+            fm.flash_mla_with_kvcache(c.q, c.k_cache, None, None, 512, meta, splits,
+                                      indices=empty)
+        # more query rows than one builder serves: said in FlashMLA's terms
+        q = torch.zeros(1, 1, 1, D, dtype=torch.bfloat16).expand(8193, 8, 1, D)
+        bt = torch.zeros(1, 1, dtype=torch.int32).expand(8193, 1)
+        seq = torch.ones(8193, dtype=torch.int32)
+        with self.assertRaisesRegex(NotImplementedError, r"b \* s_q .* = 65544 requests"):
+            fm.flash_mla_with_kvcache(q, c.k_cache, bt, seq, 512, meta, splits)
 
     def test_metadata_without_arguments(self):
         # FlashMLA's newest form: get_mla_metadata() and plan on first use

@@ -72,6 +72,27 @@ class TestLoad(unittest.TestCase):
         self.assertEqual(p.search_path, os.path.join(build, "plugin", ".libs"))
         self.assertIn("pmla-cpu", p.backend_names)
 
+    def test_a_backend_whose_text_is_not_utf8(self):
+        # names and descriptions are a plugin's bytes: text that is not
+        # UTF-8 is shown with replacement characters and breaks no listing,
+        # lookup or version check of the other backends
+        reg = pmla.load().registry_path  # <build>/abi/.libs/libpmla-registry.so.0
+        build = os.path.dirname(os.path.dirname(os.path.dirname(reg)))
+        mock = os.path.join(build, "tests", ".libs", "mock_odd_backends.so")
+        if not os.path.exists(mock):
+            self.skipTest("%s is built by make check" % mock)
+        cpu = [b for b in pmla.load().backends if b.name == "pmla-cpu"][0]
+        with tempfile.TemporaryDirectory() as d, environ(PMLA_PLUGIN_PATH=None):
+            shutil.copy(mock, d)
+            p = pmla.load(d + os.pathsep + os.path.dirname(cpu.path))
+            odd = [b for b in p.backends if b.name == "mock-odd"]
+            self.assertEqual([b.description for b in odd], ["odd: Ger\ufffdte (Latin-1)"])
+            with self.assertRaises(pmla.InvalidArgument) as cm:
+                pmla.Builder(16, backend="pmla-cpuu", plugin=p)
+            self.assertIn("mock-odd", cm.exception.message)
+            pmla.Builder(4, backend="pmla-cpu", plugin=p, kv_dtype="fp8_e4m3").close()
+            p.close()
+
     def test_close_closes_builders(self):
         p = pmla.load()
         b = pmla.Builder(16, backend="pmla-cpu", max_batch=2, plugin=p)
