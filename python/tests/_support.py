@@ -4,6 +4,7 @@ float64 reference of MLA decode written here (it shares no code with pmla)."""
 import contextlib
 import os
 import sys
+import threading
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,6 +45,35 @@ def environ(**values):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def another_thread_inside(fn, entered, release):
+    """Runs fn() on a thread of its own, which sets `entered` once inside
+    the call under test and waits there for `release`; the block runs
+    while it is held, then the thread is let go and joined. Yields a dict
+    that ends up holding fn's "result" (its exception is raised here)."""
+    got = {}
+
+    def body():
+        try:
+            got["result"] = fn()
+        except BaseException as e:  # raised below, on the test's thread
+            got["error"] = e
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    try:
+        if not entered.wait(30):
+            raise AssertionError("the other thread never got inside the call")
+        yield got
+    finally:
+        release.set()
+        t.join(60)
+    if t.is_alive():
+        raise AssertionError("the other thread's call did not end")
+    if "error" in got:
+        raise got["error"]
 
 
 def cuda_available():

@@ -6,8 +6,8 @@ import gc
 import threading
 import unittest
 
-from _support import (D, DV, assert_close, bits_f64, need_torch, np, pmla, rand_bits,
-                      ref_decode, torch, torch_bf16, torch_f64, visible)
+from _support import (D, DV, another_thread_inside, assert_close, bits_f64, need_torch, np,
+                      pmla, rand_bits, ref_decode, torch, torch_bf16, torch_f64, visible)
 
 fm = pmla.flash_mla
 
@@ -321,28 +321,13 @@ class TestFlashMLA(unittest.TestCase):
                 return super().data_ptr()
 
         gated = torch.Tensor._make_subclass(Gated, c.block_table)
-        got = {}
-
-        def first():
-            try:
-                got["out"] = fm.flash_mla_with_kvcache(c.q, c.k_cache, gated, c.cache_seqlens,
-                                                       512, meta, splits)
-            except BaseException as e:  # reported below
-                got["error"] = e
-
-        t = threading.Thread(target=first, daemon=True)
-        t.start()
-        try:
-            self.assertTrue(entered.wait(30))
+        first = lambda: fm.flash_mla_with_kvcache(c.q, c.k_cache, gated, c.cache_seqlens, 512,
+                                                  meta, splits)
+        with another_thread_inside(first, entered, release) as got:
             with self.assertRaisesRegex(RuntimeError, "in use by another thread"):
                 fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512,
                                           meta, splits)
-        finally:
-            release.set()
-            t.join(60)
-        self.assertFalse(t.is_alive())
-        self.assertNotIn("error", got)
-        self.check(c, *got["out"], False, what="the first thread's call")
+        self.check(c, *got["result"], False, what="the first thread's call")
         out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512,
                                              meta, splits)
         self.check(c, out, lse, False, what="the next call")
