@@ -36,7 +36,11 @@
  * Threading
  *   Builders are independent: many may live in one process and be used from
  *   many threads at once. One builder is used by one thread at a time (the
- *   host serialises calls on it). Besides builders, the plugin keeps the
+ *   host serialises calls on it, and orders on its streams the work they
+ *   queue): a call made while another thread is inside a call on the same
+ *   builder is refused with PMLA_ERR_BAD_STATE, its message given by
+ *   last_error(builder) on the refused thread (destroy_builder then leaves
+ *   the builder as it is). Besides builders, the plugin keeps the
  *   list of its live builders (one lock, held for a lookup by every call)
  *   and process-wide caches that every thread may fill and that never
  *   change results: the GPU backend's per-device opt-in of each kernel's shared

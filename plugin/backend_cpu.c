@@ -319,12 +319,10 @@ static void reduce_unit(void *arg, uint32_t unit) {
                   meta[PMLA_META_NUM_REDUCE]);
 }
 
-static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
+static pmla_status decode_taken(pmla_builder *b, const pmla_decode_args *args) {
   pmla_decode_args a;
   int64_t num_slots;
   pmla_status st;
-  if ((st = pmla_builder_check(b, &pmla_cpu_backend, "decode")))
-    return st;
   pmla_clear_error(b);
   if ((st = pmla_check_decode_args(b, args, kDLCPU, &a, &num_slots)) ||
       (st = pmla_check_no_overlap(b, &a)) ||
@@ -365,26 +363,38 @@ static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   return PMLA_OK;
 }
 
-static pmla_status cpu_query(const pmla_builder *b, pmla_builder_info *info) {
-  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "query_builder");
-  return st ? st : pmla_query_builder(b, info);
+static pmla_status cpu_decode(pmla_builder *b, const pmla_decode_args *args) {
+  pmla_status st = pmla_builder_enter(b, &pmla_cpu_backend, "decode");
+  return st ? st : pmla_builder_leave(b, decode_taken(b, args));
 }
 
-static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
-  pmla_status st = pmla_builder_check(b, &pmla_cpu_backend, "check_device_error");
-  if (st)
-    return st;
+static pmla_status cpu_query(const pmla_builder *b, pmla_builder_info *info) {
+  pmla_status st = pmla_builder_enter(b, &pmla_cpu_backend, "query_builder");
+  return st ? st : pmla_builder_leave(b, pmla_query_builder(b, info));
+}
+
+static pmla_status device_error_taken(pmla_builder *b, uint32_t *flags) {
   int32_t *meta = b->buf[PMLA_BUF_WORK_META_DATA];
   uint32_t bits = (uint32_t)meta[PMLA_META_ERROR];
   meta[PMLA_META_ERROR] = 0;
   return pmla_device_error_status(b, bits, flags);
 }
 
-static pmla_status cpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
-  pmla_status st = pmla_check_copy_args(b, &pmla_cpu_backend, which, dst, bytes);
+static pmla_status cpu_check_device_error(pmla_builder *b, uint32_t *flags) {
+  pmla_status st = pmla_builder_enter(b, &pmla_cpu_backend, "check_device_error");
+  return st ? st : pmla_builder_leave(b, device_error_taken(b, flags));
+}
+
+static pmla_status copy_taken(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
+  pmla_status st = pmla_check_copy_args(b, which, dst, bytes);
   if (st == PMLA_OK)
     memcpy(dst, b->buf[which], (size_t)bytes);
   return st;
+}
+
+static pmla_status cpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
+  pmla_status st = pmla_builder_enter(b, &pmla_cpu_backend, "copy_buffer");
+  return st ? st : pmla_builder_leave(b, copy_taken(b, which, dst, bytes));
 }
 
 const pmla_backend pmla_cpu_backend = {

@@ -241,12 +241,10 @@ static pmla_status gpu_build_sparse(pmla_builder *b, const pmla_sparse_batch *ba
   return pmla_build_sparse(b, batch, &pmla_gpu_backend, GPU_DLPACK_DEVICE, gpu_plan);
 }
 
-static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
+static pmla_status decode_taken(pmla_builder *b, const pmla_decode_args *args) {
   pmla_decode_args a;
   int64_t num_slots;
   pmla_status st;
-  if ((st = pmla_builder_check(b, &pmla_gpu_backend, "decode")))
-    return st;
   pmla_clear_error(b);
   if ((st = pmla_check_decode_args(b, args, GPU_DLPACK_DEVICE, &a, &num_slots)))
     return st;
@@ -297,15 +295,17 @@ static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
   return rc ? runtime_fail(b, "decode", rc) : PMLA_OK;
 }
 
-static pmla_status gpu_query(const pmla_builder *b, pmla_builder_info *info) {
-  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "query_builder");
-  return st ? st : pmla_query_builder(b, info);
+static pmla_status gpu_decode(pmla_builder *b, const pmla_decode_args *args) {
+  pmla_status st = pmla_builder_enter(b, &pmla_gpu_backend, "decode");
+  return st ? st : pmla_builder_leave(b, decode_taken(b, args));
 }
 
-static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
-  pmla_status st = pmla_builder_check(b, &pmla_gpu_backend, "check_device_error");
-  if (st)
-    return st;
+static pmla_status gpu_query(const pmla_builder *b, pmla_builder_info *info) {
+  pmla_status st = pmla_builder_enter(b, &pmla_gpu_backend, "query_builder");
+  return st ? st : pmla_builder_leave(b, pmla_query_builder(b, info));
+}
+
+static pmla_status device_error_taken(pmla_builder *b, uint32_t *flags) {
   int32_t meta[PMLA_META_WORDS];
   device_scope d = enter_device(b->cfg.device);
   if (!d.ok)
@@ -327,8 +327,13 @@ static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
   return pmla_device_error_status(b, (uint32_t)meta[PMLA_META_ERROR], flags);
 }
 
-static pmla_status gpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
-  pmla_status st = pmla_check_copy_args(b, &pmla_gpu_backend, which, dst, bytes);
+static pmla_status gpu_check_device_error(pmla_builder *b, uint32_t *flags) {
+  pmla_status st = pmla_builder_enter(b, &pmla_gpu_backend, "check_device_error");
+  return st ? st : pmla_builder_leave(b, device_error_taken(b, flags));
+}
+
+static pmla_status copy_taken(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
+  pmla_status st = pmla_check_copy_args(b, which, dst, bytes);
   if (st != PMLA_OK)
     return st;
   device_scope d = enter_device(b->cfg.device);
@@ -341,6 +346,11 @@ static pmla_status gpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst
     gpuGetLastError();
   leave_device(d);
   return e == GPU_SUCCESS ? PMLA_OK : runtime_fail(b, "copy_buffer", (int)e);
+}
+
+static pmla_status gpu_copy_buffer(pmla_builder *b, pmla_buffer which, void *dst, uint64_t bytes) {
+  pmla_status st = pmla_builder_enter(b, &pmla_gpu_backend, "copy_buffer");
+  return st ? st : pmla_builder_leave(b, copy_taken(b, which, dst, bytes));
 }
 
 const pmla_backend pmla_gpu_backend = {

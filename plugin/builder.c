@@ -52,6 +52,10 @@ pmla_status pmla_fail(pmla_builder *b, pmla_status status, const char *fmt, ...)
 
 void pmla_clear_error(pmla_builder *b) { (b ? b->error : init_error)[0] = '\0'; }
 
+/* the builder whose call this thread found another thread inside: its
+ * refusal is in init_error, which last_error(b) returns on this thread */
+static _Thread_local const pmla_builder *refused_in_call;
+
 /* The live builders: few per process, so a list under one lock; every
  * entry point looks its builder up before reading through it. */
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -82,6 +86,8 @@ int pmla_builder_adopt(pmla_builder *b) {
   if (ok)
     live[live_count++] = b;
   pthread_mutex_unlock(&live_lock);
+  if (ok && refused_in_call == b) /* a new builder where a refused one was */
+    refused_in_call = NULL;
   return ok;
 }
 
@@ -111,12 +117,45 @@ pmla_status pmla_builder_check(const pmla_builder *b, const pmla_backend *be, co
   return PMLA_OK;
 }
 
+static pmla_status in_call_refusal(const pmla_builder *b, const char *what, const char *left) {
+  refused_in_call = b;
+  return pmla_fail(NULL, PMLA_ERR_BAD_STATE,
+                   "%s: another thread is inside a call on this builder%s; accepted: one "
+                   "thread at a time on a builder (the host serialises its calls)",
+                   what, left);
+}
+
+pmla_status pmla_builder_enter(const pmla_builder *b, const pmla_backend *be, const char *what) {
+  pmla_status st = pmla_builder_check(b, be, what);
+  if (st)
+    return st;
+  pthread_mutex_lock(&live_lock);
+  const int live_now = live_find(b) < live_count, busy = live_now && b->in_call;
+  if (live_now && !busy)
+    ((pmla_builder *)b)->in_call = 1;
+  pthread_mutex_unlock(&live_lock);
+  if (!live_now) /* destroyed since the check */
+    return pmla_builder_check(b, be, what);
+  if (busy)
+    return in_call_refusal(b, what, "");
+  if (refused_in_call == b)
+    refused_in_call = NULL;
+  return PMLA_OK;
+}
+
+pmla_status pmla_builder_leave(const pmla_builder *b, pmla_status st) {
+  pthread_mutex_lock(&live_lock);
+  ((pmla_builder *)b)->in_call = 0;
+  pthread_mutex_unlock(&live_lock);
+  return st;
+}
+
 int pmla_builder_forget(pmla_builder *b, const pmla_backend *be) {
   if (pmla_builder_check(b, be, "destroy_builder"))
     return 0;
   pthread_mutex_lock(&live_lock);
   const size_t i = live_find(b);
-  const int found = i < live_count;
+  const int busy = i < live_count && b->in_call, found = i < live_count && !busy;
   if (found)
     live[i] = live[--live_count];
   if (live_count == 0) { /* the list leaves with the last builder: the
@@ -126,10 +165,14 @@ int pmla_builder_forget(pmla_builder *b, const pmla_backend *be) {
     live_room = 0;
   }
   pthread_mutex_unlock(&live_lock);
+  if (busy) /* freeing it would pull it from under that call: left as it is */
+    in_call_refusal(b, "destroy_builder", " (it was not destroyed)");
   return found;
 }
 
 const char *pmla_builder_last_error(const pmla_builder *b) {
+  if (b && b == refused_in_call)
+    return init_error;
   return b && live_backend(b) ? b->error : init_error;
 }
 
@@ -813,12 +856,10 @@ pmla_status pmla_check_decode_args(pmla_builder *b, const pmla_decode_args *args
   return PMLA_OK;
 }
 
-pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch,
-                             const pmla_backend *be, int device_type, pmla_plan_fn plan) {
+static pmla_status build_dense(pmla_builder *b, const pmla_decode_batch *batch, int device_type,
+                               pmla_plan_fn plan) {
   pmla_decode_batch copy;
   pmla_status st;
-  if ((st = pmla_builder_check(b, be, "build_decode")))
-    return st;
   pmla_clear_error(b);
   b->step.kind = PLAN_NONE;
   if ((st = pmla_check_decode_batch(b, batch, device_type, &copy)) ||
@@ -829,12 +870,16 @@ pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch,
   return PMLA_OK;
 }
 
-pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch,
-                              const pmla_backend *be, int device_type, pmla_plan_fn plan) {
+pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch,
+                             const pmla_backend *be, int device_type, pmla_plan_fn plan) {
+  pmla_status st = pmla_builder_enter(b, be, "build_decode");
+  return st ? st : pmla_builder_leave(b, build_dense(b, batch, device_type, plan));
+}
+
+static pmla_status build_sparse(pmla_builder *b, const pmla_sparse_batch *batch,
+                                int device_type, pmla_plan_fn plan) {
   pmla_sparse_batch copy;
   pmla_status st;
-  if ((st = pmla_builder_check(b, be, "build_sparse")))
-    return st;
   pmla_clear_error(b);
   b->step.kind = PLAN_NONE;
   if ((st = pmla_check_sparse_batch(b, batch, device_type, &copy)))
@@ -851,11 +896,14 @@ pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch,
   return PMLA_OK;
 }
 
-pmla_status pmla_check_copy_args(pmla_builder *b, const pmla_backend *be, pmla_buffer which,
-                                 const void *dst, uint64_t bytes) {
-  pmla_status st = pmla_builder_check(b, be, "copy_buffer");
-  if (st)
-    return st;
+pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch,
+                              const pmla_backend *be, int device_type, pmla_plan_fn plan) {
+  pmla_status st = pmla_builder_enter(b, be, "build_sparse");
+  return st ? st : pmla_builder_leave(b, build_sparse(b, batch, device_type, plan));
+}
+
+pmla_status pmla_check_copy_args(pmla_builder *b, pmla_buffer which, const void *dst,
+                                 uint64_t bytes) {
   pmla_clear_error(b);
   if ((unsigned)which >= PMLA_BUF_COUNT)
     return pmla_fail(b, PMLA_ERR_INVALID_ARGUMENT, "copy_buffer: which = %d; accepted: 0..%d",

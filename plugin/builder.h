@@ -50,6 +50,7 @@ struct pmla_builder {
   pmla_step step;
   void *impl;                /* backend-private state */
   char error[PMLA_ERROR_SIZE];
+  int in_call;               /* a thread is inside a call on it (under the live list's lock) */
 };
 
 /* Formats the builder's message (NULL builder: this thread's init message)
@@ -66,8 +67,8 @@ const char *pmla_builder_last_error(const pmla_builder *b);
  * one (destroyed, never made by init_builder, or made by another backend)
  * is refused without reading through it. pmla_builder_adopt enters a
  * finished builder (0: out of memory, nothing entered); pmla_builder_forget
- * removes b if it is live and of backend `be` (1) and otherwise leaves it
- * and says why on this thread (0). */
+ * removes b if it is live, of backend `be` and no thread is inside a call
+ * on it (1), and otherwise leaves it and says why on this thread (0). */
 int pmla_builder_adopt(pmla_builder *b);
 int pmla_builder_forget(pmla_builder *b, const pmla_backend *be);
 /* PMLA_OK when b is live and, unless `be` is NULL, made by `be`; else the
@@ -75,6 +76,15 @@ int pmla_builder_forget(pmla_builder *b, const pmla_backend *be);
  * another backend's builder is that builder's message, the others this
  * thread's. */
 pmla_status pmla_builder_check(const pmla_builder *b, const pmla_backend *be, const char *what);
+
+/* Takes b for one call, `what`: pmla_builder_check's refusals, and
+ * BAD_STATE while another thread is inside a call on b (pmla.h: one thread
+ * at a time; overlapping calls would race on the step, and hang pmla-cpu's
+ * workers). That refusal's message is the calling thread's: last_error(b)
+ * on that thread returns it until its next call on b is taken. Every call
+ * taken is given back by pmla_builder_leave, which returns `st`. */
+pmla_status pmla_builder_enter(const pmla_builder *b, const pmla_backend *be, const char *what);
+pmla_status pmla_builder_leave(const pmla_builder *b, pmla_status st);
 
 /* init_builder's common checks: `builder` (the out pointer) and every
  * config field (the message names field, value and what is accepted);
@@ -138,8 +148,8 @@ pmla_status pmla_check_no_overlap(pmla_builder *b, const pmla_decode_args *args)
  * given split cap (0: uncapped), on `stream`; `what` names the ABI call. */
 typedef pmla_status (*pmla_plan_fn)(pmla_builder *b, int32_t cap, void *stream, const char *what);
 
-/* build_decode / build_sparse for every backend: look the builder up as
- * backend be's (pmla_builder_check), check the batch against device_type,
+/* build_decode / build_sparse for every backend: take the builder as
+ * backend be's (pmla_builder_enter), check the batch against device_type,
  * remember the step, choose the split cap, let the backend plan it. A step
  * counts as built only when all of that succeeded. */
 pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch,
@@ -147,9 +157,9 @@ pmla_status pmla_build_dense(pmla_builder *b, const pmla_decode_batch *batch,
 pmla_status pmla_build_sparse(pmla_builder *b, const pmla_sparse_batch *batch,
                               const pmla_backend *be, int device_type, pmla_plan_fn plan);
 
-/* copy_buffer's argument checks for both backends, the builder looked up as
- * backend be's (pmla_builder_check) first. */
-pmla_status pmla_check_copy_args(pmla_builder *b, const pmla_backend *be, pmla_buffer which,
+/* copy_buffer's argument checks for both backends, of a builder the
+ * caller has taken (pmla_builder_enter). */
+pmla_status pmla_check_copy_args(pmla_builder *b, pmla_buffer which,
                                  const void *dst, uint64_t bytes);
 
 /* check_device_error's answer for the error word `bits` the backend read

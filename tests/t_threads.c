@@ -5,6 +5,7 @@
  * kernels may run at the same time); run concurrently, every decode must
  * give bit-for-bit what the same builder gave when run alone. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,12 +165,98 @@ START_TEST(test_a_cpu_builder_decodes_in_a_forked_child) {
 }
 END_TEST
 
+/* One builder shared by two threads, which pmla.h leaves to the host to
+ * prevent: each thread's own out and lse, the step built and decoded until
+ * SHARED_SERVED calls were served (a refused call returns at once, so a
+ * thread may see many refusals while the other holds the builder). */
+#define SHARED_SERVED 1000
+#define SHARED_TRIES 10000000
+typedef struct sharer {
+  worker *w;
+  test_tensor out, lse;
+  int served, refused, other, mismatches;
+} sharer;
+
+static void *share_run(void *arg) {
+  sharer *s = arg;
+  pmla_decode_args a = s->w->args;
+  a.out = &s->out.t;
+  a.lse = &s->lse.t;
+  for (int r = 0; r < SHARED_TRIES && s->served < SHARED_SERVED; r++) {
+    pmla_status st = g_be->build_sparse(s->w->b, &s->w->sb);
+    if (st == PMLA_OK)
+      st = g_be->decode(s->w->b, &a);
+    if (st == PMLA_OK) {
+      s->served++;
+      /* plain copies: no Check calls off the main thread */
+      if (memcmp(s->out.t.data, s->w->expect, s->w->n_out * 2) != 0)
+        s->mismatches++;
+    } else if (st == PMLA_ERR_BAD_STATE &&
+               strstr(g_be->last_error(s->w->b), "another thread is inside a call")) {
+      s->refused++;
+      sched_yield(); /* let the other thread's call end */
+    } else {
+      s->other++;
+    }
+  }
+  return NULL;
+}
+
+/* in a child (made there, the builder's worker threads are the child's):
+ * 1 + the calls refused when every call was served with the bits of the
+ * builder alone or refused as overlapping another, else 0 */
+static int32_t share_one_builder(void *unused) {
+  (void)unused;
+  worker w;
+  worker_setup(&w, 2); /* 3 units: 3 worker threads */
+  sharer s[2];
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    memset(&s[i], 0, sizeof s[i]);
+    s[i].w = &w;
+    tt_make3(&s[i].out, TT_BF16, NULL, TOKENS, w.heads, 512);
+    tt_make2(&s[i].lse, TT_F32, NULL, TOKENS, w.heads);
+  }
+  for (int i = 0; i < 2; i++)
+    if (pthread_create(&th[i], NULL, share_run, &s[i]) != 0)
+      return 0;
+  for (int i = 0; i < 2; i++)
+    pthread_join(th[i], NULL);
+  int32_t refused = 0, ok = 1;
+  for (int i = 0; i < 2; i++) {
+    refused += s[i].refused;
+    ok = ok && s[i].other == 0 && s[i].mismatches == 0 && s[i].served == SHARED_SERVED;
+    tt_free(&s[i].out);
+    tt_free(&s[i].lse);
+  }
+  worker_free(&w);
+  return ok ? 1 + refused : 0;
+}
+
+/* Calls that overlap on one builder are refused (PMLA_ERR_BAD_STATE, the
+ * message on the refused thread), never run beside each other: pmla-cpu's
+ * workers hung on two overlapping decodes. The child's alarm ends a hang. */
+START_TEST(test_overlapping_calls_on_one_builder_are_refused) {
+  REQUIRE_BACKEND();
+  if (strcmp(g_backend_name, "pmla-cpu") != 0) {
+    harness_print_skip(__func__, "GPU runtimes are not usable after fork");
+    return;
+  }
+  const int32_t r = harness_in_child(share_one_builder, NULL, "two threads on one builder");
+  ck_assert_msg(r >= 1, "a call on a shared builder was neither served with the bits of the "
+                        "builder alone nor refused as overlapping");
+  printf("  two threads on one builder: %d served, %d refused as overlapping\n",
+         2 * SHARED_SERVED, (int)r - 1);
+}
+END_TEST
+
 Suite *suite_threads(void) {
   Suite *s = suite_create("threads");
   TCase *tc = tcase_create("independent builders");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_builders_run_concurrently_on_threads);
   tcase_add_test(tc, test_a_cpu_builder_decodes_in_a_forked_child);
+  tcase_add_test(tc, test_overlapping_calls_on_one_builder_are_refused);
   suite_add_tcase(s, tc);
   return s;
 }
