@@ -169,7 +169,7 @@ END_TEST
  * prevent: each thread's own out and lse, the step built and decoded until
  * SHARED_SERVED calls were served (a refused call returns at once, so a
  * thread may see many refusals while the other holds the builder). */
-#define SHARED_SERVED 1000
+#define SHARED_SERVED 200
 #define SHARED_TRIES 10000000
 typedef struct sharer {
   worker *w;
