@@ -152,6 +152,14 @@ class MLAMetadata(_Opaque):
         # plan serve one thread at a time
         self._busy = threading.Lock()
 
+    def __copy__(self):
+        """The same step with builders of its own: two objects never share
+        a builder (each plans it for itself and gives it back when dropped)."""
+        return MLAMetadata(self.batch, self.num_q_tokens_per_head_k, self.num_heads_q, self.topk)
+
+    def __deepcopy__(self, memo):
+        return self.__copy__()
+
     def _builder(self, key):
         b = self._builders.get(key)
         if b is None:

@@ -2,6 +2,7 @@
 """pmla.flash_mla (FlashMLA's decode API) on pmla-cpu against a small
 reference of FlashMLA's semantics: out [b, s_q, h, 512], lse [b, h, s_q],
 causal rows for s_q > 1, out 0 and lse +inf for a row with nothing to attend."""
+import copy
 import gc
 import threading
 import unittest
@@ -331,6 +332,20 @@ class TestFlashMLA(unittest.TestCase):
         out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512,
                                              meta, splits)
         self.check(c, out, lse, False, what="the next call")
+
+    def test_a_copied_metadata_object_has_builders_of_its_own(self):
+        # a copy that shared the original's builders would run the step the
+        # other planned last, and give them back to the pool while in use
+        c = Case(16, [9, 30], 1)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512, meta,
+                                  splits)
+        for dup in (copy.copy(meta), copy.deepcopy(meta)):
+            out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens,
+                                                 512, dup, dup.num_splits)
+            self.check(c, out, lse, False, what="a copy")
+            shared = set(map(id, meta._builders.values())) & set(map(id, dup._builders.values()))
+            self.assertEqual(shared, set())
 
     def test_arguments_are_named_as_flash_mla_names_them(self):
         # pmla plans over rows derived from FlashMLA's arguments; its
