@@ -99,22 +99,27 @@ static const pmla_backend *live_backend(const pmla_builder *b) {
   return be;
 }
 
-pmla_status pmla_builder_check(const pmla_builder *b, const pmla_backend *be, const char *what) {
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "%s: builder is NULL", what);
-  const pmla_backend *made_by = live_backend(b);
+/* the refusal of call `what` on b, of backend be, where the live list gave
+ * b's backend as made_by (NULL: b is not live) */
+static pmla_status refusal(const pmla_builder *b, const pmla_backend *made_by,
+                           const pmla_backend *be, const char *what) {
   if (!made_by)
     return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
                      "%s: builder %p is not a live builder of this plugin (destroyed, or not "
                      "made by init_builder); accepted: a builder init_builder returned and "
                      "destroy_builder has not freed",
                      what, (const void *)b);
-  if (be && made_by != be)
-    return pmla_fail((pmla_builder *)b, PMLA_ERR_INVALID_ARGUMENT,
-                     "%s: the builder was made by backend %s; this is backend %s (accepted: the "
-                     "backend whose init_builder made it)",
-                     what, made_by->name, be->name);
-  return PMLA_OK;
+  return pmla_fail((pmla_builder *)b, PMLA_ERR_INVALID_ARGUMENT,
+                   "%s: the builder was made by backend %s; this is backend %s (accepted: the "
+                   "backend whose init_builder made it)",
+                   what, made_by->name, be->name);
+}
+
+pmla_status pmla_builder_check(const pmla_builder *b, const pmla_backend *be, const char *what) {
+  if (!b)
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "%s: builder is NULL", what);
+  const pmla_backend *made_by = live_backend(b);
+  return made_by && (!be || made_by == be) ? PMLA_OK : refusal(b, made_by, be, what);
 }
 
 static pmla_status in_call_refusal(const pmla_builder *b, const char *what, const char *left) {
@@ -125,17 +130,18 @@ static pmla_status in_call_refusal(const pmla_builder *b, const char *what, cons
                    what, left);
 }
 
+/* pmla_builder_check's lookup and the taking in one hold of the lock */
 pmla_status pmla_builder_enter(const pmla_builder *b, const pmla_backend *be, const char *what) {
-  pmla_status st = pmla_builder_check(b, be, what);
-  if (st)
-    return st;
+  if (!b)
+    return pmla_builder_check(b, be, what);
   pthread_mutex_lock(&live_lock);
-  const int live_now = live_find(b) < live_count, busy = live_now && b->in_call;
-  if (live_now && !busy)
+  const pmla_backend *made_by = live_find(b) < live_count ? b->backend : NULL;
+  const int ours = made_by && (!be || made_by == be), busy = ours && b->in_call;
+  if (ours && !busy)
     ((pmla_builder *)b)->in_call = 1;
   pthread_mutex_unlock(&live_lock);
-  if (!live_now) /* destroyed since the check */
-    return pmla_builder_check(b, be, what);
+  if (!ours)
+    return refusal(b, made_by, be, what);
   if (busy)
     return in_call_refusal(b, what, "");
   if (refused_in_call == b)
