@@ -270,6 +270,10 @@ static void exit_guard(void) {
 #undef tcase_create
 TCase *harness_tcase_create(const char *name) {
   TCase *tc = tcase_create(name);
+  /* Check's default of 4 s per test is below what a sanitizer build takes
+   * on a loaded machine (1024 worker threads of one init under ASan beside
+   * the other test programs: over 4 s); a test case may ask for more */
+  tcase_set_timeout(tc, 60);
   tcase_add_checked_fixture(tc, test_begins, test_ends);
   return tc;
 }

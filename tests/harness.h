@@ -49,7 +49,8 @@ void harness_print_skip(const char *test, const char *reason);
 
 /* Every test case is made through this: it adds a fixture that marks the
  * test in progress, so a process that exits in the middle of a test (a
- * plugin calling exit(0), which Check would count as a pass) fails. */
+ * plugin calling exit(0), which Check would count as a pass) fails, and
+ * gives each test 60 s (tcase_set_timeout after it may change that). */
 TCase *harness_tcase_create(const char *name);
 #define tcase_create harness_tcase_create
 

@@ -558,7 +558,6 @@ Suite *suite_builder(void) {
   tcase_add_test(tc, test_many_builders_coexist_with_their_own_cu_counts);
   suite_add_tcase(s, tc);
   tc = tcase_create("query");
-  tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_query_buffer_bytes_match_the_header_formulas);
   tcase_add_test(tc, test_query_honours_the_cu_count_override);
   tcase_add_test(tc, test_cpu_default_workers_follow_the_affinity_mask);

@@ -299,7 +299,6 @@ END_TEST
 Suite *suite_fp8(void) {
   Suite *s = suite_create("fp8");
   TCase *tc = tcase_create("fp8");
-  tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_builder_takes_fp8_kv_dtypes_and_only_for_the_cache);
   tcase_add_test(tc, test_a_cache_of_another_kv_dtype_is_refused);
   tcase_add_test(tc, test_fp8_e4m3_requires_a_kv_scale_tensor);

@@ -783,20 +783,17 @@ END_TEST
 Suite *suite_numerics(void) {
   Suite *s = suite_create("numerics");
   TCase *tc = tcase_create("dense");
-  tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_dense_decode_matches_reference, 0, N_DENSE);
   tcase_add_loop_test(tc, test_dense_decode_matches_reference_on_random_batches, 0, 24);
   tcase_add_loop_test(tc, test_nan_in_q_or_a_visible_kv_row_gives_nan_rows, 0, N_NAN_CASES);
   tcase_add_test(tc, test_a_long_request_of_equal_rows_gives_that_row);
   suite_add_tcase(s, tc);
   tc = tcase_create("sparse");
-  tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_sparse_decode_matches_reference, 0, N_SPARSE);
   tcase_add_test(tc, test_sparse_unknown_flags_are_refused);
   tcase_add_test(tc, test_builder_alternates_dense_and_sparse_steps);
   suite_add_tcase(s, tc);
   tc = tcase_create("fp8");
-  tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_fp8_dense_decode_matches_reference, 0, 6 * N_FP8_HEADS);
   tcase_add_loop_test(tc, test_fp8_query_rows_of_any_magnitude_match_reference, 0, 9);
   tcase_add_loop_test(tc, test_fp8_sparse_decode_matches_reference, 0, 6 * N_FP8_HEADS);

@@ -253,7 +253,6 @@ END_TEST
 Suite *suite_threads(void) {
   Suite *s = suite_create("threads");
   TCase *tc = tcase_create("independent builders");
-  tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_builders_run_concurrently_on_threads);
   tcase_add_test(tc, test_a_cpu_builder_decodes_in_a_forked_child);
   tcase_add_test(tc, test_overlapping_calls_on_one_builder_are_refused);
