@@ -20,8 +20,10 @@
  *
  * Errors
  *   Every call returns a pmla_status. On error nothing is written to outputs
- *   and nothing leaks (one exception: check_device_error's
- *   PMLA_ERR_DEVICE_INPUT writes the bits it found to *flags). last_error()
+ *   and nothing leaks (two exceptions: check_device_error's
+ *   PMLA_ERR_DEVICE_INPUT writes the bits it found to *flags, and a GPU
+ *   decode whose reduce the runtime refuses to launch returns
+ *   PMLA_ERR_DEVICE with the rows of its unsplit requests written). last_error()
  *   gives a message naming the argument, the value given and what is
  *   accepted. For a failed init_builder (no builder exists yet) call
  *   last_error(NULL) on the same thread. A call given a pointer that is not
@@ -163,7 +165,11 @@ enum pmla_device_error_bits {
   PMLA_DEVERR_SLOT_INDEX = 1u << 2,  /* sparse slot outside the KV cache */
   PMLA_DEVERR_QO_INDPTR = 1u << 3,   /* qo_indptr not monotone / rows > max_q_len */
   PMLA_DEVERR_LAST_PAGE = 1u << 4,   /* kv_last_page_len outside 1..page_size */
-  PMLA_DEVERR_KV_SCALE = 1u << 5     /* 1.1: kv_scale not finite and > 0 (nothing attended) */
+  PMLA_DEVERR_KV_SCALE = 1u << 5,    /* 1.1: kv_scale not finite and > 0 (nothing attended) */
+  /* 1.1 names it (1.0 plugins set it too): a step outgrew a bound of the
+   * schedule the plugin derived at init. A pmla defect, never bad input;
+   * the work past the bound is skipped. Please report it. */
+  PMLA_DEVERR_SCHEDULE = 1u << 15
 };
 
 /* The persistent buffers a builder holds, in query order.

@@ -47,8 +47,9 @@ extern "C" {
 
 typedef struct pmla_registry pmla_registry;
 
-/* search_path may be NULL. Fails only on allocation failure; an empty
- * registry is a valid answer. */
+/* search_path may be NULL. Fails only when out is NULL
+ * (PMLA_ERR_INVALID_ARGUMENT) or on allocation failure; an empty registry is
+ * a valid answer. */
 pmla_status pmla_registry_open(const char *search_path, pmla_registry **out);
 /* NULL-safe; dlcloses the plugins, so destroy their builders first. */
 void pmla_registry_close(pmla_registry *registry);

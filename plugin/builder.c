@@ -29,7 +29,8 @@ _Static_assert((int)PMLA_PLAN_ERR_KV_LEN == (int)PMLA_DEVERR_KV_LEN &&
                    (int)PMLA_PLAN_ERR_SLOT_INDEX == (int)PMLA_DEVERR_SLOT_INDEX &&
                    (int)PMLA_PLAN_ERR_QO_INDPTR == (int)PMLA_DEVERR_QO_INDPTR &&
                    (int)PMLA_PLAN_ERR_LAST_PAGE == (int)PMLA_DEVERR_LAST_PAGE &&
-                   (int)PMLA_PLAN_ERR_KV_SCALE == (int)PMLA_DEVERR_KV_SCALE,
+                   (int)PMLA_PLAN_ERR_KV_SCALE == (int)PMLA_DEVERR_KV_SCALE &&
+                   (int)PMLA_PLAN_ERR_OVERFLOW == (int)PMLA_DEVERR_SCHEDULE,
                "error bits match the ABI");
 
 const DLDataType pmla_dl_bf16 = {kDLBfloat, 16, 1};
@@ -930,7 +931,7 @@ pmla_status pmla_device_error_status(pmla_builder *b, uint32_t bits, uint32_t *f
     return pmla_fail(b, PMLA_ERR_DEVICE_INPUT,
                      "check_device_error: kernels skipped bad device-side input (bits 0x%x: "
                      "1 kv_len, 2 page index, 4 slot index, 8 qo_indptr, 16 last_page_len, "
-                     "32 kv_scale)",
+                     "32 kv_scale, 32768 a schedule bound: a pmla defect)",
                      bits);
   return PMLA_OK;
 }

@@ -46,7 +46,7 @@ BUFFER_NAMES = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr
 BUF_COUNT = len(BUFFER_NAMES)
 
 DEVERR_BITS = {1: "kv_len", 2: "page_index", 4: "slot_index", 8: "qo_indptr",
-               16: "last_page_len", 32: "kv_scale"}
+               16: "last_page_len", 32: "kv_scale", 32768: "schedule"}
 
 KV_LORA_RANK = 512
 ROPE_DIM = 64

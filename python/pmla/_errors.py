@@ -60,7 +60,7 @@ class BadState(Error):
 class DeviceInputError(Error):
     """Kernels skipped bad device-side input; flags holds the error bits and
     flag_names their names (kv_len, page_index, slot_index, qo_indptr,
-    last_page_len)."""
+    last_page_len, kv_scale, schedule)."""
 
     status, status_name = _abi.ERR_DEVICE_INPUT, "PMLA_ERR_DEVICE_INPUT"
     flags = 0

@@ -3,13 +3,14 @@
 message; Python-side argument errors raise InvalidArgument."""
 import gc
 import os
+import re
 import subprocess
 import sys
 import threading
 import unittest
 import weakref
 
-from _support import (another_thread_inside, cuda_available, need_numpy, need_torch, np, pmla,
+from _support import (HERE, another_thread_inside, cuda_available, need_numpy, need_torch, np, pmla,
                       torch)
 
 
@@ -46,6 +47,17 @@ class TestStatusClasses(unittest.TestCase):
         self.assertTrue(issubclass(pmla.OutOfMemory, MemoryError))
         e = pmla.error_class(5)("decode: too many")
         self.assertEqual(str(e), "PMLA_ERR_CAPACITY: decode: too many")
+
+    def test_the_mirror_has_every_status_and_error_bit_of_pmla_h(self):
+        header = os.path.join(os.path.dirname(os.path.dirname(HERE)), "abi", "pmla.h")
+        with open(header) as f:
+            text = f.read()
+        statuses = dict((int(v), n) for n, v in re.findall(r"PMLA_(OK|ERR_\w+) = (\d+)", text))
+        self.assertEqual(len(statuses), 12)
+        for value, name in statuses.items():
+            self.assertEqual(getattr(pmla._abi, name), value, name)
+        bits = [1 << int(n) for n in re.findall(r"PMLA_DEVERR_\w+ = 1u << (\d+)", text)]
+        self.assertEqual(sorted(pmla._abi.DEVERR_BITS), sorted(bits))
 
 
 class TestInitErrors(unittest.TestCase):
