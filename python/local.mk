@@ -9,8 +9,7 @@ PMLA_PY_PACKAGE = python/pmla/__init__.py python/pmla/_abi.py python/pmla/_error
 PMLA_PY_TESTS = python/tests/_support.py python/tests/test_load.py \
 	python/tests/test_errors.py python/tests/test_numerics.py \
 	python/tests/test_flash_mla.py python/tests/test_gpu.py python/tests/overhead.py
-EXTRA_DIST += $(PMLA_PY_PACKAGE) $(PMLA_PY_TESTS) python/run-tests.sh python/.gitignore \
-	docs/python.md
+EXTRA_DIST += $(PMLA_PY_PACKAGE) $(PMLA_PY_TESTS) python/run-tests.sh python/.gitignore
 
 if PMLA_PYTHON
 pkgpython_PYTHON = $(PMLA_PY_PACKAGE)
