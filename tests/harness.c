@@ -5,11 +5,14 @@
 
 #include "test_config.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -178,9 +181,29 @@ static const char *harness_env(const char *name) {
   return v && *v ? v : NULL;
 }
 
-uint64_t harness_seed(void) {
-  const char *e = harness_env("SEED");
-  return e ? strtoull(e, NULL, 0) : 0x5eed2024ull;
+static uint64_t g_seed = 0x5eed2024ull, g_devinput_steps = 40;
+
+uint64_t harness_seed(void) { return g_seed; }
+int harness_devinput_steps(void) { return (int)g_devinput_steps; }
+
+/* <PREFIX>_<name>, when set, as a whole number (decimal, or hex after 0x)
+ * in min..max into *v; 0 (with a message) for anything else */
+static int env_number(const char *program, const char *name, uint64_t min, uint64_t max,
+                      uint64_t *v) {
+  const char *e = harness_env(name);
+  if (!e)
+    return 1;
+  char *end;
+  errno = 0;
+  const unsigned long long n = isdigit((unsigned char)e[0]) ? strtoull(e, &end, 0) : 0;
+  if (!isdigit((unsigned char)e[0]) || *end || errno || n < min || n > max) {
+    fprintf(stderr, "%s: %s_%s=%s: accepted: a whole number %llu..%llu (decimal, or hex after "
+            "0x)\n", program, g_env_prefix, name, e, (unsigned long long)min,
+            (unsigned long long)max);
+    return 0;
+  }
+  *v = n;
+  return 1;
 }
 
 int harness_status_in(pmla_status got, const pmla_status *set, size_t n) {
@@ -315,9 +338,11 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
     fprintf(stderr,
             "usage: %s [PLUGIN.so]\n  env: %s_PLUGIN, %s_BACKEND (default pmla-cpu; pmla when "
             "%s_DEVICE is set), %s_DEVICE (GPU ordinal, default 0), %s_MOCK_DIR, %s_SEED, "
-            "CK_RUN_SUITE, CK_RUN_CASE, CK_FORK\n  exit: 0 all passed, 1 a failure (or no test "
-            "ran), 2 bad arguments, 77 a GPU backend without a device (all skipped)\n",
-            argv[0], env_prefix, env_prefix, env_prefix, env_prefix, env_prefix, env_prefix);
+            "%s_DEVINPUT_STEPS, CK_RUN_SUITE, CK_RUN_CASE, CK_FORK\n  exit: 0 all passed, 1 a "
+            "failure (or no test ran, or the report not written), 2 bad arguments, 77 a GPU "
+            "backend without a device (all skipped)\n",
+            argv[0], env_prefix, env_prefix, env_prefix, env_prefix, env_prefix, env_prefix,
+            env_prefix);
     return argc == 2 ? 0 : 2;
   }
   const char *env_plugin = harness_env("PLUGIN");
@@ -327,6 +352,16 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
   g_backend_name = env_backend ? env_backend : harness_env("DEVICE") ? "pmla" : "pmla-cpu";
   const char *env_mock = harness_env("MOCK_DIR");
   g_mock_dir = env_mock ? env_mock : default_mock_dir;
+  struct stat st;
+  if (env_mock && (stat(env_mock, &st) != 0 || !S_ISDIR(st.st_mode))) {
+    fprintf(stderr, "%s: %s_MOCK_DIR=%s is not a directory (accepted: the directory the mock "
+            "plugins were built in, or unset to skip the tests that need them)\n",
+            program, env_prefix, env_mock);
+    return 2;
+  }
+  if (!env_number(program, "SEED", 0, UINT64_MAX, &g_seed) ||
+      !env_number(program, "DEVINPUT_STEPS", 1, 1000000, &g_devinput_steps))
+    return 2;
 
   if (!harness_file_exists(g_plugin_path)) {
     fprintf(stderr, "%s: plugin %s not found (pass it as the argument or in %s_PLUGIN)\n",
@@ -391,8 +426,9 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
       g_be->destroy_builder(b);
     }
   }
-  printf("%s: plugin %s, backend %s, memory %s, mocks %s\n", program, g_plugin_path,
-         g_backend_name, g_mem->name, g_mock_dir ? g_mock_dir : "(none)");
+  printf("%s: plugin %s, backend %s, memory %s, mocks %s, seed %#llx\n", program,
+         g_plugin_path, g_backend_name, g_mem->name, g_mock_dir ? g_mock_dir : "(none)",
+         (unsigned long long)g_seed);
   if (g_no_device)
     printf("%s: tests that need a builder are SKIPPED: %s\n", program, g_no_device);
   const char *filters[] = {"CK_RUN_SUITE", "CK_RUN_CASE", "CK_INCLUDE_TAGS", "CK_EXCLUDE_TAGS"};
@@ -418,7 +454,10 @@ int harness_main(int argc, char **argv, const char *program, const char *env_pre
   printf("%s: backend %s, memory %s: %d checks run, %d failed%s\n", program, g_backend_name,
          g_mem->name, ran, failed,
          g_no_device ? "; every test that needs a builder SKIPPED (no device)" : "");
-  fflush(stdout);
+  if (fflush(stdout) || ferror(stdout)) { /* a full disk, a closed pipe */
+    fprintf(stderr, "%s: cannot write the report to standard output\n", program);
+    return EXIT_FAILURE;
+  }
   if (failed)
     return EXIT_FAILURE;
   if (ran == 0) {

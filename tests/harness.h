@@ -115,6 +115,7 @@ uint32_t rng_below(uint64_t *state, uint32_t n); /* [0, n) */
 double rng_uniform(uint64_t *state);             /* [0, 1) */
 uint8_t rng_e4m3(uint64_t *state); /* any finite e4m3 byte: up to +-448, zeros and subnormals */
 uint64_t harness_seed(void);                     /* <PREFIX>_SEED or fixed */
+int harness_devinput_steps(void);                /* <PREFIX>_DEVINPUT_STEPS, default 40 */
 int harness_status_in(pmla_status got, const pmla_status *set, size_t n);
 const char *harness_status_name(pmla_status s);
 int harness_file_exists(const char *path);

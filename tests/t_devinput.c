@@ -36,11 +36,6 @@ typedef struct dfx {
   pmla_decode_args args;
 } dfx;
 
-static int steps(void) {
-  const char *e = getenv("PMLA_CONFORMANCE_DEVINPUT_STEPS");
-  int n = e ? atoi(e) : 40;
-  return n > 0 ? n : 40;
-}
 
 /* a valid step: every request 1-2 query rows, 1..DMAXP*DPS tokens, pages
  * distinct and shuffled; top-k lists of valid slots with -1 holes */
@@ -179,7 +174,7 @@ static void run_devinput(int sparse) {
     EXPECT(ref_bf16_to_float(base[i]) == ref_bf16_to_float(base[i]), "valid step: NaN at %zu",
            i);
 
-  const int n = steps();
+  const int n = harness_devinput_steps();
   int refused = 0, flagged = 0;
   for (int k = 0; k < n; k++) {
     const char *what = corrupt(&f, &rng);

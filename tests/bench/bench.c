@@ -93,24 +93,44 @@ static double median(double *v, int n) {
 
 /* set once the --json document is open: an error then closes it */
 static int json_open;
+/* set when pmla-bench ends as it means to: by its own return or fail_exit */
+static volatile int finished;
 
 static void json_string(const char *text);
 
-/* Prints "pmla-bench: MESSAGE" on stderr and exits with code; a --json
- * document already begun is closed first, with the message as "error". */
+/* Prints "pmla-bench: MESSAGE" on stderr; a --json document already begun
+ * is closed, with the message as "error". */
+static void report_failure(const char *msg) {
+  fprintf(stderr, "pmla-bench: %s\n", msg);
+  if (json_open) {
+    printf("\n ],\n \"error\": ");
+    json_string(msg);
+    printf("\n}\n");
+    json_open = 0;
+  }
+}
+
+/* report_failure, then exit with code */
 static void fail_exit(int code, const char *fmt, ...) {
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "pmla-bench: %s\n", msg);
-  if (json_open) {
-    printf("\n ],\n \"error\": ");
-    json_string(msg);
-    printf("\n}\n");
-  }
+  report_failure(msg);
+  finished = 1;
   exit(code);
+}
+
+/* A plugin that calls exit() inside a call would end the run with its
+ * status (0, say) and the output cut short: an exit that pmla-bench did
+ * not make is a failure, said as one. */
+static void exit_guard(void) {
+  if (finished)
+    return;
+  report_failure("the process exited in the middle of the run (exit() from inside the plugin?)");
+  fflush(NULL);
+  _Exit(2);
 }
 
 /* host memory, or a clear exit naming what it was for */
@@ -234,8 +254,12 @@ static void check_host_memory(const bench_shape *s, int kv_dtype, int page_size,
              test_kv_row_bytes((uint32_t)kv_dtype) + 8);
   if (host_backend) /* the copies uploaded, and each plugin's out and lse */
     bytes += bytes + plugins * rows * (DV * 2 + 4);
-  if (check) /* the reference's output and lse in double, and what is read back */
-    bytes += rows * (DV * 8 + DV * 4 + DV * 2 + 16);
+  if (check) { /* the reference's output and lse in double, what is read back, its
+                  int64 slot lists and one token's KV rows in double */
+    const double visible = s->sparse_topk ? s->sparse_topk : L;
+    bytes += rows * (DV * 8 + DV * 4 + DV * 2 + 16) + (tokens + 1) * 8 + tokens * visible * 8 +
+             visible * QK * 8;
+  }
   const uint64_t have = test_host_available_bytes();
   if (have && bytes > (double)have)
     fail_exit(2, "the shape's inputs%s need %.1f GiB of host memory; %.1f GiB is available "
@@ -359,7 +383,9 @@ static int check_against_reference(const problem *p, const uint16_t *out, const 
                     p->kv_dtype, p->kv, BENCH_KV_SCALE};
   if (p->kv_dtype == PMLA_DTYPE_BF16)
     rp.kv = (const uint16_t *)(const void *)p->kv;
-  ref_mla_decode(&rp, ref, ref_lse);
+  if (ref_mla_decode(&rp, ref, ref_lse))
+    fail_exit(2, "the double-precision reference could not allocate its scratch (one "
+              "token's KV rows in double)");
   for (size_t i = 0; i < n * DV; i++)
     got[i] = ref_bf16_to_float(out[i]);
   ref_report o = ref_check_output(ref, got, n * DV), l = ref_check_lse(ref_lse, lse, n);
@@ -817,7 +843,14 @@ int main(int argc, char **argv) {
     switch (opt) {
     case 'b': o.backend = optarg; break;
     case OPT_INVARIANT: o.invariant = 1; break;
-    case OPT_CHUNK: o.chunk = option_int("invariant-chunk", optarg, 0, INT_MAX); break;
+    case OPT_CHUNK:
+      o.chunk = option_int("invariant-chunk", optarg, 0, 1048576);
+      if (o.chunk % 64) {
+        fprintf(stderr, "pmla-bench: --invariant-chunk %d: accepted: a multiple of 64 up to "
+                "1048576 (0: the plugin's)\n", o.chunk);
+        return 2;
+      }
+      break;
     case OPT_KV:
       if ((o.kv = kv_dtype_of(optarg)) == 0) {
         fprintf(stderr, "pmla-bench: --kv: '%s' is not bf16, fp8 or ds_mla\n", optarg);
@@ -880,17 +913,20 @@ int main(int argc, char **argv) {
   const char *file[MAX_PLUGINS];
   if (o.nplugins)
     unsetenv(PMLA_PLUGIN_PATH_ENV);
-  for (int k = 0; k < (o.nplugins ? o.nplugins : 1); k++) {
+  atexit(exit_guard); /* plugins load from here on */
+  const int nregs = o.nplugins ? o.nplugins : 1;
+  int rc = 1;
+  for (int k = 0; k < nregs; k++) {
     if (pmla_registry_open(o.nplugins ? o.plugins[k] : NULL, &reg[k])) {
       fprintf(stderr, "pmla-bench: cannot open the registry\n");
-      return 1;
+      goto done;
     }
     if (!(be[k] = pmla_registry_find(reg[k], o.backend))) {
       fprintf(stderr, "pmla-bench: no backend '%s' on the search path %s%s\n%s", o.backend,
               *pmla_registry_search_path(reg[k]) ? pmla_registry_search_path(reg[k]) : "(none)",
               o.nplugins ? "" : " (name a plugin with --plugin or PMLA_PLUGIN_PATH)",
               pmla_registry_diagnostics(reg[k]));
-      return 1;
+      goto done;
     }
     file[k] = backend_file(reg[k], be[k]);
     /* a 1.0 plugin would ignore config.flags and refuses FP8 caches */
@@ -902,7 +938,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "pmla-bench: %s needs ABI 1.1; backend '%s' in %s agreed %u.%u\n",
               o.invariant ? "--batch-invariant" : "an FP8 cache", o.backend, file[k],
               PMLA_VERSION_MAJOR(v), PMLA_VERSION_MINOR(v));
-      return 1;
+      goto done;
     }
   }
   if (!o.nplugins)
@@ -912,7 +948,7 @@ int main(int argc, char **argv) {
     const char *why = NULL;
     if (!(m = devmem_gpu_on(o.device, &why))) {
       fprintf(stderr, "pmla-bench: backend %s needs a GPU: %s\n", o.backend, why);
-      return 1;
+      goto done;
     }
   }
   int cpu = m->device_type == kDLCPU;
@@ -1002,7 +1038,14 @@ int main(int argc, char **argv) {
   if (o.json)
     printf("\n ]\n}\n");
   json_open = 0;
-  for (int k = 0; k < o.nplugins; k++)
+  rc = failed ? 1 : 0;
+done:
+  for (int k = 0; k < nregs; k++)
     pmla_registry_close(reg[k]);
-  return failed ? 1 : 0;
+  if (fflush(stdout) || ferror(stdout)) { /* a full disk, a closed pipe */
+    fprintf(stderr, "pmla-bench: cannot write the results to standard output\n");
+    rc = 2;
+  }
+  finished = 1;
+  return rc;
 }

@@ -64,6 +64,8 @@ bad "pmla-bench: --warmup: 2000000; accepted: at most 1000000" --warmup 2000000
 bad "pmla-bench: --suite: 'big' is not a suite" --suite big
 bad "see pmla-bench --help" --no-such-option
 bad "unexpected argument 'extra'" extra
+bad "pmla-bench: --invariant-chunk 63: accepted: a multiple of 64 up to 1048576" \
+  --batch-invariant --invariant-chunk 63
 
 # bench: --json names the plugin file that provided the backend and the --check figures
 out=$(PMLA_PLUGIN_PATH=$plugin $bench --shape b=1,L=64,h=16 --iters 1 --warmup 0 --check --json) ||
@@ -115,4 +117,36 @@ if [ -f "$idle" ]; then
 else
   echo "SKIP: the idle mock plugin $idle is not built"
 fi
+# bench: a plugin that exits inside a call fails the run (2), and the --json
+# document is closed with the reason, not cut off with the exit's status
+exiting=tests/bench/.libs/mock_exiting.so
+if [ -f "$exiting" ]; then
+  out=$($bench --plugin "$exiting" --shape b=1,L=64,h=16 --iters 1 --warmup 0 --json 2>/dev/null)
+  rc=$?
+  [ $rc -eq 2 ] || fail "pmla-bench on a plugin exiting in decode exited $rc, want 2: $out"
+  has "$out" '"error": "the process exited in the middle of the run'
+else
+  echo "SKIP: the exiting mock plugin $exiting is not built"
+fi
+# info, bench: output that cannot be written is a failure (2); bad
+# arguments to pmla-info are named on stderr (2)
+if [ -w /dev/full ]; then
+  PMLA_PLUGIN_PATH=$plugin $info >/dev/full 2>/dev/null
+  rc=$?
+  [ $rc -eq 2 ] || fail "pmla-info writing to /dev/full exited $rc, want 2"
+  PMLA_PLUGIN_PATH=$plugin $bench --shape b=1,L=64,h=16 --iters 1 --warmup 0 >/dev/full 2>/dev/null
+  rc=$?
+  [ $rc -eq 2 ] || fail "pmla-bench writing to /dev/full exited $rc, want 2"
+fi
+# bench: a backend that is not there is named (1), and the registry is
+# closed on the way out (a sanitizer build reports a leak otherwise)
+out=$($bench --plugin "$plugin" --backend no-such-backend --shape b=1,L=64,h=16 2>&1)
+rc=$?
+[ $rc -eq 1 ] || fail "pmla-bench --backend no-such-backend exited $rc, want 1: $out"
+has "$out" "pmla-bench: no backend 'no-such-backend' on the search path $plugin"
+case $out in *LeakSanitizer*) fail "pmla-bench leaked on the way out: $out" ;; esac
+out=$($info a b 2>&1 >/dev/null) && fail "pmla-info a b exited 0"
+has "$out" "pmla-info: too many arguments" "usage: pmla-info [PATH]"
+out=$($info -x 2>&1 >/dev/null) && fail "pmla-info -x exited 0"
+has "$out" "pmla-info: unknown option"
 echo "PASS: pmla-info and pmla-bench"

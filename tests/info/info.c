@@ -9,7 +9,9 @@
  * plugin directory. Devices are found through the ABI alone: a small
  * builder (cu_count 0: all CUs) is made on ordinal 0, 1, ... until the
  * backend refuses one, and query_builder says how many CUs (or worker
- * threads) it got. Exit status 0 when at least one backend was found. */
+ * threads) it got. Exit status 0 when at least one backend was found, 1
+ * when none was, 2 for bad arguments or a listing that could not be
+ * written. */
 #include <stdio.h>
 #include <string.h>
 
@@ -62,12 +64,17 @@ static void print_indented(const char *text) {
 }
 
 int main(int argc, char **argv) {
-  if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
-    printf("usage: pmla-info [PATH]\n"
-           "  lists the plugins and backends found on $%s, then PATH (colon-separated\n"
-           "  files or directories); with neither, in %s\n",
-           PMLA_PLUGIN_PATH_ENV, pmla_registry_plugindir());
-    return argc == 2 ? 0 : 2;
+  const int help = argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"));
+  if (argc > 2 || help || (argc == 2 && argv[1][0] == '-')) {
+    if (!help)
+      fprintf(stderr, "pmla-info: %s: expected at most one PATH\n",
+              argc > 2 ? "too many arguments" : "unknown option");
+    fprintf(help ? stdout : stderr,
+            "usage: pmla-info [PATH]\n"
+            "  lists the plugins and backends found on $%s, then PATH (colon-separated\n"
+            "  files or directories); with neither, in %s\n",
+            PMLA_PLUGIN_PATH_ENV, pmla_registry_plugindir());
+    return help ? 0 : 2;
   }
   pmla_registry *r = NULL;
   if (pmla_registry_open(argc == 2 ? argv[1] : NULL, &r) != PMLA_OK) {
@@ -115,5 +122,9 @@ int main(int argc, char **argv) {
   if (!n)
     fprintf(stderr, "pmla-info: no backend found; set %s to a plugin file or directory\n",
             PMLA_PLUGIN_PATH_ENV);
+  if (fflush(stdout) || ferror(stdout)) { /* a full disk, a closed pipe */
+    fprintf(stderr, "pmla-info: cannot write the listing to standard output\n");
+    return 2;
+  }
   return n ? 0 : 1;
 }
