@@ -564,6 +564,14 @@ START_TEST(test_build_sparse_rejects_bad_arguments) {
   pmla_decode_args a = f.args;
   a.q = &q;
   expect_decode_fails(&f, &a, PMLA_ERR_INVALID_ARGUMENT, "sparse decode with fewer q rows");
+  /* and with out and lse of as few rows, agreeing with q but not the build */
+  DLTensor out = f.out.t, lse = f.lse.t;
+  int64_t os[3] = {TOKENS - 1, H, 512}, ls[2] = {TOKENS - 1, H};
+  out.shape = os;
+  lse.shape = ls;
+  a.out = &out;
+  a.lse = &lse;
+  expect_decode_fails(&f, &a, PMLA_ERR_INVALID_ARGUMENT, "sparse q, out and lse of fewer rows");
   fx_teardown(&f);
 }
 END_TEST
@@ -601,7 +609,8 @@ START_TEST(test_decode_rejects_bad_arguments_and_writes_nothing) {
           kv5[5] = {NPAGES, PS, 1, 1, 576};
   int64_t out_tok[3] = {TOKENS - 1, H, 512}, out_dim[3] = {TOKENS, H, 576},
           out_strides[3] = {H * 512, 1, H};
-  int64_t lse_h[2] = {TOKENS, H / 2};
+  int64_t lse_h[2] = {TOKENS, H / 2}, lse_tok[2] = {TOKENS - 1, H},
+          q_less[3] = {TOKENS - 1, H, 576};
   for (int i = 0;; i++) {
     a = f.args;
     q = f.q.t;
@@ -644,6 +653,12 @@ START_TEST(test_decode_rejects_bad_arguments_and_writes_nothing) {
     case 25: what = "lse 3-d"; lse.ndim = 3; lse.shape = out_tok; break;
     case 26: what = "kv 5-d"; kv.ndim = 5; kv.shape = kv5; break;
     case 27: what = "q of 2 lanes"; q.dtype.lanes = 2; break;
+    case 28: /* each agrees with the others, not with the step's rows */
+      what = "q, out and lse of one row fewer than qo_indptr's";
+      q.shape = q_less;
+      out.shape = out_tok;
+      lse.shape = lse_tok;
+      break;
     default: what = NULL; break;
     }
     if (!what)
@@ -1343,6 +1358,68 @@ START_TEST(test_outputs_overlapping_an_input_are_refused_by_name) {
     ck_assert_msg(fx_outputs_intact(&f), "case %d: outputs written", c);
   }
   expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "separate outputs");
+  /* the edges, with out and lse in one allocation: lse from out's end is
+   * accepted (byte_offset counted), lse from its last element on is not
+   * (4 bytes, lse's element, in host memory; 16, the least alignment a
+   * GPU accepts, in a GPU's) */
+  test_tensor arena;
+  tt_make3(&arena, TT_BF16, NULL, TOKENS, H, 2 * 512);
+  const uint64_t out_bytes = (uint64_t)TOKENS * H * 512 * 2,
+                 edge = g_mem->device_type == kDLCPU ? 4 : 16;
+  for (int c = 0; c < 2; c++) {
+    DLTensor out = f.out.t, lse = f.lse.t;
+    out.data = lse.data = arena.t.data;
+    lse.byte_offset = c ? out_bytes - edge : out_bytes;
+    pmla_decode_args a = f.args;
+    a.out = &out;
+    a.lse = &lse;
+    const pmla_status st = g_be->decode(f.b, &a);
+    if (!c) {
+      expect_status(st, PMLA_OK, &f, "lse from out's end on");
+      continue;
+    }
+    expect_status(st, PMLA_ERR_INVALID_ARGUMENT, &f, "lse over out's last element");
+    const char *m = g_be->last_error(f.b);
+    ck_assert_msg(strstr(m, "args->out") && strstr(m, "overlaps args->lse"),
+                  "lse over out's last element: message '%s'", m);
+  }
+  tt_free(&arena);
+  fx_teardown(&f);
+}
+END_TEST
+
+/* kv_scale belongs to an fp8_e4m3 cache: a bf16 cache's decode ignores
+ * it, whatever it holds or however it is made (not read, not checked) */
+START_TEST(test_a_bf16_cache_ignores_kv_scale) {
+  REQUIRE_BACKEND();
+  fx f;
+  fx_setup(&f, 0);
+  const size_t n = (size_t)TOKENS * H * 512;
+  uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+  ck_assert(want && got);
+  expect_status(g_be->build_decode(f.b, &f.bt_batch), PMLA_OK, &f, "build");
+  expect_status(g_be->decode(f.b, &f.args), PMLA_OK, &f, "decode without kv_scale");
+  tt_download(&f.out, want);
+  const float nan = NAN;
+  test_tensor scale;
+  tt_make1(&scale, TT_F32, &nan, 1);
+  for (int c = 0; c < 2; c++) {
+    DLTensor s = scale.t;
+    if (c) { /* not even a tensor the fp8 check would take */
+      s.data = NULL;
+      s.dtype.bits = 64;
+    }
+    pmla_decode_args a = f.args;
+    a.kv_scale = &s;
+    fx_poison_outputs(&f);
+    expect_status(g_be->decode(f.b, &a), PMLA_OK, &f,
+                  c ? "a malformed kv_scale" : "a NaN kv_scale");
+    tt_download(&f.out, got);
+    ck_assert_msg(memcmp(want, got, n * 2) == 0, "case %d: out differs with kv_scale set", c);
+  }
+  tt_free(&scale);
+  free(want);
+  free(got);
   fx_teardown(&f);
 }
 END_TEST
@@ -1430,6 +1507,7 @@ Suite *suite_args(void) {
   tcase_add_test(tc, test_a_destroyed_builder_is_refused_and_destroying_it_again_is_ignored);
   tcase_add_test(tc, test_a_builder_is_refused_by_the_other_backend_and_stays_usable);
   tcase_add_test(tc, test_outputs_overlapping_an_input_are_refused_by_name);
+  tcase_add_test(tc, test_a_bf16_cache_ignores_kv_scale);
   tcase_add_test(tc, test_cpu_indptrs_rewritten_after_the_build_change_nothing);
   suite_add_tcase(s, tc);
   return s;
