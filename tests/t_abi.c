@@ -627,7 +627,7 @@ START_TEST(test_registry_skips_a_truncated_vtable) {
   pmla_registry *r = open_registry(path);
   ck_assert_msg(pmla_registry_find(r, "mock-short") == NULL,
                 "backend with struct_size %zu < %zu was registered",
-                offsetof(pmla_backend, check_device_error), sizeof(pmla_backend));
+                offsetof(pmla_backend, copy_buffer), sizeof(pmla_backend));
   char line[1024];
   diag_line(pmla_registry_diagnostics(r), "mock_short_vtable", line, sizeof line);
   ck_assert_msg(strstr(line, "truncated"), "no diagnostic for the truncated vtable: '%s'",
