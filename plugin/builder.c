@@ -116,13 +116,6 @@ static pmla_status refusal(const pmla_builder *b, const pmla_backend *made_by,
                    what, made_by->name, be->name);
 }
 
-pmla_status pmla_builder_check(const pmla_builder *b, const pmla_backend *be, const char *what) {
-  if (!b)
-    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "%s: builder is NULL", what);
-  const pmla_backend *made_by = live_backend(b);
-  return made_by && (!be || made_by == be) ? PMLA_OK : refusal(b, made_by, be, what);
-}
-
 static pmla_status in_call_refusal(const pmla_builder *b, const char *what, const char *left) {
   refused_in_call = b;
   return pmla_fail(NULL, PMLA_ERR_BAD_STATE,
@@ -131,23 +124,33 @@ static pmla_status in_call_refusal(const pmla_builder *b, const char *what, cons
                    what, left);
 }
 
-/* pmla_builder_check's lookup and the taking in one hold of the lock */
-pmla_status pmla_builder_enter(const pmla_builder *b, const pmla_backend *be, const char *what) {
+/* b looked up as a live builder of backend be (any backend: NULL) and,
+ * with take, taken for a call, in one hold of the live list's lock */
+static pmla_status look_up(const pmla_builder *b, const pmla_backend *be, const char *what,
+                           int take) {
   if (!b)
-    return pmla_builder_check(b, be, what);
+    return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT, "%s: builder is NULL", what);
   pthread_mutex_lock(&live_lock);
   const pmla_backend *made_by = live_find(b) < live_count ? b->backend : NULL;
-  const int ours = made_by && (!be || made_by == be), busy = ours && b->in_call;
-  if (ours && !busy)
+  const int ours = made_by && (!be || made_by == be), busy = take && ours && b->in_call;
+  if (take && ours && !busy)
     ((pmla_builder *)b)->in_call = 1;
   pthread_mutex_unlock(&live_lock);
   if (!ours)
     return refusal(b, made_by, be, what);
   if (busy)
     return in_call_refusal(b, what, "");
-  if (refused_in_call == b)
+  if (take && refused_in_call == b)
     refused_in_call = NULL;
   return PMLA_OK;
+}
+
+pmla_status pmla_builder_check(const pmla_builder *b, const pmla_backend *be, const char *what) {
+  return look_up(b, be, what, 0);
+}
+
+pmla_status pmla_builder_enter(const pmla_builder *b, const pmla_backend *be, const char *what) {
+  return look_up(b, be, what, 1);
 }
 
 pmla_status pmla_builder_leave(const pmla_builder *b, pmla_status st) {

@@ -195,7 +195,7 @@ static int env_number(const char *program, const char *name, uint64_t min, uint6
     return 1;
   char *end;
   errno = 0;
-  const unsigned long long n = isdigit((unsigned char)e[0]) ? strtoull(e, &end, 0) : 0;
+  const unsigned long long n = strtoull(e, &end, 0);
   if (!isdigit((unsigned char)e[0]) || *end || errno || n < min || n > max) {
     fprintf(stderr, "%s: %s_%s=%s: accepted: a whole number %llu..%llu (decimal, or hex after "
             "0x)\n", program, g_env_prefix, name, e, (unsigned long long)min,
