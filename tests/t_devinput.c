@@ -217,6 +217,146 @@ static void run_devinput(int sparse) {
   dfx_teardown(&f);
 }
 
+/* The fixture with a valid step of its own (q, out and lse hold the
+ * step's tokens); returns how many output elements the step writes. */
+static size_t dfx_prepare(dfx *f, int sparse, uint64_t *rng) {
+  dfx_setup(f, sparse, rng);
+  dfx_valid(f, rng);
+  if (!sparse)
+    f->q.shape[0] = f->out.shape[0] = f->lse.shape[0] = f->qo[DB];
+  return (size_t)f->out.shape[0] * DH * 512;
+}
+
+/* Builds and decodes the fixture's step, which must be valid; its output
+ * in out_host (n elements). */
+static void dfx_decode_valid(dfx *f, uint16_t *out_host) {
+  uint32_t flags = 0;
+  dfx_upload(f);
+  ck_assert_msg(dfx_build(f) == PMLA_OK, "valid build: %s", g_be->last_error(f->b));
+  ck_assert_msg(g_be->decode(f->b, &f->args) == PMLA_OK, "valid decode: %s",
+                g_be->last_error(f->b));
+  ck_assert_msg(g_be->check_device_error(f->b, &flags) == PMLA_OK && flags == 0,
+                "the valid step set device error flags 0x%x", flags);
+  tt_download(&f->out, out_host);
+}
+
+/* A decode of the built step that now reads a bad index: refused with a
+ * message, or run with `bit` set in the device error word (nothing read
+ * outside the cache: the sanitizers watch that). `host`: the backend checks
+ * the indices in host memory at this decode, so it must refuse. */
+static void expect_noticed(dfx *f, uint32_t bit, int host, const char *what) {
+  uint32_t flags = 0;
+  pmla_status s = g_be->decode(f->b, &f->args);
+  if (s != PMLA_OK) {
+    EXPECT(s == PMLA_ERR_INVALID_ARGUMENT, "%s: %s", what, harness_status_name(s));
+    EXPECT(g_be->last_error(f->b)[0], "%s: refused without a message", what);
+    return;
+  }
+  EXPECT(!host, "%s: decoded, where the indices in host memory are checked first", what);
+  s = g_be->check_device_error(f->b, &flags);
+  EXPECT(s == PMLA_ERR_DEVICE_INPUT && (flags & bit),
+         "%s: decoded, and check_device_error says %s (flags 0x%x, expected bit 0x%x)", what,
+         harness_status_name(s), flags, bit);
+}
+
+/* The built step decoded again with its indices as they were: base (n
+ * elements), bit for bit, and no flag. */
+static void expect_base_again(dfx *f, const char *what, const uint16_t *base, uint16_t *got,
+                              size_t n) {
+  uint32_t flags = 0;
+  EXPECT(g_be->decode(f->b, &f->args) == PMLA_OK, "valid decode after %s: %s", what,
+         g_be->last_error(f->b));
+  EXPECT(g_be->check_device_error(f->b, &flags) == PMLA_OK && flags == 0,
+         "the valid decode after %s set flags 0x%x", what, flags);
+  tt_download(&f->out, got);
+  EXPECT(memcmp(got, base, n * 2) == 0, "the valid decode after %s changed its output", what);
+}
+
+/* An index rewritten in place after a decode of its step checked it: the
+ * next decode of the same step (the next layer) reads the new value. A
+ * backend may keep its check for the step, so every read is checked again.
+ * Each request (token) in turn, its first and last page (slot), so that a
+ * bad read falls to every unit with work. */
+static void run_rewritten(int sparse) {
+  REQUIRE_BACKEND();
+  uint64_t rng = harness_seed() ^ 0x4e3217ull;
+  dfx f;
+  uint16_t *base = malloc(OUT_N * 2), *got = malloc(OUT_N * 2);
+  ck_assert(base && got);
+  const size_t n = dfx_prepare(&f, sparse, &rng);
+  dfx_decode_valid(&f, base);
+  for (int r = 0; r < (sparse ? DTOKENS : DB); r++)
+    for (int last = 0; last < 2; last++) {
+      int32_t *at = sparse ? &f.topk[r * DTOPK + (last ? DTOPK - 1 : 0)]
+                           : &f.bt[r * DMAXP + (last ? (f.lens[r] - 1) / DPS : 0)];
+      const int32_t keep = *at;
+      *at = sparse ? DPAGES * DPS : DPAGES;
+      dfx_upload(&f);
+      char what[96];
+      snprintf(what, sizeof what, "%s %d's %s %s rewritten outside the cache after its check",
+               sparse ? "token" : "request", r, last ? "last" : "first",
+               sparse ? "slot" : "page");
+      expect_noticed(&f, sparse ? PMLA_DEVERR_SLOT_INDEX : PMLA_DEVERR_PAGE_INDEX, 0, what);
+      *at = keep;
+      dfx_upload(&f);
+      expect_base_again(&f, what, base, got, n);
+    }
+  free(base);
+  free(got);
+  dfx_teardown(&f);
+}
+
+/* The built step decoded against a cache one page smaller, which its
+ * largest index no longer fits: checked against that cache (refused where
+ * the indices are in host memory); against the whole cache again it gives
+ * its output. */
+static void run_smaller_cache(int sparse) {
+  REQUIRE_BACKEND();
+  uint64_t rng = harness_seed() ^ 0x5a11ull;
+  dfx f;
+  uint16_t *base = malloc(OUT_N * 2), *got = malloc(OUT_N * 2);
+  ck_assert(base && got);
+  const size_t n = dfx_prepare(&f, sparse, &rng);
+  if (sparse) { /* the step reads the cache's last slot (page) */
+    f.topk[0] = DPAGES * DPS - 1;
+  } else {
+    for (int i = 1; i < DB * DMAXP; i++)
+      if (f.bt[i] == DPAGES - 1) {
+        f.bt[i] = f.bt[0];
+        f.bt[0] = DPAGES - 1;
+      }
+  }
+  dfx_decode_valid(&f, base);
+  f.kv.shape[0] = DPAGES - 1;
+  expect_noticed(&f, sparse ? PMLA_DEVERR_SLOT_INDEX : PMLA_DEVERR_PAGE_INDEX,
+                 g_mem->device_type == kDLCPU, "the step decoded against a cache a page smaller");
+  f.kv.shape[0] = DPAGES;
+  expect_base_again(&f, "a decode against a smaller cache", base, got, n);
+  free(base);
+  free(got);
+  dfx_teardown(&f);
+}
+
+START_TEST(test_a_page_index_rewritten_after_its_check_is_still_never_read) {
+  run_rewritten(0);
+}
+END_TEST
+
+START_TEST(test_a_topk_slot_rewritten_after_its_check_is_still_never_read) {
+  run_rewritten(1);
+}
+END_TEST
+
+START_TEST(test_a_step_decoded_against_a_smaller_cache_is_checked_against_it) {
+  run_smaller_cache(0);
+}
+END_TEST
+
+START_TEST(test_a_sparse_step_decoded_against_a_smaller_cache_is_checked_against_it) {
+  run_smaller_cache(1);
+}
+END_TEST
+
 START_TEST(test_random_bad_dense_indices_are_flagged_and_the_next_step_is_exact) {
   run_devinput(0);
 }
@@ -233,6 +373,12 @@ Suite *suite_devinput(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_random_bad_dense_indices_are_flagged_and_the_next_step_is_exact);
   tcase_add_test(tc, test_random_bad_topk_slots_are_flagged_and_the_next_step_is_exact);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("indices that change under a built step");
+  tcase_add_test(tc, test_a_page_index_rewritten_after_its_check_is_still_never_read);
+  tcase_add_test(tc, test_a_topk_slot_rewritten_after_its_check_is_still_never_read);
+  tcase_add_test(tc, test_a_step_decoded_against_a_smaller_cache_is_checked_against_it);
+  tcase_add_test(tc, test_a_sparse_step_decoded_against_a_smaller_cache_is_checked_against_it);
   suite_add_tcase(s, tc);
   return s;
 }
