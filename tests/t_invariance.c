@@ -426,6 +426,63 @@ START_TEST(test_a_chunk_of_the_hosts_keeps_the_promise) {
 }
 END_TEST
 
+/* Top-k lists with chunks that attend nothing (every entry -1): token 0's
+ * first two chunks, its fourth and the slots between are empty, token 1's
+ * whole list is. An empty chunk folds as nothing: token 0 gives the same
+ * bits on 1, 2, 7 and all units and matches the fp64 reference; token 1
+ * comes out as an empty request, zeros and lse -inf, however it is split. */
+START_TEST(test_empty_chunks_of_a_top_k_list_fold_as_nothing) {
+  REQUIRE_BACKEND();
+  uint64_t rng = harness_seed() ^ 0xe3c4u;
+  g_chunk = 512; /* chunks [0, 512) [512, 1024) [1024, 1536) [1536, 2048) [2048, 2112) */
+  cache c;
+  cache_make(&c, &rng);
+  static int32_t lists[2 * SPARSE_TOPK];
+  uint16_t *q = malloc((size_t)2 * H * 576 * 2);
+  ck_assert(q);
+  for (int k = 0; k < 2 * SPARSE_TOPK; k++)
+    lists[k] = -1;
+  for (int k = 1024; k < 1536; k += 1 + (int)rng_below(&rng, 3))
+    lists[k] = (int32_t)rng_below(&rng, PAGES * PS);
+  for (int k = 2048; k < SPARSE_TOPK; k += 2)
+    lists[k] = (int32_t)rng_below(&rng, PAGES * PS);
+  for (int i = 0; i < 2 * H * 576; i++)
+    q[i] = ref_float_to_bf16((float)(rng_uniform(&rng) * 4.0 - 2.0));
+  uint16_t first[H * 512], got[H * 512];
+  float first_lse[H], got_lse[H];
+  for (int u = 0; u < 4; u++) {
+    decode_sparse(&c, lists, q, 2, 0, cus[u], u ? got : first, u ? got_lse : first_lse);
+    ck_assert_msg(u == 0 || (memcmp(first, got, sizeof got) == 0 &&
+                             memcmp(first_lse, got_lse, sizeof got_lse) == 0),
+                  "token 0 on %u units: out or lse differs from one unit", cus[u]);
+    decode_sparse(&c, lists, q, 2, 1, cus[u], got, got_lse);
+    for (int i = 0; i < H * 512; i++)
+      ck_assert_msg(got[i] == 0, "token 1 (no slot) on %u units: out[%d] = %g", cus[u], i,
+                    (double)ref_bf16_to_float(got[i]));
+    for (int h = 0; h < H; h++)
+      ck_assert_msg(got_lse[h] == -INFINITY, "token 1 (no slot) on %u units: lse[%d] = %g",
+                    cus[u], h, (double)got_lse[h]);
+  }
+  ref_slot_lists sl;
+  ck_assert_int_eq(ref_slots_from_topk(1, SPARSE_TOPK, lists, &sl), 0);
+  double *ro = malloc((size_t)H * 512 * 8), rl[H];
+  float of[H * 512];
+  ck_assert(ro);
+  ref_problem p = {1, H, q, c.host, (int64_t)PAGES * PS, &sl,
+                   harness_config(H, PS, 1, 1, 0, 1).softmax_scale, 0, NULL, 1.0};
+  ck_assert_int_eq(ref_mla_decode(&p, ro, rl), 0);
+  for (int i = 0; i < H * 512; i++)
+    of[i] = ref_bf16_to_float(first[i]);
+  ref_report o = ref_check_output(ro, of, H * 512), l = ref_check_lse(rl, first_lse, H);
+  ck_assert_msg(o.ok && l.ok, "token 0 vs reference: out %s, lse %s", o.message, l.message);
+  ref_slot_lists_free(&sl);
+  free(ro);
+  free(q);
+  cache_free(&c);
+  g_chunk = 0;
+}
+END_TEST
+
 /* A request of 20+ chunks: whole on one unit (every fold in the unit's
  * accumulator), split over 2, 7 and 64 units (the reduce folding up to 21
  * pieces, more than it keeps in flight at once) and beside neighbours: the
@@ -571,6 +628,7 @@ Suite *suite_invariance(void) {
   tcase_add_loop_test(tc, test_fp8_output_is_independent_of_the_batch, 0, 4);
   tcase_add_loop_test(tc, test_sparse_output_is_independent_of_the_batch, 0, 3);
   tcase_add_loop_test(tc, test_a_chunk_of_the_hosts_keeps_the_promise, 0, 3);
+  tcase_add_test(tc, test_empty_chunks_of_a_top_k_list_fold_as_nothing);
   tcase_add_test(tc, test_a_long_request_folds_alike_in_many_pieces);
   suite_add_tcase(s, tc);
   return s;
