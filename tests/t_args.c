@@ -659,12 +659,6 @@ START_TEST(test_decode_rejects_bad_arguments_and_writes_nothing) {
     case 25: what = "lse 3-d"; lse.ndim = 3; lse.shape = out_tok; break;
     case 26: what = "kv 5-d"; kv.ndim = 5; kv.shape = kv5; break;
     case 27: what = "q of 2 lanes"; q.dtype.lanes = 2; break;
-    case 28: /* each agrees with the others, not with the step's rows */
-      what = "q, out and lse of one row fewer than qo_indptr's";
-      q.shape = q_less;
-      out.shape = out_tok;
-      lse.shape = lse_tok;
-      break;
     default: what = NULL; break;
     }
     if (!what)
@@ -677,6 +671,48 @@ START_TEST(test_decode_rejects_bad_arguments_and_writes_nothing) {
     if (i == 27) /* the value given, lanes included */
       ck_assert_msg(strstr(g_be->last_error(f.b), "bfloat16 with 2 lanes"),
                     "q of 2 lanes: message '%s'", g_be->last_error(f.b));
+  }
+  /* q, out and lse that agree with each other, not with the rows of the
+   * step's qo_indptr: refused where qo_indptr is in host memory (checked
+   * at decode, before anything is written); where it lies on the device,
+   * the rows past the tensors are skipped and flagged, never written */
+  a = f.args;
+  q = f.q.t;
+  out = f.out.t;
+  lse = f.lse.t;
+  q.shape = q_less;
+  out.shape = out_tok;
+  lse.shape = lse_tok;
+  a.q = &q;
+  a.out = &out;
+  a.lse = &lse;
+  if (g_mem->device_type == kDLCPU) {
+    expect_decode_fails(&f, &a, PMLA_ERR_INVALID_ARGUMENT,
+                        "q, out and lse of one row fewer than qo_indptr's");
+  } else {
+    uint32_t flags = 0;
+    fx_poison_outputs(&f);
+    pmla_status s = g_be->decode(f.b, &a);
+    static uint16_t o[TOKENS * H * 512];
+    static float l[TOKENS * H];
+    tt_download(&f.out, o);
+    tt_download(&f.lse, l);
+    for (int i = (TOKENS - 1) * H * 512; i < TOKENS * H * 512; i++)
+      EXPECT(o[i] == OUT_SENTINEL, "one row fewer than qo_indptr's: out written past its "
+             "shape at %d", i);
+    for (int i = (TOKENS - 1) * H; i < TOKENS * H; i++)
+      EXPECT(l[i] == LSE_SENTINEL, "one row fewer than qo_indptr's: lse written past its "
+             "shape at %d", i);
+    ck_assert_msg(s == PMLA_OK || s == PMLA_ERR_INVALID_ARGUMENT,
+                  "q, out and lse of one row fewer than qo_indptr's: %s (%s)",
+                  harness_status_name(s), g_be->last_error(f.b));
+    if (s == PMLA_OK) {
+      s = g_be->check_device_error(f.b, &flags);
+      ck_assert_msg(s == PMLA_ERR_DEVICE_INPUT && (flags & PMLA_DEVERR_QO_INDPTR),
+                    "q, out and lse of one row fewer than qo_indptr's: decoded, and "
+                    "check_device_error says %s (flags 0x%x)",
+                    harness_status_name(s), flags);
+    }
   }
   /* a cache of no pages: the accepted range says so (not "0..-1") */
   if (strcmp(g_backend_name, "pmla-cpu") == 0) {
