@@ -29,8 +29,8 @@
  *   last_error(NULL) on the same thread. A call given a pointer that is not
  *   a live builder (destroyed, or never made) is refused without reading
  *   through it, and last_error(pointer) gives the message on the same
- *   thread; a builder given to another backend of the plugin is refused,
- *   the message in the builder. (A destroyed builder's address that a later
+ *   thread; a builder given to another backend of the plugin is refused
+ *   the same way. (A destroyed builder's address that a later
  *   init_builder reuses is that new builder.) decode's out and lse may
  *   share no byte with its inputs (q, kv_cache, kv_scale, the step's index
  *   tensors) or with each other.

@@ -53,8 +53,11 @@ pmla_status pmla_fail(pmla_builder *b, pmla_status status, const char *fmt, ...)
 
 void pmla_clear_error(pmla_builder *b) { (b ? b->error : init_error)[0] = '\0'; }
 
-/* the builder whose call this thread found another thread inside: its
- * refusal is in init_error, which last_error(b) returns on this thread */
+/* the builder this thread's last refusal was about (another thread inside
+ * a call on it, or a call through another backend): the message is in
+ * init_error, which last_error(b) returns on this thread. A refused call
+ * writes nothing into the builder, which the thread does not hold and whose
+ * owner may be writing its message or freeing it at that moment. */
 static _Thread_local const pmla_builder *refused_in_call;
 
 /* The live builders: few per process, so a list under one lock; every
@@ -110,7 +113,8 @@ static pmla_status refusal(const pmla_builder *b, const pmla_backend *made_by,
                      "made by init_builder); accepted: a builder init_builder returned and "
                      "destroy_builder has not freed",
                      what, (const void *)b);
-  return pmla_fail((pmla_builder *)b, PMLA_ERR_INVALID_ARGUMENT,
+  refused_in_call = b;
+  return pmla_fail(NULL, PMLA_ERR_INVALID_ARGUMENT,
                    "%s: the builder was made by backend %s; this is backend %s (accepted: the "
                    "backend whose init_builder made it)",
                    what, made_by->name, be->name);

@@ -250,12 +250,85 @@ START_TEST(test_overlapping_calls_on_one_builder_are_refused) {
 }
 END_TEST
 
+/* A call through another backend (refused) beside a failing call of the
+ * builder's own on another thread: each thread reads its own refusal from
+ * last_error(builder), never the other's (the refusal through the wrong
+ * backend once wrote into the builder its owner was writing). */
+#define CROSS_CALLS 20000
+typedef struct crosser {
+  worker *w;
+  const pmla_backend *other;
+  int mixed;
+} crosser;
+
+static void *cross_own(void *arg) {
+  crosser *c = arg;
+  pmla_decode_args a = c->w->args;
+  DLTensor q = *a.q;
+  q.byte_offset = 1; /* bf16 at an odd address: refused, naming args->q */
+  a.q = &q;
+  for (int i = 0; i < CROSS_CALLS; i++)
+    if (g_be->decode(c->w->b, &a) != PMLA_ERR_INVALID_ARGUMENT ||
+        !strstr(g_be->last_error(c->w->b), "args->q"))
+      c->mixed++;
+  return NULL;
+}
+
+static void *cross_other(void *arg) {
+  crosser *c = arg;
+  pmla_builder_info info;
+  for (int i = 0; i < CROSS_CALLS; i++) {
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (c->other->query_builder(c->w->b, &info) != PMLA_ERR_INVALID_ARGUMENT ||
+        !strstr(c->other->last_error(c->w->b), "made by backend"))
+      c->mixed++;
+  }
+  return NULL;
+}
+
+/* in a child: 1 when neither thread ever read the other's message */
+static int32_t cross_backends(void *other) {
+  worker w;
+  worker_setup(&w, 0);
+  if (g_be->build_sparse(w.b, &w.sb) != PMLA_OK)
+    return 0;
+  crosser c[2] = {{&w, other, 0}, {&w, other, 0}};
+  pthread_t th[2];
+  if (pthread_create(&th[0], NULL, cross_own, &c[0]) != 0 ||
+      pthread_create(&th[1], NULL, cross_other, &c[1]) != 0)
+    return 0;
+  pthread_join(th[0], NULL);
+  pthread_join(th[1], NULL);
+  worker_free(&w);
+  return 1 + c[0].mixed + c[1].mixed;
+}
+
+START_TEST(test_a_call_through_another_backend_leaves_the_owners_message_alone) {
+  REQUIRE_BACKEND();
+  const pmla_backend *other = NULL;
+  for (size_t i = 0; i < pmla_registry_count(g_registry) && !other; i++)
+    if (pmla_registry_backend(g_registry, i) != g_be)
+      other = pmla_registry_backend(g_registry, i);
+  if (strcmp(g_backend_name, "pmla-cpu") != 0 || !other) {
+    harness_print_skip(__func__, other ? "GPU runtimes are not usable after fork"
+                                       : "the plugin has one backend");
+    return;
+  }
+  const int32_t r = harness_in_child(cross_backends, (void *)other,
+                                     "a builder's own backend and another on two threads");
+  ck_assert_msg(r == 1, "%d of %d calls on two threads returned another status or read the "
+                "other thread's message", (int)r - 1, 2 * CROSS_CALLS);
+}
+END_TEST
+
 Suite *suite_threads(void) {
   Suite *s = suite_create("threads");
   TCase *tc = tcase_create("independent builders");
   tcase_add_test(tc, test_builders_run_concurrently_on_threads);
   tcase_add_test(tc, test_a_cpu_builder_decodes_in_a_forked_child);
   tcase_add_test(tc, test_overlapping_calls_on_one_builder_are_refused);
+  tcase_add_test(tc, test_a_call_through_another_backend_leaves_the_owners_message_alone);
   suite_add_tcase(s, tc);
   return s;
 }
