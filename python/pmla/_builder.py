@@ -9,8 +9,8 @@ import sys
 import threading
 
 from . import _abi
-from ._errors import BadState, InvalidArgument, Unsupported, make_error
-from ._plugin import default_plugin
+from ._errors import BadState, InvalidArgument, LoadError, Unsupported, make_error
+from ._plugin import Plugin, default_plugin
 from ._tensor import as_tensor, current_stream, same, stream_handle
 
 _UINT32_MAX = 0xFFFFFFFF
@@ -32,7 +32,7 @@ def _float(value):
         return None
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
@@ -174,6 +174,9 @@ class Builder:
                  topk=0, softmax_scale=None, device=0, cu_count=0, plugin=None,
                  batch_invariant=False, kv_dtype="bf16", invariant_chunk=0):
         self._h = None
+        if plugin is not None and not isinstance(plugin, Plugin):
+            raise InvalidArgument("Builder: plugin = %r; accepted: a pmla.Plugin (pmla.load()) "
+                                  "or None (the default plugin)" % (plugin,))
         self._plugin = plugin if plugin is not None else default_plugin()
         be = self._plugin.backend(backend)
         scale = _abi.HEAD_DIM ** -0.5 if softmax_scale is None else _float(softmax_scale)
@@ -198,6 +201,9 @@ class Builder:
                                      ("topk", topk), ("cu_count", cu_count),
                                      ("invariant_chunk", invariant_chunk)))
         kvd = _kv_dtype(kv_dtype)
+        if type(batch_invariant) is not bool:
+            raise InvalidArgument("Builder: batch_invariant = %r; accepted: True or False"
+                                  % (batch_invariant,))
         if batch_invariant or invariant_chunk or kvd != _abi.DTYPE_BF16:
             # 1.1 features: a 1.0 plugin would ignore flags (the tail of a
             # larger config) and refuses FP8 caches
@@ -217,12 +223,6 @@ class Builder:
             softmax_scale=scale, device=device, cu_count=cu_count,
             flags=_abi.BUILDER_BATCH_INVARIANT if batch_invariant else 0,
             invariant_chunk=invariant_chunk)
-        handle = ctypes.c_void_p()
-        st = be.init_builder(ctypes.addressof(cfg), ctypes.byref(handle))
-        if st != _abi.OK:
-            raise make_error(st, be.error_message(None), "init_builder")
-        self._h = handle.value
-        be.registry.adopt(self._h, be.destroy_builder)
         self._be = be
         self._decode = be.decode
         self.backend = be.name
@@ -242,8 +242,21 @@ class Builder:
         # meanwhile is refused (pmla.h: one builder is used by one thread at a
         # time; overlapping calls could hang or corrupt the step)
         self._busy = threading.Lock()
-        with self._plugin._lock:
-            self._plugin._builders.add(self)
+        plugin = self._plugin
+        # under the lock Plugin.close takes first: no close unloads the plugin
+        # between this check and the builder's adoption (init_builder and
+        # last_error run inside the plugin), and a close begun after it sees
+        # this builder
+        with plugin._lock:
+            if plugin._closing:
+                raise LoadError("Builder: the plugin was closed (Plugin.close); load another")
+            handle = ctypes.c_void_p()
+            st = be.init_builder(ctypes.addressof(cfg), ctypes.byref(handle))
+            if st != _abi.OK:
+                raise make_error(st, be.error_message(None), "init_builder")
+            self._h = handle.value
+            be.registry.adopt(self._h, be.destroy_builder)
+            plugin._builders.add(self)
 
     # ---- helpers
     def _handle(self, call):

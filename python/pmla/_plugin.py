@@ -151,6 +151,10 @@ class Plugin:
     happens when the Plugin and its last builder are gone."""
 
     def __init__(self, path=None):
+        if path is not None and not isinstance(path, (str, bytes, os.PathLike)):
+            raise InvalidArgument("load: path = %r; accepted: a str, bytes or os.PathLike (a "
+                                  "':'-separated list of plugin files or directories), or None"
+                                  % (path,))
         lib, lib_path, fallback = _open_library()
         _abi.declare_registry(lib)
         self._lib = lib
@@ -184,6 +188,7 @@ class Plugin:
         self._backends = {}
         self._builders = weakref.WeakSet()
         self._lock = threading.Lock()
+        self._closing = False  # set, under _lock, by the first close()
 
     @property
     def _reg(self):
@@ -225,14 +230,18 @@ class Plugin:
 
     def backend(self, name):
         """The vtable of backend `name` (internal; Builder uses it)."""
-        if not isinstance(name, str):
-            raise InvalidArgument("backend = %r; accepted: a backend name (str), e.g. 'pmla' "
-                                  "or 'pmla-cpu'" % (name,))
+        try:
+            raw = name.encode() if isinstance(name, str) and "\0" not in name else None
+        except UnicodeEncodeError:
+            raw = None
+        if raw is None:
+            raise InvalidArgument("backend = %r; accepted: a backend name (str, UTF-8, no NUL), "
+                                  "e.g. 'pmla' or 'pmla-cpu'" % (name,))
         with self._lock:
             self._check_open()
             be = self._backends.get(name)
             if be is None:
-                ptr = self._lib.pmla_registry_find(self._reg, name.encode())
+                ptr = self._lib.pmla_registry_find(self._reg, raw)
                 if not ptr:
                     diag = self.diagnostics
                     raise InvalidArgument(
@@ -247,6 +256,7 @@ class Plugin:
         """Closes this plugin's open builders, then the registry."""
         if getattr(self, "_reg", None) is not None:
             with self._lock:  # Builder() adds to the set from any thread
+                self._closing = True  # a Builder() from now on is refused
                 builders = list(self._builders)
             for b in builders:
                 b.close()

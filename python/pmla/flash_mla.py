@@ -162,14 +162,22 @@ class MLAMetadata(_Opaque):
 
     def _builder(self, key):
         b = self._builders.get(key)
-        if b is None:
+        if b is None or b._h is None:  # closed since (its plugin closed, say)
             b = self._builders[key] = _take_builder(key)
         return b
 
     def release(self):
         """Returns this step's builders to the pool now (also done when the
-        object is dropped)."""
-        builders, self._builders, self._plan = self._builders, {}, None
+        object is dropped). Refused (RuntimeError) while a
+        flash_mla_with_kvcache call on this object runs on another thread."""
+        if not self._busy.acquire(False):
+            raise RuntimeError("pmla.flash_mla: release() while this tile_scheduler_metadata "
+                               "is in use by another thread's flash_mla_with_kvcache; release "
+                               "it once that call has returned")
+        try:
+            builders, self._builders, self._plan = self._builders, {}, None
+        finally:
+            self._busy.release()
         for key, b in builders.items():
             if b._h is not None:
                 _give_back(key, b)
@@ -237,6 +245,12 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         raise TypeError("pmla.flash_mla: q must be a torch.Tensor (got %s)" % type(q).__name__)
+    for name, x in (("k_cache", k_cache), ("block_table", block_table),
+                    ("cache_seqlens", cache_seqlens), ("indices", indices),
+                    ("attn_sink", attn_sink), ("topk_length", topk_length)):
+        if not (x is None and name != "k_cache") and not isinstance(x, torch.Tensor):
+            raise TypeError("pmla.flash_mla: %s must be a torch.Tensor%s (got %s)"
+                            % (name, "" if name == "k_cache" else " or None", type(x).__name__))
     meta = tile_scheduler_metadata
     if not isinstance(meta, MLAMetadata):
         raise TypeError("pmla.flash_mla: tile_scheduler_metadata must come from "
@@ -271,6 +285,11 @@ def _with_kvcache(torch, q, k_cache, block_table, cache_seqlens, head_dim_v, met
         raise _not_served("a dense fp8 KV cache (is_fp8_kvcache=True without indices)")
     if head_dim_v != _abi.KV_LORA_RANK:
         raise _not_served("head_dim_v = %r" % (head_dim_v,))
+    if topk_length is not None and (topk_length.dtype.is_floating_point or
+                                    topk_length.dtype.is_complex or
+                                    topk_length.dtype == torch.bool):
+        raise ValueError("pmla.flash_mla: topk_length has dtype %s; expected int32 [batch]"
+                         % (topk_length.dtype,))
     if q.dim() != 4:
         raise ValueError("pmla.flash_mla: q has shape %s; expected [batch, s_q, heads_q, 576]"
                          % (tuple(q.shape),))
@@ -304,12 +323,16 @@ def _with_kvcache(torch, q, k_cache, block_table, cache_seqlens, head_dim_v, met
                           % (tuple(k_cache.stride()), k_cache.shape[3]))
     b, s_q, h_q, _ = (int(x) for x in q.shape)
     page = int(k_cache.shape[1])
+    if attn_sink is not None and (tuple(attn_sink.shape) != (h_q,) or
+                                  attn_sink.dtype != torch.float32):
+        raise ValueError("pmla.flash_mla: attn_sink has shape %s and dtype %s; expected "
+                         "[%d] float32" % (tuple(attn_sink.shape), attn_sink.dtype, h_q))
     if softmax_scale is None:
         scale = _abi.HEAD_DIM ** -0.5
     else:
         try:
             scale = float(softmax_scale)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError("pmla.flash_mla: softmax_scale = %r; expected a float"
                              % (softmax_scale,)) from None
     if q.is_cuda:
@@ -390,10 +413,8 @@ def _with_kvcache(torch, q, k_cache, block_table, cache_seqlens, head_dim_v, met
 
 def _sink(torch, out, lse, attn_sink, h_q):
     """out [tokens, h_q, 512] times exp(lse) / (exp(lse) + exp(sink)) per
-    head; lse [tokens, h_q] natural log, -inf for an empty row (out 0)."""
-    if tuple(attn_sink.shape) != (h_q,) or attn_sink.dtype != torch.float32:
-        raise ValueError("pmla.flash_mla: attn_sink has shape %s and dtype %s; expected "
-                         "[%d] float32" % (tuple(attn_sink.shape), attn_sink.dtype, h_q))
+    head; lse [tokens, h_q] natural log, -inf for an empty row (out 0);
+    attn_sink [h_q] float32, checked by the caller."""
     w = torch.sigmoid(lse - attn_sink.to(lse.device))
     w = torch.where(torch.isneginf(lse), torch.zeros_like(w), w)  # not NaN for -inf - -inf
     return (out.float() * w.unsqueeze(-1)).to(out.dtype)

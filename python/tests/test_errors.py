@@ -74,9 +74,12 @@ class TestInitErrors(unittest.TestCase):
         # FP8 caches: the builder says so instead of making a default one
         real = pmla.default_plugin()
 
-        class Old:
+        class Old(pmla.Plugin):
             backends = [b._replace(agreed_version="1.0") for b in real.backends]
             backend = staticmethod(real.backend)
+
+            def __init__(self):  # the real plugin's backends, said to agree 1.0
+                pass
 
         for kw in ({"batch_invariant": True}, {"kv_dtype": "fp8_ds_mla"},
                    {"invariant_chunk": 2048}):
@@ -125,6 +128,20 @@ class TestInitErrors(unittest.TestCase):
         with self.assertRaises(pmla.InvalidArgument) as cm:
             pmla.Builder(16, backend=5)
         self.assertIn("backend = 5", cm.exception.message)
+        # values Python cannot pass on as they are: named, not a bare error
+        # of the conversion (a NUL ended the name in C: "pmla-cpu" was made)
+        for kw, named in (({"softmax_scale": 10 ** 400}, "softmax_scale"),
+                          ({"plugin": 5}, "plugin = 5"),
+                          ({"batch_invariant": "no"}, "batch_invariant = 'no'"),
+                          ({"batch_invariant": 1}, "batch_invariant = 1"),
+                          ({"backend": "pmla-cpu\0x"}, "backend = 'pmla-cpu\\x00x'"),
+                          ({"backend": "\udc80"}, "backend = '\\udc80'")):
+            with self.assertRaises(pmla.InvalidArgument, msg=repr(kw)) as cm:
+                pmla.Builder(16, **dict({"backend": "pmla-cpu", "max_batch": 2}, **kw))
+            self.assertIn(named, cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            pmla.load(5)
+        self.assertIn("path = 5", cm.exception.message)
 
     @unittest.skipIf(cuda_available(), "a GPU is present: pmla may initialise")
     def test_no_device(self):
@@ -622,6 +639,46 @@ class TestLifetimes(unittest.TestCase):
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                            text=True, timeout=120)
         self.assertEqual((r.returncode, r.stdout.strip()), (0, "collected"), r.stderr[-2000:])
+
+    def test_a_plugin_closed_while_a_builder_is_made(self):
+        # the plugin's code is not unloaded under init_builder: the builder
+        # is refused (the close came first) or made and closed with it
+        p = pmla.load()
+
+        class Closes:
+            def __index__(self):
+                p.close()
+                return 0
+
+        with self.assertRaisesRegex(pmla.LoadError, "closed"):
+            pmla.Builder(16, backend="pmla-cpu", max_batch=2, plugin=p, device=Closes())
+        made = refused = 0
+        for _ in range(20):
+            p = pmla.load()
+            stop, built = threading.Event(), []
+
+            def build():
+                while not stop.is_set():
+                    try:
+                        built.append(pmla.Builder(16, backend="pmla-cpu", max_batch=2,
+                                                  cu_count=1, plugin=p))
+                    except pmla.LoadError:
+                        return
+
+            t = threading.Thread(target=build)
+            t.start()
+            while not built and t.is_alive():
+                pass
+            p.close()
+            stop.set()
+            t.join(60)
+            self.assertFalse(t.is_alive())
+            for b in built:  # every one closed with its plugin
+                with self.assertRaises(pmla.BadState):
+                    b.plan([0, 1], block_table=[[0]], kv_lens=[1])
+            made += len(built)
+            refused += 1
+        self.assertGreater(made, 0)
 
     def test_close_destroys_builders_once(self):
         p = pmla.load()

@@ -333,6 +333,68 @@ class TestFlashMLA(unittest.TestCase):
                                              meta, splits)
         self.check(c, out, lse, False, what="the next call")
 
+    def test_release_during_a_call_is_refused(self):
+        # release() pooled the builders of a call in flight, which then ran
+        # over a step another metadata object planned: wrong results, no error
+        c = Case(17, [9, 30], 1)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        seen = []
+
+        class Releases(torch.Tensor):
+            """A block table whose data_ptr() releases the metadata (as
+            another thread would) inside flash_mla_with_kvcache"""
+            __torch_function__ = torch._C._disabled_torch_function_impl
+
+            def data_ptr(self):
+                if not seen:
+                    seen.append(1)
+                    meta.release()
+                return super().data_ptr()
+
+        hook = torch.Tensor._make_subclass(Releases, c.block_table)
+        with self.assertRaisesRegex(RuntimeError, "release\\(\\) while"):
+            fm.flash_mla_with_kvcache(c.q, c.k_cache, hook, c.cache_seqlens, 512, meta, splits)
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512,
+                                             meta, splits)
+        self.check(c, out, lse, False, what="the call after the refused release")
+        meta.release()
+
+    def test_metadata_outlives_a_closed_plugin(self):
+        # its builders closed with the default plugin: the next call takes
+        # new ones instead of failing on every later call
+        c = Case(18, [9, 30], 1)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512, meta,
+                                  splits)
+        fm.clear_pool()
+        pmla.default_plugin().close()
+        out, lse = fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512,
+                                             meta, splits)
+        self.check(c, out, lse, False, what="after the default plugin closed")
+
+    def test_arguments_of_other_types_are_named(self):
+        c = Case(19, [9], 1)
+        meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+        call = lambda **kw: fm.flash_mla_with_kvcache(
+            c.q, kw.pop("k", c.k_cache), kw.pop("bt", c.block_table), kw.pop("seq", c.cache_seqlens),
+            512, meta, splits, **kw)
+        for kw, name in (({"k": c.k_cache.view(torch.int16).numpy()}, "k_cache"), ({"bt": [[0]]}, "block_table"),
+                         ({"seq": [9]}, "cache_seqlens"),
+                         ({"indices": [[[0]]]}, "indices"),
+                         ({"topk_length": [1]}, "topk_length"),
+                         ({"attn_sink": [0.0]}, "attn_sink")):
+            with self.assertRaisesRegex(TypeError, "%s must be a torch.Tensor" % name,
+                                        msg=repr(kw)):
+                call(**kw)
+        idx = torch.zeros(c.b, 1, 64, dtype=torch.int32)
+        with self.assertRaisesRegex(ValueError, "topk_length has dtype torch.float32"):
+            call(bt=None, seq=None, indices=idx, topk_length=torch.tensor([1.5]))
+        with self.assertRaisesRegex(ValueError, "softmax_scale = 10"):
+            call(softmax_scale=10 ** 400)
+        # attn_sink is checked before anything runs
+        with self.assertRaisesRegex(ValueError, "attn_sink has shape"):
+            call(bt=None, seq=None, indices=idx, attn_sink=torch.zeros(3))
+
     def test_a_copied_metadata_object_has_builders_of_its_own(self):
         # a copy that shared the original's builders would run the step the
         # other planned last, and give them back to the pool while in use
