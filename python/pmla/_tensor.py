@@ -215,8 +215,8 @@ def _from_array_interface(obj, name, writable=False):
     if not (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], int)
             and not isinstance(data[0], bool) and 0 <= data[0] < 2 ** 64):
         raise InvalidArgument("%s: __array_interface__ data %s; accepted: a (pointer, "
-                              "read-only) tuple" % (name, "missing" if data is None
-                                                    else "of type " + type(data).__name__))
+                              "read-only) tuple, the pointer a Python int in 0..2^64-1"
+                              % (name, "missing" if data is None else repr(data)))
     if writable and data[1]:
         raise InvalidArgument("%s: a read-only array; accepted: a writable one" % name)
     typestr = ai.get("typestr")
@@ -262,19 +262,25 @@ def _from_list(obj, name):
     flat = []
     if rows and isinstance(rows[0], (list, tuple)):
         shape.append(len(rows[0]))
-        for r in rows:
+        for i, r in enumerate(rows):
             if not isinstance(r, (list, tuple)) or len(r) != shape[1]:
-                raise InvalidArgument("%s: a ragged nested list; accepted: rectangular" % name)
+                raise InvalidArgument("%s: row %d is %s where row 0 has %d elements; accepted: "
+                                      "a rectangular list of lists" % (
+                                          name, i, "%d long" % len(r)
+                                          if isinstance(r, (list, tuple))
+                                          else "of type " + type(r).__name__, shape[1]))
             flat.extend(r)
     else:
         flat = list(rows)
-    try:
-        # a bool is an int to Python, not an index to pmla
-        if any(isinstance(v, bool) or type(v).__name__ == "bool_" for v in flat):
-            raise TypeError
-        flat = [operator.index(v) for v in flat]
-    except TypeError:
-        raise InvalidArgument("%s: a list that is not all ints" % name) from None
+    for i, v in enumerate(flat):
+        try:
+            # a bool is an int to Python, not an index to pmla
+            if isinstance(v, bool) or type(v).__name__ == "bool_":
+                raise TypeError
+            flat[i] = operator.index(v)
+        except TypeError:
+            raise InvalidArgument("%s: element %d is %r; accepted: a list of ints"
+                                  % (name, i, v)) from None
     bad = next((i for i, v in enumerate(flat) if not _INT32[0] <= v <= _INT32[1]), None)
     if bad is not None:
         raise InvalidArgument("%s: element %d is %d; accepted: int32 values (%d..%d)"

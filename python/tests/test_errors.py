@@ -405,8 +405,13 @@ class TestExporters(unittest.TestCase):
                                    "data": bytearray(b"\x40" * 8)}
         with self.assertRaises(pmla.InvalidArgument) as cm:
             self.b.plan(Buffer(), block_table=[[0]], kv_lens=[1])
-        self.assertIn("plan: qo_indptr: __array_interface__ data of type bytearray",
+        self.assertIn("plan: qo_indptr: __array_interface__ data bytearray(b'@@@@@@@@')",
                       cm.exception.message)
+        for data in ((-5, False), (2 ** 64, False)):  # named as given, not "of type tuple"
+            Buffer.__array_interface__ = dict(Buffer.__array_interface__, data=data)
+            with self.assertRaises(pmla.InvalidArgument) as cm:
+                self.b.plan(Buffer(), block_table=[[0]], kv_lens=[1])
+            self.assertIn("data %r; accepted" % (data,), cm.exception.message)
         good = np.array([0, 1], np.int32)
         for change, text in (({"typestr": 5}, "array type 5"),
                              ({"shape": ("a",)}, "shape ('a',)"),
@@ -485,9 +490,22 @@ class TestExporters(unittest.TestCase):
     def test_bools_are_not_ints(self):
         with self.assertRaises(pmla.InvalidArgument) as cm:
             self.b.plan([False, True], block_table=[[0]], kv_lens=[9])
-        self.assertIn("plan: qo_indptr: a list that is not all ints", cm.exception.message)
+        self.assertIn("plan: qo_indptr: element 0 is False; accepted: a list of ints",
+                      cm.exception.message)
         with self.assertRaises(pmla.InvalidArgument):
             self.b.plan([0, 1], block_table=[[np.bool_(False)]], kv_lens=[9])
+
+    def test_list_errors_name_the_element(self):
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.plan([0, 1], block_table=[[0], [1, 2]], kv_lens=[9])
+        self.assertIn("block_table: row 1 is 2 long where row 0 has 1 elements",
+                      cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.plan([0, 1], block_table=[[0], 7], kv_lens=[9])
+        self.assertIn("block_table: row 1 is of type int", cm.exception.message)
+        with self.assertRaises(pmla.InvalidArgument) as cm:
+            self.b.plan([0, 1], block_table=[[0]], kv_lens=["9"])
+        self.assertIn("kv_lens: element 0 is '9'", cm.exception.message)
 
     def test_a_broadcast_q_is_refused_before_outputs_are_sized(self):
         huge = np.broadcast_to(self.q, (2 ** 31, 16, 576))  # 2^31 tokens in one row
