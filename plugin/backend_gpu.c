@@ -177,6 +177,9 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
   int32_t units = pmla_gpu_sched_units((int32_t)cus, (int32_t)cfg.num_heads, (int32_t)cfg.max_q_len,
                                        s->min_mt);
   pmla_size_buffers(b, cus, (uint32_t)(units < PMLA_GPU_MAX_UNITS ? units : PMLA_GPU_MAX_UNITS));
+  static const char *const buf_name[PMLA_BUF_COUNT] = {
+      "work_meta_data",     "work_indptr",        "work_info_set", "reduce_indptr",
+      "reduce_final_map",   "reduce_partial_map", "partial_out",   "partial_lse"};
   for (int i = 0; i < PMLA_BUF_COUNT; i++) {
     size_t bytes = (size_t)b->info.buffer_bytes[i];
     const int allocated = (e = gpuMalloc(&b->buf[i], bytes ? bytes : 4)) == GPU_SUCCESS;
@@ -184,18 +187,20 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
       e = gpuMemset(b->buf[i], 0, bytes ? bytes : 4);
     if (e != GPU_SUCCESS) {
       gpuGetLastError(); /* clear the sticky-free error state */
-      uint64_t total = b->info.total_bytes;
+      const uint64_t total = b->info.total_bytes;
+      const int invariant = pmla_batch_invariant(b); /* b is freed next */
       gpu_free(b);
       leave_device(d);
       /* only a refused allocation is a lack of memory; anything else is
        * the runtime's failure, named */
       return pmla_fail(NULL, !allocated && e == GPU_OUT_OF_MEMORY ? PMLA_ERR_OUT_OF_MEMORY
                                                                    : PMLA_ERR_DEVICE,
-                       "init_builder: cannot %s %zu bytes (%s) on device %d: %s; the builder "
-                       "needs %llu bytes in all",
-                       allocated ? "zero" : "allocate", bytes,
-                       i == PMLA_BUF_PARTIAL_OUT ? "partial_out" : "schedule buffers",
-                       cfg.device, gpuGetErrorString(e), (unsigned long long)total);
+                       "init_builder: cannot %s %zu bytes (buffer %s) on device %d: %s; the "
+                       "builder needs %llu bytes in all (fewer with a smaller cu_count, "
+                       "max_q_len or num_heads%s)",
+                       allocated ? "zero" : "allocate", bytes, buf_name[i], cfg.device,
+                       gpuGetErrorString(e), (unsigned long long)total,
+                       invariant ? ", or no PMLA_BUILDER_BATCH_INVARIANT" : "");
     }
   }
   /* cudaMemset returns before the zeros land, on the legacy stream, which a

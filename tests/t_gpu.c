@@ -301,6 +301,66 @@ START_TEST(test_init_refuses_the_device_past_the_last) {
 }
 END_TEST
 
+/* A builder that the GPU's free memory cannot hold (most of it taken by a
+ * tensor of the test's first): refused with PMLA_ERR_OUT_OF_MEMORY naming
+ * the buffer that did not fit and what the builder needs, *out untouched,
+ * every buffer allocated before it freed again; with the memory back, the
+ * same config makes a builder. (compute-sanitizer reports the refused
+ * cudaMalloc as an API error of the run: this test asks for it.) */
+START_TEST(test_a_builder_the_gpu_cannot_hold_is_refused_and_leaves_nothing) {
+  if (!require_gpu(__func__))
+    return;
+  pmla_builder_config c = harness_config(128, PAGE, 64, 8, 0, 0);
+  c.flags = PMLA_BUILDER_BATCH_INVARIANT; /* partial_out the largest buffer by far */
+  pmla_builder *b = NULL;
+  ck_assert_msg(g_be->init_builder(&c, &b) == PMLA_OK, "%s", g_be->last_error(NULL));
+  pmla_builder_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  ck_assert_int_eq(g_be->query_builder(b, &info), PMLA_OK);
+  g_be->destroy_builder(b);
+  const uint64_t part = info.buffer_bytes[PMLA_BUF_PARTIAL_OUT];
+  ck_assert_uint_gt(part, info.total_bytes / 2);
+  size_t free0 = 0, total = 0;
+  ck_assert_int_eq(g_mem->mem_info(&free0, &total), 0);
+  /* leave the small buffers room, partial_out none: a hog of the free
+   * memory less half of partial_out (allocators round; try smaller hogs) */
+  void *hog = NULL;
+  size_t hog_bytes = free0 > part / 2 ? free0 - part / 2 : 0;
+  while (hog_bytes > part && !(hog = g_mem->alloc(hog_bytes)))
+    hog_bytes -= part / 8;
+  if (!hog) {
+    harness_print_skip(__func__, "no hog of the device's free memory could be allocated");
+    return;
+  }
+  size_t free1 = 0, free2 = 0;
+  ck_assert_int_eq(g_mem->mem_info(&free1, &total), 0);
+  if (free1 >= part) {
+    g_mem->release(hog);
+    harness_print_skip(__func__, "the hog left room for partial_out");
+    return;
+  }
+  b = SENTINEL_BUILDER;
+  const pmla_status st = g_be->init_builder(&c, &b);
+  const char *msg = g_be->last_error(NULL);
+  ck_assert_int_eq(g_mem->mem_info(&free2, &total), 0);
+  g_mem->release(hog);
+  if (st == PMLA_OK && b != SENTINEL_BUILDER)
+    g_be->destroy_builder(b);
+  ck_assert_msg(st == PMLA_ERR_OUT_OF_MEMORY, "%zu bytes free, partial_out %llu: %s (%s)",
+                free1, (unsigned long long)part, harness_status_name(st), msg);
+  ck_assert_msg(b == SENTINEL_BUILDER, "*out written on a refused init");
+  ck_assert_msg(strstr(msg, "buffer partial_out") && strstr(msg, "bytes in all"),
+                "message '%s' does not name the buffer and the builder's need", msg);
+  ck_assert_msg(free2 == free1, "device free memory %zu before the refused init, %zu after",
+                free1, free2);
+  b = NULL;
+  ck_assert_msg(g_be->init_builder(&c, &b) == PMLA_OK, "with the memory back: %s",
+                g_be->last_error(NULL));
+  g_be->destroy_builder(b);
+}
+END_TEST
+
 /* Makes `dev` current, runs stmt, fails unless `dev` is still current. */
 #define KEEPS_CURRENT(what, dev, stmt)                                                     \
   do {                                                                                     \
@@ -642,6 +702,7 @@ Suite *suite_gpu(void) {
   TCase *dev = tcase_create("devices");
   tcase_set_timeout(dev, 120);
   tcase_add_test(dev, test_init_refuses_the_device_past_the_last);
+  tcase_add_test(dev, test_a_builder_the_gpu_cannot_hold_is_refused_and_leaves_nothing);
   tcase_add_test(dev, test_every_call_keeps_the_current_device);
   tcase_add_test(dev, test_a_builder_ignores_which_device_is_current);
   tcase_add_test(dev, test_a_thread_without_a_context_is_left_without_one);
