@@ -201,6 +201,31 @@ static void decode_batch(const cache *c, req *const *reqs, int32_t n, int32_t pr
   free(q);
 }
 
+/* `tokens` query tokens' rows (q, out, lse as decoded) against the fp64
+ * reference over the slot lists. */
+static void check_lists(const cache *c, const ref_slot_lists *lists, int64_t tokens,
+                        const uint16_t *q, const uint16_t *out, const float *lse,
+                        const char *what) {
+  const size_t rows = (size_t)tokens * H;
+  double *ro = malloc(rows * 512 * 8), *rl = malloc(rows * 8);
+  float *of = malloc(rows * 512 * 4);
+  ck_assert(ro && rl && of);
+  const int fmt = c->dtype == PMLA_DTYPE_FP8_E4M3    ? REF_KV_FP8_E4M3
+                  : c->dtype == PMLA_DTYPE_FP8_DS_MLA ? REF_KV_FP8_DS_MLA
+                                                      : 0;
+  ref_problem p = {tokens, H, q, c->host, (int64_t)PAGES * PS, lists,
+                   harness_config(H, PS, 1, 1, 0, 1).softmax_scale, fmt, c->bytes,
+                   E4M3_SCALE};
+  ck_assert_int_eq(ref_mla_decode(&p, ro, rl), 0);
+  for (size_t i = 0; i < rows * 512; i++)
+    of[i] = ref_bf16_to_float(out[i]);
+  ref_report o = ref_check_output(ro, of, rows * 512), l = ref_check_lse(rl, lse, rows);
+  ck_assert_msg(o.ok && l.ok, "%s vs reference: out %s, lse %s", what, o.message, l.message);
+  free(ro);
+  free(rl);
+  free(of);
+}
+
 /* The probe alone (one unit) against the fp64 reference. */
 static void check_reference(const cache *c, const req *r, const uint16_t *out, const float *lse) {
   const int32_t qo[2] = {0, r->q_len};
@@ -208,25 +233,8 @@ static void check_reference(const cache *c, const req *r, const uint16_t *out, c
   ck_assert_int_eq(ref_slots_from_block_table(1, qo, r->pages, r->npages > 0 ? r->npages : 1,
                                               &r->kv_len, PS, &lists),
                    0);
-  const size_t rows = (size_t)r->q_len * H;
-  double *ro = malloc(rows * 512 * 8), *rl = malloc(rows * 8);
-  float *of = malloc(rows * 512 * 4);
-  ck_assert(ro && rl && of);
-  const int fmt = c->dtype == PMLA_DTYPE_FP8_E4M3    ? REF_KV_FP8_E4M3
-                  : c->dtype == PMLA_DTYPE_FP8_DS_MLA ? REF_KV_FP8_DS_MLA
-                                                      : 0;
-  ref_problem p = {r->q_len, H, r->q, c->host, (int64_t)PAGES * PS, &lists,
-                   harness_config(H, PS, 1, 1, 0, 1).softmax_scale, fmt, c->bytes,
-                   E4M3_SCALE};
-  ck_assert_int_eq(ref_mla_decode(&p, ro, rl), 0);
-  for (size_t i = 0; i < rows * 512; i++)
-    of[i] = ref_bf16_to_float(out[i]);
-  ref_report o = ref_check_output(ro, of, rows * 512), l = ref_check_lse(rl, lse, rows);
-  ck_assert_msg(o.ok && l.ok, "probe alone vs reference: out %s, lse %s", o.message, l.message);
+  check_lists(c, &lists, r->q_len, r->q, out, lse, "probe alone");
   ref_slot_lists_free(&lists);
-  free(ro);
-  free(rl);
-  free(of);
 }
 
 /* A request's out rows and lse as one decode gave them. */
@@ -465,18 +473,8 @@ START_TEST(test_empty_chunks_of_a_top_k_list_fold_as_nothing) {
   }
   ref_slot_lists sl;
   ck_assert_int_eq(ref_slots_from_topk(1, SPARSE_TOPK, lists, &sl), 0);
-  double *ro = malloc((size_t)H * 512 * 8), rl[H];
-  float of[H * 512];
-  ck_assert(ro);
-  ref_problem p = {1, H, q, c.host, (int64_t)PAGES * PS, &sl,
-                   harness_config(H, PS, 1, 1, 0, 1).softmax_scale, 0, NULL, 1.0};
-  ck_assert_int_eq(ref_mla_decode(&p, ro, rl), 0);
-  for (int i = 0; i < H * 512; i++)
-    of[i] = ref_bf16_to_float(first[i]);
-  ref_report o = ref_check_output(ro, of, H * 512), l = ref_check_lse(rl, first_lse, H);
-  ck_assert_msg(o.ok && l.ok, "token 0 vs reference: out %s, lse %s", o.message, l.message);
+  check_lists(&c, &sl, 1, q, first, first_lse, "token 0");
   ref_slot_lists_free(&sl);
-  free(ro);
   free(q);
   cache_free(&c);
   g_chunk = 0;
