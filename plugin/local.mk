@@ -12,9 +12,8 @@ plugin_pmla_la_LDFLAGS = -module -avoid-version -shared -no-undefined \
 	-export-symbols-regex '^pmla_plugin_entry$$'
 plugin_pmla_la_LIBADD = kernels/libpmla-kernels.la $(PTHREAD_LIBS) $(LIBM)
 if PMLA_GPU
-# never unmapped by dlclose: the GPU runtime keeps the registrations of the
-# plugin's kernels by host address, and a plugin unloaded and loaded again
-# in a CUDA process crashed its next init_builder (docs/robustness.md)
+# never unmapped by dlclose: a plugin unloaded and loaded again in a CUDA
+# process crashed or hung its next init_builder (docs/robustness.md)
 plugin_pmla_la_LDFLAGS += -Wl,-z,nodelete
 plugin_pmla_la_SOURCES += plugin/backend_gpu.c plugin/gpu_runtime.h
 plugin_pmla_la_LIBADD += $(PMLA_HIP_OBJS) $(GPU_LIBS)
