@@ -33,6 +33,9 @@ from ._errors import Error as PmlaError, Unsupported
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "MLAMetadata"]
 
 _POOL_PER_KEY = 4
+# and in all: steps of many configurations (softmax scales, head counts)
+# would otherwise keep a builder of each until clear_pool()
+_POOL_MAX = 32
 _DS_MLA_BYTES = 656
 _MAX_REQUESTS = 65536  # init_builder's max_batch (pmla.h)
 _pool = {}
@@ -69,9 +72,11 @@ def _give_back(key, builder):
     builder._step = builder._rc = None
     with _pool_lock:
         idle = _pool.setdefault(key, [])
-        if len(idle) < _POOL_PER_KEY:
+        if len(idle) < _POOL_PER_KEY and sum(map(len, _pool.values())) < _POOL_MAX:
             idle.append(builder)
             return
+        if not idle:
+            del _pool[key]
     builder.close()
 
 

@@ -333,6 +333,21 @@ class TestFlashMLA(unittest.TestCase):
                                              meta, splits)
         self.check(c, out, lse, False, what="the next call")
 
+    def test_the_pool_keeps_a_bounded_number_of_builders(self):
+        # one metadata object per softmax scale, each released: the idle
+        # builders kept for later steps stay within the pool's bound
+        c = Case(20, [9], 1)
+        fm.clear_pool()
+        for i in range(fm._POOL_MAX + 8):
+            meta, splits = fm.get_mla_metadata(c.cache_seqlens, c.h, 1)
+            fm.flash_mla_with_kvcache(c.q, c.k_cache, c.block_table, c.cache_seqlens, 512, meta,
+                                      splits, softmax_scale=0.01 * (i + 1))
+            meta.release()
+        with fm._pool_lock:
+            idle = sum(map(len, fm._pool.values()))
+        self.assertEqual(idle, fm._POOL_MAX)
+        fm.clear_pool()
+
     def test_release_during_a_call_is_refused(self):
         # release() pooled the builders of a call in flight, which then ran
         # over a step another metadata object planned: wrong results, no error
