@@ -196,8 +196,8 @@ static pmla_status gpu_init(const pmla_builder_config *config, pmla_builder **ou
       return pmla_fail(NULL, !allocated && e == GPU_OUT_OF_MEMORY ? PMLA_ERR_OUT_OF_MEMORY
                                                                    : PMLA_ERR_DEVICE,
                        "init_builder: cannot %s %zu bytes (buffer %s) on device %d: %s; the "
-                       "builder needs %llu bytes in all (fewer with a smaller cu_count, "
-                       "max_q_len or num_heads%s)",
+                       "builder needs %llu bytes in all (fewer with a smaller max_batch, "
+                       "cu_count, max_q_len or num_heads%s)",
                        allocated ? "zero" : "allocate", bytes, buf_name[i], cfg.device,
                        gpuGetErrorString(e), (unsigned long long)total,
                        invariant ? ", or no PMLA_BUILDER_BATCH_INVARIANT" : "");

@@ -15,8 +15,8 @@ static pmla_status no_gpu(const char *call) {
 }
 
 /* A builder given to this backend is another's, as none of its own exists:
- * refused as every backend refuses one, the message in the builder when it
- * is live (pmla_builder_check); NULL gets the answer of every call. */
+ * refused as every backend refuses one, the message on the calling thread
+ * (pmla_builder_check); NULL gets the answer of every call. */
 static pmla_status no_gpu_b(const pmla_builder *b, const char *call) {
   if (!b)
     return no_gpu(call);

@@ -58,9 +58,10 @@ struct pmla_builder {
 pmla_status pmla_fail(pmla_builder *b, pmla_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void pmla_clear_error(pmla_builder *b);
-/* b's message; for NULL or a pointer that is not a live builder (never made,
- * or destroyed), this thread's message (init_builder's, or the refusal of a
- * call given such a pointer) */
+/* b's message; for NULL, a pointer that is not a live builder (never made,
+ * or destroyed), or a live builder this thread's last call on was refused
+ * (another backend's, or another thread inside a call on it), this thread's
+ * message (init_builder's, or that refusal) */
 const char *pmla_builder_last_error(const pmla_builder *b);
 
 /* The plugin's live builders, so that a call given a pointer that is not
@@ -72,9 +73,8 @@ const char *pmla_builder_last_error(const pmla_builder *b);
 int pmla_builder_adopt(pmla_builder *b);
 int pmla_builder_forget(pmla_builder *b, const pmla_backend *be);
 /* PMLA_OK when b is live and, unless `be` is NULL, made by `be`; else the
- * refusal (INVALID_ARGUMENT), named after `what` (the call). A refusal for
- * another backend's builder is that builder's message, the others this
- * thread's. */
+ * refusal (INVALID_ARGUMENT), named after `what` (the call), as this
+ * thread's message. */
 pmla_status pmla_builder_check(const pmla_builder *b, const pmla_backend *be, const char *what);
 
 /* Takes b for one call, `what`: pmla_builder_check's refusals, and

@@ -201,9 +201,10 @@ class Builder:
                                      ("topk", topk), ("cu_count", cu_count),
                                      ("invariant_chunk", invariant_chunk)))
         kvd = _kv_dtype(kv_dtype)
-        if type(batch_invariant) is not bool:
-            raise InvalidArgument("Builder: batch_invariant = %r; accepted: True or False"
-                                  % (batch_invariant,))
+        if type(batch_invariant) is not bool and type(batch_invariant).__name__ != "bool_":
+            raise InvalidArgument("Builder: batch_invariant = %r (%s); accepted: a bool"
+                                  % (batch_invariant, type(batch_invariant).__name__))
+        batch_invariant = bool(batch_invariant)
         if batch_invariant or invariant_chunk or kvd != _abi.DTYPE_BF16:
             # 1.1 features: a 1.0 plugin would ignore flags (the tail of a
             # larger config) and refuses FP8 caches

@@ -151,10 +151,11 @@ class Plugin:
     happens when the Plugin and its last builder are gone."""
 
     def __init__(self, path=None):
-        if path is not None and not isinstance(path, (str, bytes, os.PathLike)):
-            raise InvalidArgument("load: path = %r; accepted: a str, bytes or os.PathLike (a "
-                                  "':'-separated list of plugin files or directories), or None"
-                                  % (path,))
+        if path is not None and (not isinstance(path, (str, bytes, os.PathLike)) or
+                                 b"\0" in os.fsencode(path)):
+            raise InvalidArgument("load: path = %r; accepted: a str, bytes or os.PathLike "
+                                  "without NUL (a ':'-separated list of plugin files or "
+                                  "directories), or None" % (path,))
         lib, lib_path, fallback = _open_library()
         _abi.declare_registry(lib)
         self._lib = lib

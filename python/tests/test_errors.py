@@ -133,15 +133,17 @@ class TestInitErrors(unittest.TestCase):
         for kw, named in (({"softmax_scale": 10 ** 400}, "softmax_scale"),
                           ({"plugin": 5}, "plugin = 5"),
                           ({"batch_invariant": "no"}, "batch_invariant = 'no'"),
-                          ({"batch_invariant": 1}, "batch_invariant = 1"),
+                          ({"batch_invariant": 1}, "batch_invariant = 1 (int)"),
                           ({"backend": "pmla-cpu\0x"}, "backend = 'pmla-cpu\\x00x'"),
                           ({"backend": "\udc80"}, "backend = '\\udc80'")):
             with self.assertRaises(pmla.InvalidArgument, msg=repr(kw)) as cm:
                 pmla.Builder(16, **dict({"backend": "pmla-cpu", "max_batch": 2}, **kw))
             self.assertIn(named, cm.exception.message)
-        with self.assertRaises(pmla.InvalidArgument) as cm:
-            pmla.load(5)
-        self.assertIn("path = 5", cm.exception.message)
+        pmla.Builder(16, backend="pmla-cpu", max_batch=2, batch_invariant=np.True_).close()
+        for path in (5, "plugins\0junk"):  # C would read the name cut short at the NUL
+            with self.assertRaises(pmla.InvalidArgument) as cm:
+                pmla.load(path)
+            self.assertIn("path = %r" % (path,), cm.exception.message)
 
     @unittest.skipIf(cuda_available(), "a GPU is present: pmla may initialise")
     def test_no_device(self):
