@@ -34,6 +34,8 @@ typedef struct dfx {
   pmla_decode_batch batch;
   pmla_sparse_batch sbatch;
   pmla_decode_args args;
+  uint16_t *base, *got; /* out on the host: the valid step's, a later decode's */
+  size_t out_n;         /* elements the valid step writes */
 } dfx;
 
 
@@ -89,6 +91,9 @@ static void dfx_setup(dfx *f, int sparse, uint64_t *rng) {
   tt_make2(&f->lse, TT_F32, NULL, DTOKENS, DH);
   free(hq);
   free(hkv);
+  f->base = malloc(OUT_N * 2);
+  f->got = malloc(OUT_N * 2);
+  ck_assert(f->base && f->got);
   f->batch.struct_size = sizeof f->batch;
   f->batch.kv_layout = PMLA_KV_BLOCK_TABLE;
   f->batch.qo_indptr = &f->t_qo.t;
@@ -111,6 +116,8 @@ static void dfx_teardown(dfx *f) {
                         &f->q,    &f->kv,     &f->out,  &f->lse};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     tt_free(all[i]);
+  free(f->base);
+  free(f->got);
 }
 
 static pmla_status dfx_build(dfx *f) {
@@ -145,34 +152,76 @@ static const char *corrupt(dfx *f, uint64_t *rng) {
   }
 }
 
+/* The fixture with a valid step of its own (q, out and lse hold the
+ * step's tokens). */
+static void dfx_prepare(dfx *f, int sparse, uint64_t *rng) {
+  dfx_setup(f, sparse, rng);
+  dfx_valid(f, rng);
+  if (!sparse)
+    f->q.shape[0] = f->out.shape[0] = f->lse.shape[0] = f->qo[DB];
+  f->out_n = (size_t)f->out.shape[0] * DH * 512;
+}
+
+/* Builds and decodes the fixture's step, which must be valid; its output
+ * in f->base. */
+static void dfx_decode_valid(dfx *f) {
+  uint32_t flags = 0;
+  dfx_upload(f);
+  ck_assert_msg(dfx_build(f) == PMLA_OK, "valid build: %s", g_be->last_error(f->b));
+  ck_assert_msg(g_be->decode(f->b, &f->args) == PMLA_OK, "valid decode: %s",
+                g_be->last_error(f->b));
+  ck_assert_msg(g_be->check_device_error(f->b, &flags) == PMLA_OK && flags == 0,
+                "the valid step set device error flags 0x%x", flags);
+  tt_download(&f->out, f->base);
+}
+
+/* A decode of the built step that now reads a bad index: refused with a
+ * message, or run with `bit` set in the device error word (nothing read
+ * outside the cache: the sanitizers watch that). `host`: the backend checks
+ * the indices in host memory at this decode, so it must refuse. */
+static void expect_noticed(dfx *f, uint32_t bit, int host, const char *what) {
+  uint32_t flags = 0;
+  pmla_status s = g_be->decode(f->b, &f->args);
+  if (s != PMLA_OK) {
+    EXPECT(s == PMLA_ERR_INVALID_ARGUMENT, "%s: %s", what, harness_status_name(s));
+    EXPECT(g_be->last_error(f->b)[0], "%s: refused without a message", what);
+    return;
+  }
+  EXPECT(!host, "%s: decoded, where the indices in host memory are checked first", what);
+  s = g_be->check_device_error(f->b, &flags);
+  EXPECT(s == PMLA_ERR_DEVICE_INPUT && (flags & bit),
+         "%s: decoded, and check_device_error says %s (flags 0x%x, expected bit 0x%x)", what,
+         harness_status_name(s), flags, bit);
+}
+
+/* The built step decoded again with its indices as they were: f->base,
+ * bit for bit, and no flag. */
+static void expect_base_again(dfx *f, const char *what) {
+  uint32_t flags = 0;
+  EXPECT(g_be->decode(f->b, &f->args) == PMLA_OK, "valid decode after %s: %s", what,
+         g_be->last_error(f->b));
+  EXPECT(g_be->check_device_error(f->b, &flags) == PMLA_OK && flags == 0,
+         "the valid decode after %s set flags 0x%x", what, flags);
+  tt_download(&f->out, f->got);
+  EXPECT(memcmp(f->got, f->base, f->out_n * 2) == 0,
+         "the valid decode after %s changed its output", what);
+}
+
 static void run_devinput(int sparse) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ (sparse ? 0x5eedull : 0xd0e5ull);
   dfx f;
-  dfx_setup(&f, sparse, &rng);
-  dfx_valid(&f, &rng);
+  dfx_prepare(&f, sparse, &rng);
   int32_t good_qo[DB + 1], good_lens[DB], good_bt[DB * DMAXP], good_topk[DTOKENS * DTOPK];
   memcpy(good_qo, f.qo, sizeof good_qo);
   memcpy(good_lens, f.lens, sizeof good_lens);
   memcpy(good_bt, f.bt, sizeof good_bt);
   memcpy(good_topk, f.topk, sizeof good_topk);
-  dfx_upload(&f);
-  if (!sparse) /* q, out and lse hold the valid step's tokens */
-    f.q.shape[0] = f.out.shape[0] = f.lse.shape[0] = f.qo[DB];
-  const size_t out_n = (size_t)f.out.shape[0] * DH * 512;
-
-  uint16_t *base = malloc(OUT_N * 2), *got = malloc(OUT_N * 2);
-  ck_assert(base && got);
+  dfx_decode_valid(&f);
+  for (size_t i = 0; i < f.out_n; i++)
+    EXPECT(ref_bf16_to_float(f.base[i]) == ref_bf16_to_float(f.base[i]),
+           "valid step: NaN at %zu", i);
   uint32_t flags = 0;
-  ck_assert_int_eq(dfx_build(&f), PMLA_OK);
-  ck_assert_msg(g_be->decode(f.b, &f.args) == PMLA_OK, "valid decode: %s",
-                g_be->last_error(f.b));
-  ck_assert_msg(g_be->check_device_error(f.b, &flags) == PMLA_OK && flags == 0,
-                "the valid step set device error flags 0x%x", flags);
-  tt_download(&f.out, base);
-  for (size_t i = 0; i < out_n; i++)
-    EXPECT(ref_bf16_to_float(base[i]) == ref_bf16_to_float(base[i]), "valid step: NaN at %zu",
-           i);
 
   const int n = harness_devinput_steps();
   int refused = 0, flagged = 0;
@@ -202,74 +251,13 @@ static void run_devinput(int sparse) {
     dfx_upload(&f);
     EXPECT(dfx_build(&f) == PMLA_OK, "step %d: valid rebuild after %s: %s", k, what,
            g_be->last_error(f.b));
-    EXPECT(g_be->decode(f.b, &f.args) == PMLA_OK, "step %d: valid decode after %s: %s", k,
-           what, g_be->last_error(f.b));
-    EXPECT(g_be->check_device_error(f.b, &flags) == PMLA_OK && flags == 0,
-           "step %d: valid step after %s left flags 0x%x", k, what, flags);
-    tt_download(&f.out, got);
-    EXPECT(memcmp(got, base, out_n * 2) == 0, "step %d: the valid step after %s changed", k,
-           what);
+    char after[128];
+    snprintf(after, sizeof after, "step %d (%s)", k, what);
+    expect_base_again(&f, after);
   }
   printf("devinput %s: %d bad steps, %d refused, %d flagged by the device\n",
          sparse ? "sparse" : "dense", n, refused, flagged);
-  free(base);
-  free(got);
   dfx_teardown(&f);
-}
-
-/* The fixture with a valid step of its own (q, out and lse hold the
- * step's tokens); returns how many output elements the step writes. */
-static size_t dfx_prepare(dfx *f, int sparse, uint64_t *rng) {
-  dfx_setup(f, sparse, rng);
-  dfx_valid(f, rng);
-  if (!sparse)
-    f->q.shape[0] = f->out.shape[0] = f->lse.shape[0] = f->qo[DB];
-  return (size_t)f->out.shape[0] * DH * 512;
-}
-
-/* Builds and decodes the fixture's step, which must be valid; its output
- * in out_host (n elements). */
-static void dfx_decode_valid(dfx *f, uint16_t *out_host) {
-  uint32_t flags = 0;
-  dfx_upload(f);
-  ck_assert_msg(dfx_build(f) == PMLA_OK, "valid build: %s", g_be->last_error(f->b));
-  ck_assert_msg(g_be->decode(f->b, &f->args) == PMLA_OK, "valid decode: %s",
-                g_be->last_error(f->b));
-  ck_assert_msg(g_be->check_device_error(f->b, &flags) == PMLA_OK && flags == 0,
-                "the valid step set device error flags 0x%x", flags);
-  tt_download(&f->out, out_host);
-}
-
-/* A decode of the built step that now reads a bad index: refused with a
- * message, or run with `bit` set in the device error word (nothing read
- * outside the cache: the sanitizers watch that). `host`: the backend checks
- * the indices in host memory at this decode, so it must refuse. */
-static void expect_noticed(dfx *f, uint32_t bit, int host, const char *what) {
-  uint32_t flags = 0;
-  pmla_status s = g_be->decode(f->b, &f->args);
-  if (s != PMLA_OK) {
-    EXPECT(s == PMLA_ERR_INVALID_ARGUMENT, "%s: %s", what, harness_status_name(s));
-    EXPECT(g_be->last_error(f->b)[0], "%s: refused without a message", what);
-    return;
-  }
-  EXPECT(!host, "%s: decoded, where the indices in host memory are checked first", what);
-  s = g_be->check_device_error(f->b, &flags);
-  EXPECT(s == PMLA_ERR_DEVICE_INPUT && (flags & bit),
-         "%s: decoded, and check_device_error says %s (flags 0x%x, expected bit 0x%x)", what,
-         harness_status_name(s), flags, bit);
-}
-
-/* The built step decoded again with its indices as they were: base (n
- * elements), bit for bit, and no flag. */
-static void expect_base_again(dfx *f, const char *what, const uint16_t *base, uint16_t *got,
-                              size_t n) {
-  uint32_t flags = 0;
-  EXPECT(g_be->decode(f->b, &f->args) == PMLA_OK, "valid decode after %s: %s", what,
-         g_be->last_error(f->b));
-  EXPECT(g_be->check_device_error(f->b, &flags) == PMLA_OK && flags == 0,
-         "the valid decode after %s set flags 0x%x", what, flags);
-  tt_download(&f->out, got);
-  EXPECT(memcmp(got, base, n * 2) == 0, "the valid decode after %s changed its output", what);
 }
 
 /* An index rewritten in place after a decode of its step checked it: the
@@ -281,10 +269,8 @@ static void run_rewritten(int sparse) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ 0x4e3217ull;
   dfx f;
-  uint16_t *base = malloc(OUT_N * 2), *got = malloc(OUT_N * 2);
-  ck_assert(base && got);
-  const size_t n = dfx_prepare(&f, sparse, &rng);
-  dfx_decode_valid(&f, base);
+  dfx_prepare(&f, sparse, &rng);
+  dfx_decode_valid(&f);
   for (int r = 0; r < (sparse ? DTOKENS : DB); r++)
     for (int last = 0; last < 2; last++) {
       int32_t *at = sparse ? &f.topk[r * DTOPK + (last ? DTOPK - 1 : 0)]
@@ -299,10 +285,8 @@ static void run_rewritten(int sparse) {
       expect_noticed(&f, sparse ? PMLA_DEVERR_SLOT_INDEX : PMLA_DEVERR_PAGE_INDEX, 0, what);
       *at = keep;
       dfx_upload(&f);
-      expect_base_again(&f, what, base, got, n);
+      expect_base_again(&f, what);
     }
-  free(base);
-  free(got);
   dfx_teardown(&f);
 }
 
@@ -314,9 +298,7 @@ static void run_smaller_cache(int sparse) {
   REQUIRE_BACKEND();
   uint64_t rng = harness_seed() ^ 0x5a11ull;
   dfx f;
-  uint16_t *base = malloc(OUT_N * 2), *got = malloc(OUT_N * 2);
-  ck_assert(base && got);
-  const size_t n = dfx_prepare(&f, sparse, &rng);
+  dfx_prepare(&f, sparse, &rng);
   if (sparse) { /* the step reads the cache's last slot (page) */
     f.topk[0] = DPAGES * DPS - 1;
   } else {
@@ -326,14 +308,12 @@ static void run_smaller_cache(int sparse) {
         f.bt[0] = DPAGES - 1;
       }
   }
-  dfx_decode_valid(&f, base);
+  dfx_decode_valid(&f);
   f.kv.shape[0] = DPAGES - 1;
   expect_noticed(&f, sparse ? PMLA_DEVERR_SLOT_INDEX : PMLA_DEVERR_PAGE_INDEX,
                  g_mem->device_type == kDLCPU, "the step decoded against a cache a page smaller");
   f.kv.shape[0] = DPAGES;
-  expect_base_again(&f, "a decode against a smaller cache", base, got, n);
-  free(base);
-  free(got);
+  expect_base_again(&f, "a decode against a smaller cache");
   dfx_teardown(&f);
 }
 
