@@ -409,14 +409,14 @@ def _with_kvcache(torch, q, k_cache, block_table, cache_seqlens, head_dim_v, met
         k_cache = k_cache.view(torch.uint8)
     out, lse = builder.run(q2, k_cache)
     if attn_sink is not None:
-        out = _sink(torch, out, lse, attn_sink, h_q)
+        out = _sink(torch, out, lse, attn_sink)
     out = out.view(b, s_q, h_q, _abi.KV_LORA_RANK)
     lse = lse.view(b, s_q, h_q).transpose(1, 2).contiguous()
     lse.masked_fill_(lse == -math.inf, math.inf)  # FlashMLA: +inf for an empty row
     return out, lse
 
 
-def _sink(torch, out, lse, attn_sink, h_q):
+def _sink(torch, out, lse, attn_sink):
     """out [tokens, h_q, 512] times exp(lse) / (exp(lse) + exp(sink)) per
     head; lse [tokens, h_q] natural log, -inf for an empty row (out 0);
     attn_sink [h_q] float32, checked by the caller."""
