@@ -11,7 +11,7 @@ import threading
 from . import _abi
 from ._errors import BadState, InvalidArgument, LoadError, Unsupported, make_error
 from ._plugin import Plugin, default_plugin
-from ._tensor import as_tensor, current_stream, same, stream_handle
+from ._tensor import as_tensor, current_stream, is_bool, same, stream_handle
 
 _UINT32_MAX = 0xFFFFFFFF
 
@@ -201,7 +201,7 @@ class Builder:
                                      ("topk", topk), ("cu_count", cu_count),
                                      ("invariant_chunk", invariant_chunk)))
         kvd = _kv_dtype(kv_dtype)
-        if type(batch_invariant) is not bool and type(batch_invariant).__name__ != "bool_":
+        if not is_bool(batch_invariant):
             raise InvalidArgument("Builder: batch_invariant = %r (%s); accepted: a bool"
                                   % (batch_invariant, type(batch_invariant).__name__))
         batch_invariant = bool(batch_invariant)

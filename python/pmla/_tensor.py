@@ -257,6 +257,11 @@ def _from_array_interface(obj, name, writable=False):
 _INT32 = (-2 ** 31, 2 ** 31 - 1)
 
 
+def is_bool(v):
+    """Python's bool or numpy's (an int to Python, not a number to pmla)."""
+    return isinstance(v, bool) or type(v).__name__ == "bool_"
+
+
 def _from_list(obj, name):
     shape, rows = [len(obj)], obj
     flat = []
@@ -274,8 +279,7 @@ def _from_list(obj, name):
         flat = list(rows)
     for i, v in enumerate(flat):
         try:
-            # a bool is an int to Python, not an index to pmla
-            if isinstance(v, bool) or type(v).__name__ == "bool_":
+            if is_bool(v):  # not an index to pmla
                 raise TypeError
             flat[i] = operator.index(v)
         except TypeError:
